@@ -1,0 +1,497 @@
+"""One tidy schema for speculative-decoding traces, and its readers/writers.
+
+Acceptance traces (what the oracle simulator and the acceptance notebooks read)
+------------------------------------------------------------------------------
+``Trace.acc`` is a long table, one row per (request, proposer, output position):
+
+==============  =======  =====================================================================
+column          dtype    meaning
+==============  =======  =====================================================================
+request_id      string   unique within (dataset, model)
+dataset         string   workload name (``code-edit``, ``sharegpt``, ``instructcoder`` ...)
+model           string   target model name
+proposer        string   ``ngram``, ``eagle``, ``eagle3``, ``draft``, ``mtp`` ...
+position        int32    output position p = 0..L-1 (p = 0 is the token the prefill produced)
+acc_len         int16    tokens ONE step would produce if speculation started here: accepted + 1
+k_max           int16    the draft length the trace was measured with (acc_len <= k_max + 1)
+draft_len       Int16    tokens the proposer would really propose here, <= k_max; 0 = n-gram found
+                         no match (no drafting cost, the step verifies one token). <NA> = unknown
+                         (published traces): the simulator then models matches as the study did.
+prompt_len      int32    P, prompt tokens of the request
+output_len      int32    L, output tokens of the request (first token included)
+==============  =======  =====================================================================
+
+``Trace.requests`` holds one row per request: request_id, dataset, model, prompt_len, output_len and,
+when known, ``prompt_token_ids``/``output_token_ids`` (lists) and ``prompt_text``/``output_text``.
+
+Files: ``Trace.to_parquet`` writes ``acc`` as the parquet table and ``requests``/``meta`` as JSON in the
+file's key-value metadata, so one parquet file is one self-contained trace. ``read_trace`` also reads the
+study's published JSON-lines format (see ``read_published_jsonl``).
+
+Step timings (what the cost-model fits and the verification-bottleneck notebook read)
+-------------------------------------------------------------------------------------
+``STEP_COLUMNS``: one row per engine step (decode/verify iteration), times in seconds, see ``read_steps``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace", "read_trace", "read_traces",
+    "read_published_jsonl", "read_steps", "validate_steps", "dataset_from_path",
+]
+
+ACC_COLUMNS: dict[str, str] = {
+    "request_id": "string", "dataset": "string", "model": "string", "proposer": "string",
+    "position": "int32", "acc_len": "int16", "k_max": "int16", "draft_len": "Int16",
+    "prompt_len": "int32", "output_len": "int32",
+}
+REQ_COLUMNS: dict[str, str] = {
+    "request_id": "string", "dataset": "string", "model": "string",
+    "prompt_len": "int32", "output_len": "int32",
+}
+# Optional per-request columns (lists or text), kept when present.
+REQ_OPTIONAL = ("prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
+
+STEP_COLUMNS: dict[str, str] = {
+    "run_id": "string",        # one engine configuration's run
+    "engine": "string",        # "vllm" | "torch"
+    "model": "string",
+    "method": "string",        # "none" (no SD), "ngram", "eagle", "eagle3", "draft_model", "mtp" ...
+    "k": "int16",              # draft tokens per step (0 without SD)
+    "batch_size": "int32",     # requests submitted together
+    "step": "int64",           # step index within the run
+    "num_reqs": "int32",       # requests scheduled in this step
+    "batched_tokens": "int64",  # n: tokens processed by the target forward in this step
+    "kv_tokens": "int64",      # tokens held in the KV cache before the step
+    "t_draft": "float64",      # seconds: proposing
+    "t_verify": "float64",     # seconds: target forward (verification)
+    "t_reject": "float64",     # seconds: rejection sampling / acceptance
+    "t_other": "float64",      # seconds: everything else (scheduling, input prep, bookkeeping)
+    "t_total": "float64",      # seconds: the whole step, = sum of the four
+    "num_draft_tokens": "int64",
+    "num_accepted_tokens": "int64",
+}
+STEP_OPTIONAL = ("accepted_per_req", "phase")
+_TIME_COLS = ("t_draft", "t_verify", "t_reject", "t_other", "t_total")
+
+_PUBLISHED_ACC = re.compile(r"^acc(?:_(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*))?$")
+
+
+class TraceError(ValueError):
+    """A trace file or table that does not follow the schema; the message says where and why."""
+
+
+def dataset_from_path(path: str | Path) -> str:
+    """Default dataset name of a trace file: its stem without a ``combined_`` prefix."""
+    stem = Path(path).name
+    for suf in (".jsonl", ".json", ".parquet", ".gz"):
+        if stem.endswith(suf):
+            stem = stem[: -len(suf)]
+    stem = stem.split(".")[0]
+    return stem[len("combined_"):] if stem.startswith("combined_") else stem
+
+
+@dataclass
+class Trace:
+    """Acceptance trace: ``acc`` (long table, ACC_COLUMNS), ``requests`` (REQ_COLUMNS + optional) and ``meta``."""
+
+    acc: pd.DataFrame
+    requests: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.acc = _coerce(self.acc, ACC_COLUMNS, "acc")
+        keep = [c for c in self.requests.columns if c in REQ_OPTIONAL]
+        self.requests = _coerce(self.requests, REQ_COLUMNS, "requests", extra=keep)
+
+    # ---- construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls,
+        arrays: Mapping[str, Mapping[str, Sequence[int]]],
+        *,
+        prompt_lens: Mapping[str, int],
+        dataset: str,
+        model: str,
+        k_max: int | None = None,
+        draft_lens: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
+        request_info: Mapping[str, Mapping] | None = None,
+        meta: dict | None = None,
+        truncate_to_shortest: bool = True,
+    ) -> "Trace":
+        """Build a trace from ``arrays[request_id][proposer] = acc_len list``.
+
+        Every proposer's array of a request is cut to the shortest one (L = the shortest, as the study does).
+        ``k_max`` defaults to max(acc_len) - 1 over the whole trace. Requests with an empty array are skipped
+        (their ids are listed in ``meta['skipped_empty']``)."""
+        rows, reqs, skipped = [], [], []
+        for rid, per_prop in arrays.items():
+            if not per_prop:
+                raise TraceError(f"request {rid!r}: no proposer arrays")
+            lens = {p: len(a) for p, a in per_prop.items()}
+            if min(lens.values()) == 0:
+                skipped.append(str(rid))
+                continue
+            if not truncate_to_shortest and len(set(lens.values())) > 1:
+                raise TraceError(f"request {rid!r}: proposer arrays differ in length {lens}")
+            L = min(lens.values())
+            P = int(prompt_lens[rid])
+            for prop, a in per_prop.items():
+                arr = _check_acc_array(a, f"request {rid!r}, proposer {prop!r}")[:L]
+                dl = None
+                if draft_lens is not None and prop in draft_lens.get(rid, {}):
+                    dl = np.asarray(draft_lens[rid][prop], dtype=np.int64)[:L]
+                    if len(dl) != L:
+                        raise TraceError(f"request {rid!r}, proposer {prop!r}: draft_len length {len(dl)} != {L}")
+                rows.append(pd.DataFrame({
+                    "request_id": str(rid), "dataset": dataset, "model": model, "proposer": prop,
+                    "position": np.arange(L, dtype=np.int32), "acc_len": arr,
+                    "draft_len": pd.array(dl if dl is not None else [pd.NA] * L, dtype="Int16"),
+                    "prompt_len": P, "output_len": L,
+                }))
+            info = dict(request_info.get(rid, {})) if request_info else {}
+            reqs.append({"request_id": str(rid), "dataset": dataset, "model": model, "prompt_len": P,
+                         "output_len": L, **{k: v for k, v in info.items() if k in REQ_OPTIONAL}})
+        if not rows:
+            raise TraceError(f"no request with a non-empty acceptance array ({len(skipped)} empty)")
+        acc = pd.concat(rows, ignore_index=True)
+        kmax = int(acc["acc_len"].max()) - 1 if k_max is None else int(k_max)
+        if kmax < 1:
+            kmax = 1
+        if int(acc["acc_len"].max()) > kmax + 1:
+            raise TraceError(f"acc_len up to {int(acc['acc_len'].max())} exceeds k_max + 1 = {kmax + 1}")
+        acc["k_max"] = kmax
+        m = dict(meta or {})
+        if skipped:
+            m["skipped_empty"] = skipped
+        return cls(acc, pd.DataFrame(reqs), m)
+
+    # ---- queries ------------------------------------------------------------------------------------
+    @property
+    def proposers(self) -> list[str]:
+        return sorted(self.acc["proposer"].unique().tolist())
+
+    @property
+    def datasets(self) -> list[str]:
+        return sorted(self.acc["dataset"].unique().tolist())
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self.acc["model"].unique().tolist())
+
+    def check_proposers(self, proposers: Iterable[str]) -> list[str]:
+        """Raise a TraceError naming what is available if any requested proposer is absent."""
+        proposers = list(proposers)
+        missing = [p for p in proposers if p not in self.proposers]
+        if missing:
+            raise TraceError(f"unknown proposer(s) {missing}: this trace has {self.proposers}")
+        return proposers
+
+    def select(self, *, dataset: str | None = None, model: str | None = None,
+               proposers: Iterable[str] | None = None) -> "Trace":
+        """A sub-trace; with ``proposers``, only requests that have every one of them."""
+        acc = self.acc
+        if dataset is not None:
+            acc = acc[acc["dataset"] == dataset]
+        if model is not None:
+            acc = acc[acc["model"] == model]
+        if proposers is not None:
+            props = self.check_proposers(proposers)
+            acc = acc[acc["proposer"].isin(props)]
+            key = ["dataset", "model", "request_id"]
+            have = acc.groupby(key, observed=True)["proposer"].nunique()
+            full = have[have == len(props)].index
+            acc = acc.set_index(key).loc[lambda d: d.index.isin(full)].reset_index()[list(ACC_COLUMNS)]
+        keys = acc[["dataset", "model", "request_id"]].drop_duplicates()
+        req = self.requests.merge(keys, on=["dataset", "model", "request_id"], how="inner")
+        return Trace(acc.reset_index(drop=True), req.reset_index(drop=True), dict(self.meta))
+
+    def arrays(self, proposer: str) -> dict[tuple[str, str, str], np.ndarray]:
+        """{(dataset, model, request_id): acc_len array over positions} for one proposer."""
+        self.check_proposers([proposer])
+        d = self.acc[self.acc["proposer"] == proposer].sort_values(["dataset", "model", "request_id", "position"])
+        out = {}
+        for key, g in d.groupby(["dataset", "model", "request_id"], sort=False, observed=True):
+            out[key] = g["acc_len"].to_numpy(np.int64)
+        return out
+
+    # ---- I/O ----------------------------------------------------------------------------------------
+    def to_parquet(self, path: str | Path) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pandas(self.acc, preserve_index=False)
+        md = dict(table.schema.metadata or {})
+        md[b"spec_repro.requests"] = self.requests.to_json(orient="records").encode()
+        md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
+        md[b"spec_repro.schema"] = b"acc-v1"
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        pq.write_table(table.replace_schema_metadata(md), tmp, compression="zstd")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        return path
+
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> "Trace":
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        if not path.exists():
+            raise TraceError(f"{path}: no such trace file")
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for a bad file
+            raise TraceError(f"{path}: not a readable parquet file ({e})") from e
+        md = table.schema.metadata or {}
+        acc = table.to_pandas()
+        missing = [c for c in ACC_COLUMNS if c not in acc.columns]
+        if missing:
+            raise TraceError(f"{path}: not an acceptance trace, missing columns {missing}")
+        if b"spec_repro.requests" in md:
+            requests = pd.DataFrame(json.loads(md[b"spec_repro.requests"]))
+        else:
+            requests = (acc.groupby(["request_id", "dataset", "model"], observed=True, as_index=False)
+                        [["prompt_len", "output_len"]].first())
+        meta = json.loads(md.get(b"spec_repro.meta", b"{}"))
+        try:
+            return cls(acc, requests, meta)
+        except TraceError as e:
+            raise TraceError(f"{path}: {e}") from e
+
+    def to_published_jsonl(self, path: str | Path) -> Path:
+        """Write the study's JSON-lines format (``acc_<proposer>`` objects with ``acc_len`` lists).
+
+        One-proposer traces use the single key ``acc``. Token ids are written when the trace has them."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        props = self.proposers
+        req = self.requests.set_index(["dataset", "model", "request_id"])
+        with open(path, "w") as f:
+            for (ds, mdl, rid), g in self.acc.groupby(["dataset", "model", "request_id"], sort=True, observed=True):
+                r = req.loc[(ds, mdl, rid)]
+                rec = {"id": rid,
+                       "prompt_token_ids": _as_list(r.get("prompt_token_ids")),
+                       "generated_token_ids": _as_list(r.get("output_token_ids"))}
+                for p, gp in g.groupby("proposer", observed=True):
+                    key = "acc" if len(props) == 1 else f"acc_{p}"
+                    rec[key] = {"acc_len": gp.sort_values("position")["acc_len"].astype(int).tolist()}
+                f.write(json.dumps(rec) + "\n")
+        return path
+
+    @staticmethod
+    def concat(traces: Iterable["Trace"]) -> "Trace":
+        traces = list(traces)
+        if not traces:
+            raise TraceError("no traces to concatenate")
+        acc = pd.concat([t.acc for t in traces], ignore_index=True)
+        req = pd.concat([t.requests for t in traces], ignore_index=True)
+        dup = acc.duplicated(["dataset", "model", "request_id", "proposer", "position"])
+        if dup.any():
+            r = acc[dup].iloc[0]
+            raise TraceError(f"duplicate rows after concat, e.g. request {r.request_id!r} of {r.dataset!r}")
+        meta = {"parts": [t.meta for t in traces]}
+        return Trace(acc, req.drop_duplicates(["dataset", "model", "request_id"]), meta)
+
+
+# ---- published JSON-lines reader -------------------------------------------------------------------------
+def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model: str = "unknown",
+                         proposer: str | None = None, k_max: int | None = None) -> Trace:
+    """Read the study's published trace format (one JSON object per line).
+
+    Keys: ``id``, ``prompt_token_ids``, ``generated_token_ids`` and per proposer ``acc_<name>`` (e.g.
+    ``acc_ngram``, ``acc_eagle``) or a single ``acc``, each an object whose ``acc_len`` is a list of ints (or that
+    list as a JSON string). A single ``acc`` needs ``proposer=`` unless the file name names one proposer.
+    Requests whose arrays are empty are skipped; every other deviation raises TraceError with the line number."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    dataset = dataset or dataset_from_path(path)
+    arrays: dict[str, dict[str, list[int]]] = {}
+    prompt_lens: dict[str, int] = {}
+    info: dict[str, dict] = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}: not JSON ({e.msg})") from e
+            if not isinstance(rec, dict):
+                raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            rid = str(rec.get("id", lineno - 1))
+            if rid in arrays:
+                raise TraceError(f"{where}: duplicate request id {rid!r}")
+            prompt = rec.get("prompt_token_ids")
+            gen = rec.get("generated_token_ids")
+            if not isinstance(prompt, list):
+                raise TraceError(f"{where}: 'prompt_token_ids' must be a list of token ids")
+            per_prop: dict[str, list[int]] = {}
+            for key, val in rec.items():
+                m = _PUBLISHED_ACC.match(key)
+                if not m:
+                    continue
+                name = m.group("name") or proposer or _proposer_from_name(path)
+                if name is None:
+                    raise TraceError(f"{where}: key 'acc' does not say which proposer; pass proposer=...")
+                per_prop[name] = _published_acc_list(val, f"{where}: {key}")
+            if not per_prop:
+                raise TraceError(f"{where}: no acceptance key ('acc', 'acc_ngram', 'acc_eagle', ...)")
+            if isinstance(gen, list) and gen:
+                for name, a in per_prop.items():
+                    if a and abs(len(a) - len(gen)) > 1:
+                        raise TraceError(f"{where}: length mismatch, {len(a)} acceptance entries for "
+                                         f"{len(gen)} generated tokens ({name})")
+            for name, a in per_prop.items():
+                _check_acc_array(a, f"{where}: {name}", allow_empty=True)
+            arrays[rid] = per_prop
+            prompt_lens[rid] = len(prompt)
+            info[rid] = {"prompt_token_ids": prompt, "output_token_ids": gen if isinstance(gen, list) else None}
+    if not arrays:
+        raise TraceError(f"{path}: empty trace file")
+    try:
+        return Trace.from_arrays(arrays, prompt_lens=prompt_lens, dataset=dataset, model=model, k_max=k_max,
+                                 request_info=info, meta={"source": str(path), "format": "published-jsonl"})
+    except TraceError as e:
+        raise TraceError(f"{path}: {e}") from e
+
+
+def read_trace(path: str | Path, **kw) -> Trace:
+    """Read one trace file: the package's parquet, or the study's JSON lines (``.jsonl``/``.json``)."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        if kw.get("dataset"):
+            t = Trace.from_parquet(p)
+            t.acc["dataset"] = kw["dataset"]
+            t.requests["dataset"] = kw["dataset"]
+            return Trace(t.acc, t.requests, t.meta)
+        return Trace.from_parquet(p)
+    if p.suffix in (".jsonl", ".json"):
+        return read_published_jsonl(p, **kw)
+    raise TraceError(f"{p}: unknown trace format {p.suffix!r} (expected .parquet, .jsonl or .json)")
+
+
+def read_traces(paths: Iterable[str | Path], **kw) -> Trace:
+    return Trace.concat(read_trace(p, **kw) for p in paths)
+
+
+# ---- step timings ---------------------------------------------------------------------------------------
+def validate_steps(df: pd.DataFrame, where: str = "steps") -> pd.DataFrame:
+    """Check and coerce a step-timing table (STEP_COLUMNS); optional columns are kept."""
+    extra = [c for c in df.columns if c in STEP_OPTIONAL]
+    df = _coerce(df, STEP_COLUMNS, where, extra=extra)
+    t = df[list(_TIME_COLS)].to_numpy(float)
+    if (t < 0).any() or not np.isfinite(t).all():
+        raise TraceError(f"{where}: step times must be finite and >= 0")
+    parts = t[:, :4].sum(axis=1)
+    bad = np.abs(parts - t[:, 4]) > 1e-6 + 1e-3 * t[:, 4]
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"{where}: row {i}: t_draft+t_verify+t_reject+t_other = {parts[i]:.6g} s "
+                         f"!= t_total = {t[i, 4]:.6g} s")
+    if (df["num_accepted_tokens"] > df["num_draft_tokens"]).any():
+        raise TraceError(f"{where}: accepted tokens exceed draft tokens")
+    return df
+
+
+def read_steps(path: str | Path) -> pd.DataFrame:
+    """Read step timings written as JSON lines (one step per line) or parquet."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such step-timing file")
+    if p.suffix == ".parquet":
+        df = pd.read_parquet(p)
+    else:
+        recs = []
+        with open(p) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        recs.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
+        if not recs:
+            raise TraceError(f"{p}: empty step-timing file")
+        df = pd.DataFrame(recs)
+    return validate_steps(df, str(p))
+
+
+# ---- helpers --------------------------------------------------------------------------------------------
+def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise TraceError(f"{where}: missing columns {missing}")
+    out = df[list(schema) + [c for c in extra if c not in schema]].copy()
+    for c, dt in schema.items():
+        try:
+            out[c] = out[c].astype(dt)
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"{where}: column {c!r} cannot be read as {dt} ({e})") from e
+    if where == "acc" and len(out):
+        if (out["acc_len"] < 1).any():
+            raise TraceError("acc: acc_len values must be >= 1 (accepted + 1)")
+        if (out["acc_len"] > out["k_max"] + 1).any():
+            raise TraceError("acc: acc_len exceeds k_max + 1")
+        dl = out["draft_len"]
+        if ((dl < 0) | (dl > out["k_max"])).fillna(False).any():
+            raise TraceError("acc: draft_len must lie in 0..k_max")
+    return out.reset_index(drop=True)
+
+
+def _check_acc_array(a, where: str, allow_empty: bool = False) -> np.ndarray:
+    if not isinstance(a, (list, tuple, np.ndarray)):
+        raise TraceError(f"{where}: acc_len must be a list of ints, got {type(a).__name__}")
+    if len(a) == 0:
+        if allow_empty:
+            return np.zeros(0, np.int16)
+        raise TraceError(f"{where}: empty acc_len list")
+    try:
+        arr = np.asarray(a)
+    except Exception as e:
+        raise TraceError(f"{where}: acc_len is not a flat list of ints") from e
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or
+                             (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))):
+        raise TraceError(f"{where}: acc_len must be a flat list of ints")
+    if (arr < 1).any():
+        i = int(np.flatnonzero(arr < 1)[0])
+        raise TraceError(f"{where}: acc_len[{i}] = {arr[i]} < 1 (it counts accepted + 1)")
+    return arr.astype(np.int16)
+
+
+def _published_acc_list(val, where: str) -> list:
+    if isinstance(val, dict):
+        if "acc_len" not in val:
+            raise TraceError(f"{where}: object has no 'acc_len'")
+        val = val["acc_len"]
+    if isinstance(val, str):
+        try:
+            val = json.loads(val)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: acc_len string is not a JSON list ({e.msg})") from e
+    if not isinstance(val, list):
+        raise TraceError(f"{where}: acc_len must be a list of ints, got {type(val).__name__}")
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):
+        raise TraceError(f"{where}: acc_len must hold only ints")
+    return val
+
+
+def _proposer_from_name(path: Path) -> str | None:
+    name = path.name.lower()
+    hits = [p for p in ("eagle3", "eagle", "ngram", "draft", "mtp") if p in name]
+    return hits[0] if hits else None
+
+
+def _as_list(v):
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return []
+    return [int(x) for x in v]
