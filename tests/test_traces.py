@@ -1,0 +1,169 @@
+"""The trace schema and its readers: round trips, the published JSON-lines format, and clear errors."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spec_repro.traces import (ACC_COLUMNS, Trace, TraceError, dataset_from_path, read_published_jsonl,
+                               read_steps, read_trace, read_traces, validate_steps)
+
+
+def _trace(**kw):
+    arrays = {"r0": {"ngram": [1, 4, 2, 1, 1], "eagle": [2, 2, 3, 1, 1, 2]},
+              "r1": {"ngram": [3, 1, 1], "eagle": [1, 2, 2]}}
+    return Trace.from_arrays(arrays, prompt_lens={"r0": 7, "r1": 4}, dataset="code-edit", model="m",
+                             draft_lens={"r0": {"ngram": [0, 3, 3, 0, 3]}}, **kw)
+
+
+def _write_jsonl(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_from_arrays_cuts_to_shortest_and_infers_kmax():
+    t = _trace()
+    assert list(t.acc.columns) == list(ACC_COLUMNS)
+    r0 = t.acc[t.acc.request_id == "r0"]
+    assert set(r0.groupby("proposer").size()) == {5}  # eagle's 6 entries cut to ngram's 5
+    assert (r0.output_len == 5).all() and (r0.prompt_len == 7).all()
+    assert int(t.acc.k_max.iloc[0]) == 3  # max acc_len 4 -> k_max 3
+    dl = t.acc[(t.acc.request_id == "r0") & (t.acc.proposer == "ngram")].draft_len.tolist()
+    assert dl == [0, 3, 3, 0, 3]
+    assert t.acc[t.acc.proposer == "eagle"].draft_len.isna().all()
+    np.testing.assert_array_equal(t.arrays("ngram")[("code-edit", "m", "r1")], [3, 1, 1])
+
+
+def test_parquet_round_trip_keeps_requests_and_meta(tmp_path):
+    t = _trace(request_info={"r0": {"prompt_token_ids": list(range(7)), "output_text": "hi"}},
+               meta={"source": "unit"})
+    u = read_trace(t.to_parquet(tmp_path / "x.parquet"))
+    pd.testing.assert_frame_equal(u.acc, t.acc)
+    assert u.meta["source"] == "unit"
+    r0 = u.requests.set_index("request_id").loc["r0"]
+    assert list(r0.prompt_token_ids) == list(range(7)) and r0.output_text == "hi"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_published_round_trip(tmp_path):
+    t = _trace()
+    p = t.to_published_jsonl(tmp_path / "combined_code-edit.jsonl")
+    u = read_trace(p, model="m")
+    assert u.datasets == ["code-edit"] and u.proposers == ["eagle", "ngram"]
+    for prop in ("ngram", "eagle"):
+        assert {k[2]: v.tolist() for k, v in u.arrays(prop).items()} == \
+               {k[2]: v.tolist() for k, v in t.arrays(prop).items()}
+
+
+def test_published_accepts_json_string_lists_and_single_acc(tmp_path):
+    p = _write_jsonl(tmp_path / "combined_instructcoder.jsonl", [
+        {"id": 1, "prompt_token_ids": [1, 2, 3], "generated_token_ids": [5, 6, 7],
+         "acc_ngram": {"acc_len": "[1, 3, 1]"}, "acc_eagle": {"acc_len": [2, 1, 1]}},
+        {"id": 2, "prompt_token_ids": [1], "generated_token_ids": [],
+         "acc_ngram": {"acc_len": []}, "acc_eagle": {"acc_len": []}},  # empty: skipped
+    ])
+    t = read_published_jsonl(p)
+    assert t.datasets == ["instructcoder"]
+    assert t.meta["skipped_empty"] == ["2"]
+    assert t.arrays("ngram")[("instructcoder", "unknown", "1")].tolist() == [1, 3, 1]
+    q = _write_jsonl(tmp_path / "sharegpt_eagle.jsonl",
+                     [{"id": "a", "prompt_token_ids": [1], "generated_token_ids": [1, 2], "acc": {"acc_len": [1, 2]}}])
+    assert read_trace(q).proposers == ["eagle"]
+    r = _write_jsonl(tmp_path / "cnn.jsonl",
+                     [{"id": "a", "prompt_token_ids": [1], "generated_token_ids": [1, 2], "acc": {"acc_len": [1, 2]}}])
+    with pytest.raises(TraceError, match="proposer"):
+        read_trace(r)
+    assert read_trace(r, proposer="ngram").proposers == ["ngram"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"acc_ngram": {"acc_len": 5}}, "list of ints"),
+    ({"acc_ngram": {"acc_len": [1, 0, 2]}}, r"acc_len\[1\] = 0 < 1"),
+    ({"acc_ngram": {"acc_len": [1, "x"]}}, "only ints"),
+    ({"acc_ngram": {"acc_len": "[1, 2"}}, "not a JSON list"),
+    ({"acc_ngram": {"len": [1, 2]}}, "no 'acc_len'"),
+    ({"acc_ngram": {"acc_len": [1, 2, 1, 1, 1, 1, 1]}}, "length mismatch"),
+    ({}, "no acceptance key"),
+])
+def test_published_malformed_inputs_raise_clear_errors(tmp_path, bad, match):
+    rec = {"id": 0, "prompt_token_ids": [1, 2], "generated_token_ids": [3, 4, 5], **bad}
+    p = _write_jsonl(tmp_path / "combined_x.jsonl", [rec])
+    with pytest.raises(TraceError, match=match) as e:
+        read_trace(p)
+    assert "combined_x.jsonl:1" in str(e.value)  # names the file and line
+
+
+def test_published_file_level_errors(tmp_path):
+    with pytest.raises(TraceError, match="no such trace file"):
+        read_trace(tmp_path / "missing.jsonl")
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(TraceError, match="empty trace file"):
+        read_trace(tmp_path / "e.jsonl")
+    (tmp_path / "j.jsonl").write_text("{not json}\n")
+    with pytest.raises(TraceError, match="j.jsonl:1: not JSON"):
+        read_trace(tmp_path / "j.jsonl")
+    (tmp_path / "t.csv").write_text("a,b\n")
+    with pytest.raises(TraceError, match="unknown trace format"):
+        read_trace(tmp_path / "t.csv")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(TraceError, match="not a readable parquet"):
+        read_trace(tmp_path / "bad.parquet")
+
+
+def test_unknown_proposer_and_select():
+    t = _trace()
+    with pytest.raises(TraceError, match=r"unknown proposer.*'medusa'.*\['eagle', 'ngram'\]"):
+        t.check_proposers(["ngram", "medusa"])
+    s = t.select(proposers=["ngram"])
+    assert s.proposers == ["ngram"] and len(s.requests) == 2
+    assert len(t.select(dataset="nope").acc) == 0
+
+
+def test_schema_rejects_bad_values():
+    t = _trace()
+    acc = t.acc.copy()
+    acc.loc[0, "acc_len"] = 0
+    with pytest.raises(TraceError, match=">= 1"):
+        Trace(acc, t.requests)
+    with pytest.raises(TraceError, match="missing columns"):
+        Trace(t.acc.drop(columns=["position"]), t.requests)
+    with pytest.raises(TraceError, match="exceeds k_max"):
+        Trace.from_arrays({"a": {"ngram": [1, 9]}}, prompt_lens={"a": 1}, dataset="d", model="m", k_max=3)
+
+
+def test_concat_rejects_duplicates_and_dataset_default(tmp_path):
+    t = _trace()
+    with pytest.raises(TraceError, match="duplicate"):
+        Trace.concat([t, t])
+    a = t.to_parquet(tmp_path / "a.parquet")
+    both = read_traces([a, t.to_published_jsonl(tmp_path / "combined_other.jsonl")], model="m")
+    assert both.datasets == ["code-edit", "other"]
+    assert dataset_from_path("x/combined_gsm8k.jsonl") == "gsm8k"
+    assert dataset_from_path("smollm2-135m__code-edit.parquet") == "smollm2-135m__code-edit"
+
+
+def _steps(**over):
+    row = {"run_id": "r", "engine": "vllm", "model": "m", "method": "ngram", "k": 3, "batch_size": 1, "step": 0,
+           "num_reqs": 1, "batched_tokens": 4, "kv_tokens": 100, "t_draft": 1e-4, "t_verify": 5e-3,
+           "t_reject": 1e-5, "t_other": 1e-3, "t_total": 1e-4 + 5e-3 + 1e-5 + 1e-3,
+           "num_draft_tokens": 3, "num_accepted_tokens": 2}
+    row.update(over)
+    return pd.DataFrame([row])
+
+
+def test_steps_validation(tmp_path):
+    assert len(validate_steps(_steps())) == 1
+    with pytest.raises(TraceError, match="!= t_total"):
+        validate_steps(_steps(t_total=1.0))
+    with pytest.raises(TraceError, match="finite and >= 0"):
+        validate_steps(_steps(t_draft=-1.0))
+    with pytest.raises(TraceError, match="accepted tokens exceed"):
+        validate_steps(_steps(num_accepted_tokens=5))
+    with pytest.raises(TraceError, match="missing columns"):
+        validate_steps(_steps().drop(columns=["kv_tokens"]))
+    p = tmp_path / "s.jsonl"
+    p.write_text(_steps().to_json(orient="records", lines=True))
+    assert read_steps(p).loc[0, "batched_tokens"] == 4
+    p.write_text("oops\n")
+    with pytest.raises(TraceError, match="s.jsonl:1: not JSON"):
+        read_steps(p)
