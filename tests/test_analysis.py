@@ -1,0 +1,166 @@
+"""spec_repro.analysis on small SYNTHETIC traces built here by hand or with a seeded generator (labelled as
+such), where the right answer can be derived on paper."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from spec_repro import analysis as A
+from spec_repro.traces import Trace, TraceError
+
+
+def _trace(arrays, prompt_lens=None, dataset="synthetic", info=None, draft_lens=None, k_max=None):
+    prompt_lens = prompt_lens or {r: 10 for r in arrays}
+    return Trace.from_arrays(arrays, prompt_lens=prompt_lens, dataset=dataset, model="synthetic",
+                             request_info=info, draft_lens=draft_lens, k_max=k_max)
+
+
+def test_walk_steps_fixed_and_oracle():
+    a = np.array([3, 1, 1, 5, 1, 1, 1, 1, 2, 1])
+    # oracle: 0 -(3)-> 3 -(5)-> 8 -(2)-> 10
+    assert A.walk_steps(a, None).tolist() == [0, 3, 8]
+    # k=1 caps each step at 2 tokens: 0 -> 2 -> 3 -> 5 -> 6 -> 7 -> 8 -> 10
+    assert A.walk_steps(a, 1).tolist() == [0, 2, 3, 5, 6, 7, 8]
+
+
+def test_tokens_per_step_constant_acceptance():
+    t = _trace({"r0": {"ngram": [4] * 12}, "r1": {"ngram": [1] * 12}})
+    per = A.tokens_per_step_per_request(t, k=None).set_index("request_id")
+    assert per.loc["r0", "steps"] == 3 and per.loc["r0", "tokens_per_step"] == 4.0
+    assert per.loc["r1", "tokens_per_step"] == 1.0
+    per1 = A.tokens_per_step_per_request(t, k=1).set_index("request_id")
+    assert per1.loc["r0", "tokens_per_step"] == 2.0
+
+
+def test_spread_percentiles_match_numpy():
+    rng = np.random.default_rng(7)  # synthetic, seeded
+    arrays = {f"r{i}": {"ngram": rng.integers(1, 9, size=40).tolist()} for i in range(30)}
+    t = _trace(arrays)
+    per = A.tokens_per_step_per_request(t)
+    s = A.tokens_per_step_spread(t, percentiles=(5, 95))
+    assert s["n_requests"].item() == 30
+    assert s["p5"].item() == pytest.approx(np.percentile(per["tokens_per_step"], 5))
+    assert s["p95"].item() == pytest.approx(np.percentile(per["tokens_per_step"], 95))
+    assert s["p5"].item() < s["p95"].item()
+
+
+def test_draft_position_rate_by_hand():
+    # acc_len 2 everywhere, k=3: each step accepts exactly 1 draft token.
+    t = _trace({"r0": {"eagle": [2] * 10}})
+    r = A.acceptance_by_draft_position(t, k=3).set_index("draft_position")["rate"]
+    assert r.tolist() == [1.0, 0.0, 0.0]
+    # steps start at 0, 2, 4, 6, 8 -> 5 drafts
+    assert A.acceptance_by_draft_position(t, k=3)["drafts"].iloc[0] == 5
+
+
+def test_draft_position_rate_skips_no_match_steps():
+    # n-gram found no match at the odd positions (draft_len 0): those steps are not drafts.
+    a = [1, 4, 1, 1, 1, 1, 1, 1]
+    dl = [0, 3, 3, 0, 3, 0, 3, 0]
+    t = _trace({"r0": {"ngram": a}}, draft_lens={"r0": {"ngram": dl}}, k_max=3)
+    # k=3 walk: 0 (no draft) -> 1 (acc 3) -> 5 (no draft) -> 6 (acc 0) -> 7 (no draft)
+    r = A.acceptance_by_draft_position(t, k=3)
+    assert r["drafts"].iloc[0] == 2
+    assert r["rate"].tolist() == [0.5, 0.5, 0.5]
+
+
+def test_acceptance_by_output_position_bins_and_caps():
+    t = _trace({"r0": {"ngram": [8, 8, 1, 1]}, "r1": {"ngram": [2, 2, 2, 2]}})
+    df = A.acceptance_by_output_position(t, k=3, bin_size=2)
+    got = df.set_index("position")["tokens_per_step"].to_dict()
+    assert got == {0: pytest.approx((4 + 4 + 2 + 2) / 4), 2: pytest.approx((1 + 1 + 2 + 2) / 4)}
+
+
+def test_bleu_identical_vs_disjoint_text():
+    text = "def add(a, b): return a + b  # adds two numbers together and returns the result"
+    info = {"same": {"prompt_text": text, "output_text": text},
+            "diff": {"prompt_text": text, "output_text": "completely unrelated words appear here instead now"}}
+    t = _trace({"same": {"ngram": [1] * 5}, "diff": {"ngram": [1] * 5}}, info=info)
+    b = A.prompt_output_bleu(t).set_index("request_id")["bleu"]
+    assert b["same"] == pytest.approx(1.0)
+    assert b["diff"] < 0.05
+
+
+def test_bleu_falls_back_to_token_ids_and_errors_without_either():
+    info = {"r0": {"prompt_token_ids": list(range(20)), "output_token_ids": list(range(20))}}
+    t = _trace({"r0": {"ngram": [1] * 20}}, info=info)
+    b = A.prompt_output_bleu(t)
+    assert b["bleu_on"].item() == "token_ids" and b["bleu"].item() == pytest.approx(1.0)
+    bare = _trace({"r0": {"ngram": [1] * 5}})
+    with pytest.raises(TraceError, match="texts or token ids"):
+        A.prompt_output_bleu(bare)
+
+
+def test_ngram_advantage_and_threshold():
+    # Synthetic: high-overlap requests where n-gram accepts a lot, low-overlap where the other proposer wins.
+    base = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat today"
+    arrays, info = {}, {}
+    for i in range(6):
+        arrays[f"hi{i}"] = {"ngram": [4] * 20, "eagle": [2] * 20}
+        info[f"hi{i}"] = {"prompt_text": base, "output_text": base}
+        arrays[f"lo{i}"] = {"ngram": [1] * 20, "eagle": [3] * 20}
+        info[f"lo{i}"] = {"prompt_text": base, "output_text": f"entirely different content number {i} here ok"}
+    t = _trace(arrays, info=info)
+    adv = A.ngram_advantage(t, other="eagle", k=3).set_index("request_id")
+    assert adv.loc["hi0", "advantage"] == pytest.approx(2.0)
+    # 20 tokens: n-gram 20 steps; eagle 3 per step -> 7 steps -> (20/20) / (20/7)
+    assert adv.loc["lo0", "advantage"] == pytest.approx(7 / 20)
+    thr, tab = A.overlap_threshold(adv.reset_index())
+    assert thr is not None and 0.0 < thr <= 0.9
+    assert tab["n"].sum() == 12
+
+
+def test_time_shares_sum_to_one_and_drop_prefill():
+    rows = []
+    for bs, (d, v, r, o) in {1: (1.0, 2.0, 0.0, 1.0), 8: (1.0, 6.0, 0.5, 0.5)}.items():
+        for step in range(3):
+            rows.append(dict(run_id="x", engine="synthetic", model="m", method="ngram", k=3, batch_size=bs,
+                             step=step, t_draft=d, t_verify=v, t_reject=r, t_other=o, t_total=d + v + r + o,
+                             phase="decode"))
+    rows.append(dict(rows[0], t_verify=100.0, t_total=102.0, phase="prefill"))
+    sh = A.time_shares(pd.DataFrame(rows)).set_index("batch_size")
+    assert sh.loc[1, "verification_share"] == pytest.approx(0.5)
+    assert sh.loc[8, "verification_share"] == pytest.approx(0.75)
+    cols = [c for c in sh.columns if c.endswith("_share")]
+    assert np.allclose(sh[cols].sum(axis=1), 1.0)
+    long = A.shares_long(sh.reset_index())
+    assert set(long["phase"]) == {"drafting", "verification", "rejection sampling", "overhead"}
+
+
+def test_oracle_gap_and_hybrid_table():
+    sim = pd.DataFrame([
+        dict(dataset="d", proposers="ngram", policy="fixed-1", draft_cost="ngram-only", batch_size=1, speedup=1.5),
+        dict(dataset="d", proposers="ngram", policy="fixed-3", draft_cost="ngram-only", batch_size=1, speedup=2.0),
+        dict(dataset="d", proposers="ngram", policy="oracle", draft_cost="ngram-only", batch_size=1, speedup=2.5),
+        dict(dataset="d", proposers="ngram+eagle", policy="oracle-combine", draft_cost="all", batch_size=1,
+             speedup=3.0),
+    ])
+    g = A.oracle_gap(sim)
+    assert g["best_fixed"].item() == "fixed-3"
+    assert g["gap"].item() == pytest.approx(1.25)
+    h = A.hybrid_table(sim)
+    assert h["combine (all)"].item() == 3.0 and h["oracle ngram"].item() == 2.5
+
+
+def test_summary_roundtrip(tmp_path):
+    rows = [A.SummaryRow("4 oracle bound", "oracle speedup", "≈2.75x", "2.10x", "simulated", np.float64(2.1))]
+    df = A.write_summary(rows, tmp_path / "s.json")
+    assert list(df.columns) == ["finding", "quantity", "paper", "this_run", "source", "value"]
+    back = A.read_summaries([tmp_path / "s.json"])
+    assert back.equals(df)
+    md = A.summary_markdown(back)
+    assert md.splitlines()[0].startswith("| finding | quantity | paper | this run | source |")
+    with pytest.raises(TypeError):
+        A.write_summary([{"finding": "x"}], None)
+
+
+def test_trace_files_resolution(tmp_path):
+    t = _trace({"r0": {"ngram": [1, 2, 1]}})
+    t.to_parquet(tmp_path / "smollm2_code-edit.parquet")
+    t.to_parquet(tmp_path / "qwen_sharegpt.parquet")
+    assert len(A.trace_files(tmp_path)) == 2
+    assert [f.name for f in A.trace_files(tmp_path, model="smollm2")] == ["smollm2_code-edit.parquet"]
+    assert [f.name for f in A.trace_files(tmp_path, datasets=["sharegpt"])] == ["qwen_sharegpt.parquet"]
+    with pytest.raises(TraceError, match="no such"):
+        A.trace_files(tmp_path / "missing.parquet")
+    with pytest.raises(TraceError, match="no trace files"):
+        A.trace_files(tmp_path, model="llama")
