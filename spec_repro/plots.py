@@ -1,0 +1,363 @@
+"""One seaborn function per figure. Every function takes the tidy table that :mod:`spec_repro.analysis` (or
+``simulate``) returns, labels its axes with units, colours proposers with one fixed palette, draws the
+paper's reference values where they are meaningful, and puts the data's source in the caption.
+
+``save(fig, name)`` writes ``figures/<name>.png`` (dpi 120) and ``.pdf``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+__all__ = [
+    "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "time_breakdown",
+    "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
+    "overlap_vs_advantage", "oracle_gap", "hybrid_oracle",
+]
+
+_CB = sns.color_palette("colorblind", 10)
+# One colour per proposer, everywhere. Combined proposers get their own colours.
+PALETTE: dict[str, tuple] = {
+    "none": (0.45, 0.45, 0.45),
+    "ngram": _CB[0],
+    "eagle": _CB[1],
+    "eagle3": _CB[3],
+    "early-exit": _CB[8],
+    "draft": _CB[2],
+    "draft_model": _CB[2],
+    "mtp": _CB[4],
+    "ngram+eagle": _CB[5],
+    "ngram+early-exit": _CB[5],
+    "ngram+draft": _CB[6],
+}
+_EXTRA = sns.color_palette("dark", 10)
+PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[3], "overhead": _CB[7]}
+ACCOUNTING_HATCH = {"ngram-only": "", "winner": "//", "all": "xx"}
+
+sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+
+
+def color(name: str):
+    """The fixed colour of a proposer (or proposer combination); unknown names get a stable extra colour."""
+    if name in PALETTE:
+        return PALETTE[name]
+    return _EXTRA[sum(map(ord, name)) % len(_EXTRA)]
+
+
+def palette_for(names: Sequence[str]) -> dict:
+    return {n: color(n) for n in names}
+
+
+def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> list[Path]:
+    """Write ``<out_dir>/<name>.png`` and ``.pdf`` (out_dir defaults to the repo's ``figures/``)."""
+    if out_dir is None:
+        from .analysis import figures_dir
+
+        out_dir = figures_dir()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight")
+    # Fixed metadata so an unchanged figure is byte-stable across runs.
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None})
+    return paths
+
+
+def _caption(fig, source: str | None):
+    if source:
+        fig.text(0.01, -0.01, f"Source: {source}", ha="left", va="top", fontsize=7.5, color="0.3", wrap=True)
+
+
+def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
+    ncols = max(1, min(ncols, n))
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _legend_below(fig, axes, ncol: int = 6):
+    handles, labels = {}, []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+        if ax.get_legend():
+            ax.get_legend().remove()
+    if handles:
+        fig.legend([handles[lab] for lab in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(ncol, len(labels)), frameon=False, fontsize=8)
+
+
+# ---- finding 1 --------------------------------------------------------------------------------------------
+
+
+def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
+                     source: str | None = None, paper_refs: Mapping[str, float] | None = None):
+    """Speedup vs batch size, one panel per dataset, one line per proposer (simulated rows of ``simulate``:
+    dataset, proposers, batch_size, speedup). ``measured`` (dataset, proposers, batch_size, speedup) adds
+    measured points as large markers, dashed. ``paper_refs`` draws labelled horizontal reference lines."""
+    datasets = sorted(sim["dataset"].unique())
+    if measured is not None and len(measured):
+        datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
+    fig, axes = _facets(len(datasets))
+    props = sorted(set(sim["proposers"]) | (set(measured["proposers"]) if measured is not None else set()))
+    pal = palette_for(props)
+    for ax, ds in zip(axes, datasets):
+        d = sim[sim["dataset"] == ds]
+        if len(d):
+            sns.lineplot(data=d, x="batch_size", y="speedup", hue="proposers", palette=pal, marker="o", ax=ax,
+                         hue_order=[p for p in props if p in set(d["proposers"])])
+        if measured is not None and len(measured):
+            m = measured[measured["dataset"] == ds]
+            for p, g in m.groupby("proposers"):
+                g = g.sort_values("batch_size")
+                ax.plot(g["batch_size"], g["speedup"], ls="--", marker="s", ms=6, color=color(p),
+                        label=f"{p} (measured)")
+        ax.axhline(1.0, color="0.2", lw=1, ls=":")
+        for lab, v in (paper_refs or {}).items():
+            ax.axhline(v, color="0.5", lw=0.8, ls="--")
+            ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=7, color="0.35", va="bottom")
+        ax.set_xscale("log", base=2)
+        ax.set_title(ds)
+        ax.set_xlabel("batch size (requests)")
+        ax.set_ylabel("speedup over no SD (×)")
+    _legend_below(fig, axes)
+    fig.suptitle(title or "Speedup vs batch size", y=1.02)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+# ---- finding 2 --------------------------------------------------------------------------------------------
+
+
+def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet: str = "method", title: str = "",
+                   source: str | None = None, paper_verify_range: tuple[float, float] | None = (0.42, 0.95)):
+    """Stacked shares of step time (output of ``analysis.time_shares``): one panel per ``facet`` value, one
+    bar per ``x``. The paper's range of verification's share is shaded for reference."""
+    phases = [c for c in ["drafting_share", "verification_share", "rejection_sampling_share", "overhead_share"]
+              if c in shares.columns]
+    facets = list(dict.fromkeys(shares[facet]))
+    fig, axes = _facets(len(facets), ncols=min(4, len(facets)), w=3.6)
+    order = ["verification_share", "drafting_share", "rejection_sampling_share", "overhead_share"]
+    for ax, f in zip(axes, facets):
+        d = shares[shares[facet] == f].sort_values(x)
+        xs = [str(v) for v in d[x]]
+        bottom = np.zeros(len(d))
+        for c in [c for c in order if c in phases]:
+            name = c.removesuffix("_share").replace("_", " ")
+            v = d[c].to_numpy(float)
+            ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
+            bottom += v
+        if paper_verify_range:
+            lo, hi = paper_verify_range
+            ax.axhline(lo, color="k", lw=0.8, ls="--")
+            ax.axhline(hi, color="k", lw=0.8, ls="--")
+        ax.set_ylim(0, 1.0)
+        ax.set_title(str(f))
+        ax.set_xlabel(x.replace("_", " ") + (" (requests)" if x == "batch_size" else ""))
+        ax.set_ylabel("share of step time")
+        ax.tick_params(axis="x", rotation=45)
+    _legend_below(fig, axes)
+    sup = title or "Where a decode step's time goes"
+    if paper_verify_range:
+        sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
+                f"{paper_verify_range[1]:.0%}, H100, vLLM 0.10)")
+    fig.suptitle(sup, y=1.06, fontsize=10)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: str | None = None,
+                      title: str = "", source: str | None = None):
+    """Cost of verifying k draft tokens: forward time of k+1 tokens ÷ time of 1 token, vs k."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax)
+    kk = np.sort(df[x].unique())
+    ax.plot(kk, kk + 1, ls=":", color="0.5", label="k+1 (cost ∝ tokens)")
+    ax.axhline(1.0, ls="--", color="0.3", lw=0.8, label="1 (free verification)")
+    ax.set_xlabel("draft tokens verified per step, k")
+    ax.set_ylabel("forward time (k+1 tokens) ÷ time (1 token)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "Verification cost vs draft length")
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+# ---- finding 3 --------------------------------------------------------------------------------------------
+
+
+def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None):
+    """Mean tokens per step by output position (``analysis.acceptance_by_output_position``), a panel per
+    dataset, a line per proposer."""
+    datasets = sorted(df["dataset"].unique())
+    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    pal = palette_for(sorted(df["proposer"].unique()))
+    for ax, ds in zip(axes, datasets):
+        d = df[df["dataset"] == ds]
+        sns.lineplot(data=d, x="position", y="tokens_per_step", hue="proposer", palette=pal, ax=ax,
+                     drawstyle="steps-post")
+        ax.set_ylim(1, (k + 1) if k else None)
+        ax.set_title(ds)
+        ax.set_xlabel("output position (tokens)")
+        ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
+    _legend_below(fig, axes)
+    fig.suptitle(title or "Acceptance by output position", y=1.03)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None = None):
+    """The study's per-position acceptance rate (``analysis.acceptance_by_draft_position``)."""
+    datasets = sorted(df["dataset"].unique())
+    fig, axes = _facets(len(datasets), ncols=4, w=3.2, h=2.9)
+    pal = palette_for(sorted(df["proposer"].unique()))
+    for ax, ds in zip(axes, datasets):
+        sns.lineplot(data=df[df["dataset"] == ds], x="draft_position", y="rate", hue="proposer", palette=pal,
+                     marker="o", ax=ax)
+        ax.set_ylim(0, 1)
+        ax.set_xticks(sorted(df["draft_position"].unique()))
+        ax.set_title(ds)
+        ax.set_xlabel("draft token index i")
+        ax.set_ylabel("P(i-th draft token accepted)")
+    _legend_below(fig, axes)
+    fig.suptitle(title or "Per-position acceptance rate", y=1.03)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
+                           paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle"):
+    """Per-request tokens per step (``analysis.tokens_per_step_per_request``): box = 25-75th percentile,
+    whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
+    props = sorted(per_request["proposer"].unique())
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * per_request["dataset"].nunique() + 2), 3.8))
+    sns.boxplot(data=per_request, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props,
+                palette=palette_for(props), whis=(5, 95), fliersize=1.5, ax=ax)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"tokens per step per request ({k_label}, log)")
+    ax.set_xlabel("dataset")
+    ax.axhline(1, color="0.3", lw=0.8, ls=":")
+    yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
+    ax.set_yticks(yt)
+    ax.set_yticklabels([f"{v:g}" for v in yt])
+    ax.legend(fontsize=8, title="proposer", title_fontsize=8)
+    if paper:
+        txt = "paper (InstructCoder, Llama-3-70B) 5th-95th: " + "; ".join(
+            f"{p} {lo:g}-{hi:g}" for p, (lo, hi) in paper.items())
+        fig.text(0.01, 1.0, txt, fontsize=7.5, color="0.3")
+    ax.set_title(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+# ---- finding 3b: overlap --------------------------------------------------------------------------------
+
+
+def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
+                         paper_threshold: float | None = 0.6, title: str = "", source: str | None = None):
+    """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over ``other`` (log scale)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    sns.scatterplot(data=adv, x="bleu", y="advantage", hue="dataset", style="dataset", s=28, alpha=0.8, ax=ax)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="0.2", lw=1)
+    if paper_threshold is not None:
+        ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, label=f"paper: n-gram wins above {paper_threshold}")
+    if threshold is not None:
+        ax.axvline(threshold, color=color("ngram"), ls="-.", lw=1.2, label=f"this run: {threshold:.1f}")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("prompt-output overlap, BLEU-4 (sacrebleu, 0-1)")
+    ax.set_ylabel(f"tokens/step n-gram ÷ {other} (log)")
+    ax.legend(fontsize=7.5, loc="upper left")
+    ax.set_title(title or f"n-gram vs {other}: advantage grows with prompt-output overlap", fontsize=10)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+# ---- findings 4 and 5 -------------------------------------------------------------------------------------
+
+
+def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
+               paper_refs: Mapping[str, float] | None = None):
+    """Best fixed k vs oracle speedup by batch size (``analysis.oracle_gap``): a panel per dataset, solid =
+    oracle, dashed = best fixed k, colour = proposer."""
+    datasets = sorted(gap["dataset"].unique())
+    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    for ax, ds in zip(axes, datasets):
+        d = gap[gap["dataset"] == ds]
+        for p, g in d.groupby("proposers"):
+            g = g.sort_values("batch_size")
+            ax.plot(g["batch_size"], g["oracle_speedup"], marker="o", color=color(p), label=f"{p} oracle")
+            ax.plot(g["batch_size"], g["best_fixed_speedup"], marker="s", ls="--", color=color(p),
+                    label=f"{p} best fixed k")
+        ax.axhline(1.0, color="0.2", lw=1, ls=":")
+        for lab, v in (paper_refs or {}).items():
+            ax.axhline(v, color="0.5", lw=0.8, ls="--")
+            ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+        ax.set_xscale("log", base=2)
+        ax.set_title(ds)
+        ax.set_xlabel("batch size (requests)")
+        ax.set_ylabel("speedup over no SD (×)")
+    _legend_below(fig, axes, ncol=4)
+    fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
+                  paper_refs: Mapping[str, float] | None = None):
+    """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size:
+    grouped bars per dataset. Rows of ``simulate`` with policies ``oracle`` and ``oracle-combine``."""
+    o = sim[(sim["batch_size"] == batch_size) & sim["policy"].isin(["oracle", "oracle-combine"])].copy()
+    o["config"] = np.where(o["policy"] == "oracle", o["proposers"] + " oracle",
+                           "combine, " + o["draft_cost"].astype(str))
+    singles = sorted(o.loc[o["policy"] == "oracle", "config"].unique())
+    combos = [f"combine, {a}" for a in ("ngram-only", "winner", "all") if f"combine, {a}" in set(o["config"])]
+    order = singles + combos
+    datasets = sorted(o["dataset"].unique())
+    fig, ax = plt.subplots(figsize=(max(6, 1.9 * len(datasets) + 2), 4.0))
+    width = 0.8 / max(1, len(order))
+    for j, cfg in enumerate(order):
+        d = o[o["config"] == cfg].set_index("dataset").reindex(datasets)
+        if cfg.endswith(" oracle"):
+            c, hatch = color(cfg.removesuffix(" oracle")), ""
+        else:
+            names = d["proposers"].dropna()
+            c = color(names.iloc[0]) if len(names) else color("ngram+eagle")
+            hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
+        xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
+        bars = ax.bar(xs, d["speedup"], width=width * 0.95, color=c, hatch=hatch, edgecolor="white", label=cfg)
+        for b, v in zip(bars, d["speedup"]):
+            if np.isfinite(v):
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6.5)
+    ax.axhline(1.0, color="0.2", lw=1, ls=":")
+    for lab, v in (paper_refs or {}).items():
+        ax.axhline(v, color="0.5", lw=0.8, ls="--")
+        ax.text(len(datasets) - 0.5, v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+    ax.set_xticks(np.arange(len(datasets)))
+    ax.set_xticklabels(datasets)
+    ax.set_xlabel("dataset")
+    ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
+    ax.legend(fontsize=7.5, ncol=min(5, len(order)), loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              frameon=False)
+    ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
