@@ -52,8 +52,36 @@ def _run_models(args):
         raise SystemExit(f"error: {e}")
 
 
+# ---- reproduce (issue 5: notebooks) -----------------------------------------------------------------------
+def _add_reproduce(sub):
+    p = sub.add_parser("reproduce", help="run the six finding notebooks headless: figures + summary table")
+    p.add_argument("--profile", choices=["embedded", "gpu"], default="embedded",
+                   help="embedded: committed traces and measurements (default); gpu: live vLLM where possible")
+    p.add_argument("--out", default="out/reproduce", help="directory for executed notebooks and the summary")
+    p.add_argument("--figures", default=None, help="figure directory (default: the repo's figures/)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
+                   help="run only these notebooks (names without .ipynb)")
+    p.set_defaults(func=_run_reproduce)
+    return p
+
+
+def _run_reproduce(args):
+    from pathlib import Path
+
+    from .reproduce import reproduce
+
+    results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only)
+    out = Path(args.out)
+    for r in results:
+        status = "ok    " if r.ok else "FAILED"
+        print(f"{status} {r.name:28s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else ""))
+    print(f"summary: {out / 'summary.md'} and {out / 'summary.csv'} ({len(table)} rows); "
+          f"executed notebooks: {out / 'notebooks'}")
+    return 1 if any(not r.ok for r in results) else 0
+
+
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate, _add_models]
+_COMMANDS = [_add_simulate, _add_models, _add_reproduce]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,120 @@
+"""``spec-repro reproduce``: run the six finding notebooks headless (papermill), collect their figures and
+summary rows, and write the summary table (finding, paper value, this run's value, source).
+
+A notebook that fails is reported with its failing cell; the others still run. Each notebook receives
+``figures_dir`` and ``summary_path`` parameters and writes its rows with ``analysis.write_summary``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from .analysis import read_summaries, repo_root, summary_markdown
+
+__all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir"]
+
+NOTEBOOKS = [
+    "01_proposers_vs_batch",
+    "02_verification_bottleneck",
+    "03_acceptance_behavior",
+    "04_ngram_overlap",
+    "05_oracle_bound",
+    "06_hybrid_oracle",
+]
+
+# Parameters each profile passes to every notebook (a notebook ignores what it does not declare).
+PROFILES: dict[str, dict] = {
+    # Committed data: embedded traces (data/traces), CPU measurements (data/cpu), H200 logs (data/gpu).
+    "embedded": {},
+    # A GPU host with vLLM: the notebooks that can run live do so (see their `backend` parameter).
+    "gpu": {"backend": "vllm"},
+}
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    summary: Path | None = None
+    error: str | None = None
+    figures: list[str] = field(default_factory=list)
+
+
+def _describe_failure(e: Exception) -> str:
+    """Name the failing cell of a papermill execution error."""
+    idx = getattr(e, "cell_index", None)
+    if idx is not None:
+        src = (getattr(e, "source", "") or "").strip().splitlines()
+        first = src[0][:80] if src else ""
+        return (f"cell {idx} (execution count {getattr(e, 'exec_count', '?')}, starts {first!r}): "
+                f"{getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}")
+    return f"{type(e).__name__}: {e}"
+
+
+def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", *,
+              figures_dir: str | Path | None = None, notebooks: Sequence[str] | None = None,
+              parameters: Mapping | None = None, kernel_name: str | None = None, progress: bool = True,
+              timeout_s: int | None = 1800) -> tuple[list[NotebookResult], pd.DataFrame]:
+    """Run the notebooks; returns per-notebook results and the summary table (also written to ``out_dir``
+    as ``summary.md`` and ``summary.csv``; executed notebooks go to ``out_dir/notebooks``)."""
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    names = list(notebooks or NOTEBOOKS)
+    unknown = [n for n in names if not (notebooks_dir() / f"{n}.ipynb").exists()]
+    if unknown:
+        raise FileNotFoundError(f"no such notebook(s) {unknown} in {notebooks_dir()}; have {NOTEBOOKS}")
+    out = Path(out_dir).resolve()
+    fig_dir = Path(figures_dir).resolve() if figures_dir is not None else (repo_root() / "figures")
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    (out / "summary").mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+
+    results: list[NotebookResult] = []
+    bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
+    for name in bar:
+        bar.set_postfix_str(name)
+        src = notebooks_dir() / f"{name}.ipynb"
+        dst = out / "notebooks" / f"{name}.ipynb"
+        summ = out / "summary" / f"{name}.json"
+        summ.unlink(missing_ok=True)
+        before = {p.name: p.stat().st_mtime for p in fig_dir.glob("*.png")}
+        params = {**PROFILES[profile], **(parameters or {}), "figures_dir": str(fig_dir),
+                  "summary_path": str(summ)}
+        t0 = time.perf_counter()
+        try:
+            pm.execute_notebook(str(src), str(dst), parameters=params, cwd=str(notebooks_dir()),
+                                kernel_name=kernel_name, progress_bar=False, log_output=False,
+                                execution_timeout=timeout_s)
+            ok, err = True, None
+        except Exception as e:  # papermill wraps a cell's error; keep going with the others
+            ok, err = False, _describe_failure(e)
+        dt = time.perf_counter() - t0
+        figs = sorted(p.name for p in fig_dir.glob("*.png") if before.get(p.name) != p.stat().st_mtime)
+        if ok and not summ.exists():
+            ok, err = False, "ran, but wrote no summary rows (summary_path)"
+        results.append(NotebookResult(name, ok, dt, dst, summ if summ.exists() else None, err, figs))
+        if not ok:
+            tqdm.write(f"FAILED {name}: {err}")
+    bar.close()
+
+    table = read_summaries([r.summary for r in results if r.summary is not None])
+    table.to_csv(out / "summary.csv", index=False)
+    md = "# Reproduction summary\n\n" + f"Profile `{profile}`.\n\n" + summary_markdown(table)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
+    (out / "summary.md").write_text(md)
+    return results, table
