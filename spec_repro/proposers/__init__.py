@@ -1,1 +1,61 @@
-"""See the package README."""
+"""Draft proposers for the reference engine (:mod:`spec_repro.engines.torch`) and the acceptance profiler.
+
+One small interface, :class:`Proposer`:
+
+* ``start(contexts)``: a new batch; ``contexts[r]`` = prompt + the prefill's first token of row r.
+* ``propose(contexts, k) -> list[list[int]]``: up to ``k`` draft tokens per row given each row's full context
+  (prompt + output so far). May return fewer tokens, or none (n-gram without a match).
+* ``select(rows)``: only these rows (indices into the current batch) stay; finished requests leave.
+* ``method``: the name used in step timings (``ngram``, ``draft_model``, ``early_exit``); ``name`` the one used
+  in acceptance traces (``ngram``, ``draft``, ``early-exit``).
+
+Model-based proposers also expose ``model`` (a causal LM whose greedy chain they draft), which the profiler
+uses for its single teacher-forced pass.
+
+``make_proposer(name, target=None, **options)`` builds one by name: ``ngram`` (``min_n``, ``max_n``),
+``draft`` (``draft_model``), ``early-exit`` (``layers``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["Proposer", "make_proposer", "PROPOSERS"]
+
+PROPOSERS = ("ngram", "draft", "early-exit")
+
+
+class Proposer:
+    name = "proposer"
+    method = "proposer"
+    model = None
+
+    def start(self, contexts: Sequence[Sequence[int]]) -> None:  # noqa: D401 - interface
+        pass
+
+    def propose(self, contexts: Sequence[Sequence[int]], k: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def select(self, rows: Sequence[int]) -> None:
+        pass
+
+
+def make_proposer(name: str, target=None, **options) -> Proposer:
+    """Build a proposer by name. ``target`` is the target model (needed by ``early-exit``)."""
+    key = name.lower().replace("_", "-")
+    if key in ("ngram", "n-gram", "prompt-lookup"):
+        from .ngram import NgramProposer
+
+        return NgramProposer(**{k: v for k, v in options.items() if k in ("min_n", "max_n")})
+    if key in ("draft", "draft-model"):
+        from .draft import DraftModelProposer
+
+        if options.get("draft_model") is None:
+            raise ValueError("proposer 'draft' needs draft_model= (a causal LM sharing the target's tokenizer)")
+        return DraftModelProposer(options["draft_model"])
+    if key in ("early-exit", "earlyexit", "self-spec", "layerskip"):
+        from .early_exit import EarlyExitProposer
+
+        if target is None:
+            raise ValueError("proposer 'early-exit' needs the target model")
+        return EarlyExitProposer(target, layers=options.get("layers"))
+    raise ValueError(f"unknown proposer {name!r}; choose from {', '.join(PROPOSERS)}")
