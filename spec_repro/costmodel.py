@@ -1,0 +1,354 @@
+"""Step-time cost model: target forward, per-proposer drafting, per-step overhead; presets and a fitter.
+
+All times are seconds. One engine step (prefill, plain decode, or a speculative verify step) costs
+
+    target forward  F(kv, n) = c_kv * kv + c_tok * n + c0
+                    kv = tokens held in the KV cache before the pass, n = tokens the pass processes (whole batch)
+    drafting        per proposer, one of these kinds (``Drafter``):
+                    ``linear``    D(kv, n) = c_kv * kv + c_tok * n + c0, n = that request's input length for the
+                                  step; charged at every step (like EAGLE: it runs even when nothing is accepted)
+                    ``fraction``  fraction * F of the same step (n-gram lookup); 0 when the proposer proposes
+                                  nothing at that step
+                    ``per_token`` proposal * (c_kv * kv + c_tok * m + c0): one small sequential forward per drafted
+                                  token, m = requests in the step (separate draft models, early-exit self-drafts)
+    overhead        a constant per step (scheduling, input preparation, rejection sampling, bookkeeping)
+
+A preset is a JSON file (see ``spec_repro/presets/``)::
+
+    {"name": ..., "hardware": ..., "target_model": ..., "source": "provenance text", "units": "seconds",
+     "target": {"c_kv": ..., "c_tok": ..., "c0": ...}, "overhead": ...,
+     "drafters": {"ngram": {"kind": "fraction", "fraction": ...},
+                  "eagle": {"kind": "linear", "c_kv": ..., "c_tok": ..., "c0": ...}},
+     "fit": {... optional statistics of the fit that produced it ...}}
+
+``load_cost_model(name_or_path)`` reads a preset by name (``PRESETS``) or any such file by path;
+``fit(steps)`` fits one from measured step timings (``spec_repro.traces.STEP_COLUMNS``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR", "load_cost_model",
+           "fit", "default_drafter_kind"]
+
+PRESET_DIR = Path(__file__).with_name("presets")
+DRAFTER_KINDS = ("linear", "fraction", "per_token")
+# proposer names that mean the same drafter (trace proposer names vs. step-table method names)
+_ALIASES = {"draft": "draft_model", "draft_model": "draft", "eagle-3": "eagle3", "ngram": "n-gram", "n-gram": "ngram"}
+
+
+class CostModelError(ValueError):
+    """A cost model that cannot be built, read or used as asked; the message says why."""
+
+
+def _presets() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PRESET_DIR.glob("*.json")):
+        try:
+            out[json.loads(p.read_text())["name"]] = p
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+#: name -> preset file shipped with the package (``llama3.1-8b-h100`` is the study's published fit)
+PRESETS: dict[str, Path] = _presets()
+
+
+@dataclass
+class Drafter:
+    """Drafting-time model of one proposer (see the module docstring for the kinds)."""
+
+    kind: str
+    c_kv: float = 0.0
+    c_tok: float = 0.0
+    c0: float = 0.0
+    fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAFTER_KINDS:
+            raise CostModelError(f"unknown drafter kind {self.kind!r}; expected one of {DRAFTER_KINDS}")
+
+    def time(self, kv, n, F, m, proposal, always=False):
+        """Drafting seconds of one request at one step (numpy arrays broadcast).
+
+        kv: KV tokens before the step; n: the request's input length (proposal + 1); F: the step's target
+        forward; m: requests in the step; proposal: tokens drafted; always: charge a ``fraction`` drafter even
+        where it proposes nothing (what the released simulator does for the combined proposer)."""
+        if self.kind == "linear":
+            return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
+        if self.kind == "fraction":
+            on = np.ones_like(np.asarray(proposal), bool) if always else np.asarray(proposal) > 0
+            return np.where(on, self.fraction * np.asarray(F, float), 0.0)
+        return np.asarray(proposal, float) * (self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float)
+                                              + self.c0)
+
+    def to_dict(self) -> dict:
+        if self.kind == "fraction":
+            return {"kind": "fraction", "fraction": self.fraction}
+        return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0}
+
+
+@dataclass
+class CostModel:
+    """Target forward F(kv, n) = c_kv*kv + c_tok*n + c0, drafters per proposer, overhead per step (seconds)."""
+
+    name: str
+    c_kv: float
+    c_tok: float
+    c0: float
+    overhead: float
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    hardware: str = ""
+    target_model: str = ""
+    source: str = ""
+    fit: dict | None = None
+
+    def forward(self, kv, n):
+        """Target forward seconds; vectorised over numpy arrays."""
+        return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
+
+    def drafter(self, proposer: str) -> Drafter:
+        if proposer in self.drafters:
+            return self.drafters[proposer]
+        alias = _ALIASES.get(proposer)
+        if alias in self.drafters:
+            return self.drafters[alias]
+        raise CostModelError(f"cost model {self.name!r} has no drafting model for proposer {proposer!r}; "
+                             f"it has {sorted(self.drafters)} (add one to the preset or fit it)")
+
+    def draft(self, proposer: str, kv, n, F, m, proposal, always=False):
+        return self.drafter(proposer).time(kv, n, F, m, proposal, always)
+
+    # ---- I/O ------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "hardware": self.hardware, "target_model": self.target_model,
+             "source": self.source, "units": "seconds",
+             "target": {"c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0},
+             "overhead": self.overhead,
+             "drafters": {k: v.to_dict() for k, v in self.drafters.items()}}
+        if self.fit:
+            d["fit"] = self.fit
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "cost model") -> "CostModel":
+        try:
+            t = d["target"]
+            drafters = {}
+            for k, v in dict(d.get("drafters", {})).items():
+                kind = v.get("kind")
+                if kind not in DRAFTER_KINDS:
+                    raise CostModelError(f"{where}: drafter {k!r} has kind {kind!r}; expected one of {DRAFTER_KINDS}")
+                drafters[k] = Drafter(kind, **{x: float(v[x]) for x in ("c_kv", "c_tok", "c0", "fraction") if x in v})
+            m = cls(name=str(d["name"]), c_kv=float(t["c_kv"]), c_tok=float(t["c_tok"]), c0=float(t["c0"]),
+                    overhead=float(d["overhead"]), drafters=drafters, hardware=str(d.get("hardware", "")),
+                    target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
+                    fit=d.get("fit"))
+        except KeyError as e:
+            raise CostModelError(f"{where}: missing key {e.args[0]!r} (need name, target{{c_kv,c_tok,c0}}, "
+                                 f"overhead, drafters)") from e
+        except (TypeError, ValueError) as e:
+            if isinstance(e, CostModelError):
+                raise
+            raise CostModelError(f"{where}: malformed value ({e})") from e
+        vals = [m.c_kv, m.c_tok, m.c0, m.overhead] + [x for dr in drafters.values()
+                                                       for x in (dr.c_kv, dr.c_tok, dr.c0, dr.fraction)]
+        if not all(np.isfinite(vals)):
+            raise CostModelError(f"{where}: coefficients must be finite numbers")
+        return m
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "CostModel":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except OSError as e:
+            raise CostModelError(f"{path}: cannot read cost model ({e})") from e
+        except json.JSONDecodeError as e:
+            raise CostModelError(f"{path}: not JSON ({e.msg})") from e
+        if not isinstance(d, dict):
+            raise CostModelError(f"{path}: expected a JSON object")
+        return cls.from_dict(d, str(path))
+
+    def summary(self) -> str:
+        lines = [f"cost model {self.name!r} ({self.hardware or 'hardware ?'}, {self.target_model or 'target ?'})",
+                 f"  target forward F(kv, n) = {self.c_kv:.6g}*kv + {self.c_tok:.6g}*n + {self.c0:.6g} s",
+                 f"  overhead per step       = {self.overhead:.6g} s"]
+        for k, dr in self.drafters.items():
+            if dr.kind == "fraction":
+                lines.append(f"  drafting {k:<14} = {dr.fraction:.6g} * F (0 when nothing is proposed)")
+            elif dr.kind == "linear":
+                lines.append(f"  drafting {k:<14} = {dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*n + {dr.c0:.6g} s per step")
+            else:
+                lines.append(f"  drafting {k:<14} = proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + {dr.c0:.6g}) s")
+        if self.source:
+            lines.append(f"  source: {self.source}")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+
+def load_cost_model(name_or_path: "str | Path | CostModel") -> CostModel:
+    """A preset by name (see ``PRESETS``) or a preset-format JSON file by path."""
+    if isinstance(name_or_path, CostModel):
+        return name_or_path
+    s = str(name_or_path)
+    presets = _presets()
+    if s in presets:
+        return CostModel.from_json(presets[s])
+    p = Path(s).expanduser()
+    if p.is_file():
+        return CostModel.from_json(p)
+    raise CostModelError(f"unknown cost model {s!r}: not a preset ({sorted(presets)}) and no such file")
+
+
+# ---- fitting ----------------------------------------------------------------------------------------------
+def default_drafter_kind(method: str) -> str:
+    """n-gram -> ``fraction``; draft models / early-exit self-drafts -> ``per_token``; others -> ``linear``."""
+    m = method.lower()
+    if m.startswith("ngram") or m.startswith("n-gram"):
+        return "fraction"
+    if any(w in m for w in ("draft", "early", "layerskip", "self")):
+        return "per_token"
+    return "linear"
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns: the fitted ``model``, R² per component, per-step ``residuals`` and counts."""
+
+    model: CostModel
+    r2: dict[str, float]
+    residuals: pd.DataFrame  # component, row, measured, predicted, residual (seconds)
+    n_steps: dict[str, int]
+
+    def rmse(self, component: str) -> float:
+        r = self.residuals.loc[self.residuals["component"] == component, "residual"]
+        return float(np.sqrt(np.mean(r.to_numpy() ** 2))) if len(r) else float("nan")
+
+    def summary(self) -> str:
+        lines = [self.model.summary(), "  fit quality:"]
+        for comp in self.n_steps:
+            r2 = self.r2.get(comp, float("nan"))
+            lines.append(f"    {comp:<20} n={self.n_steps[comp]:>6}  R2={r2:.4f}  rmse={self.rmse(comp) * 1e3:.4f} ms")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write the fitted model as a preset (loadable with ``load_cost_model(path)``), fit statistics included."""
+        return self.model.to_json(path)
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
+
+
+def _lstsq(X: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
+    if len(y) < X.shape[1]:
+        raise CostModelError(f"fit {what}: {len(y)} steps, need at least {X.shape[1]}")
+    # scale columns so the rank test is meaningful for kv ~1e5 next to a constant 1
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _, rank, _ = np.linalg.lstsq(X / scale, y, rcond=None)
+    if rank < X.shape[1]:
+        raise CostModelError(f"fit {what}: the steps do not vary enough to separate the coefficients (rank "
+                             f"{rank} < {X.shape[1]}); measure several batch sizes / context lengths")
+    return coef / scale
+
+
+def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target_model: str | None = None,
+        source: str = "", kinds: Mapping[str, str] | None = None, include_reject: bool = True,
+        min_steps: int = 3) -> FitResult:
+    """Least-squares cost model from measured step timings (``spec_repro.traces.STEP_COLUMNS``).
+
+    - target forward: t_verify ~ c_kv*kv_tokens + c_tok*batched_tokens + c0 over every step;
+    - drafting, per ``method`` other than ``none`` (kind from ``kinds`` or ``default_drafter_kind``):
+      ``linear``: t_draft ~ c_kv*kv_tokens + c_tok*(batched_tokens/num_reqs) + c0 (n per request, as the
+      simulator applies it); ``fraction``: t_draft ~ fraction*t_verify through the origin, over steps that
+      drafted; ``per_token``: t_draft ~ k*(c_kv*kv_tokens + c_tok*num_reqs + c0), k = num_draft_tokens/num_reqs;
+    - overhead: the mean of t_other (+ t_reject when ``include_reject``; the model has no separate term for it).
+    Returns a ``FitResult`` with R² per component and a residual table."""
+    from .traces import validate_steps
+
+    df = validate_steps(steps, "fit steps")
+    if df.empty:
+        raise CostModelError("fit: no steps")
+    if target_model is None:
+        models = df["model"].unique().tolist()
+        target_model = models[0] if len(models) == 1 else ", ".join(map(str, models))
+    kinds = dict(kinds or {})
+    res, r2, counts = [], {}, {}
+
+    def record(comp, idx, y, pred):
+        res.append(pd.DataFrame({"component": comp, "row": idx, "measured": y, "predicted": pred,
+                                 "residual": y - pred}))
+        r2[comp] = _r2(y, pred)
+        counts[comp] = len(y)
+
+    kv = df["kv_tokens"].to_numpy(float)
+    n = df["batched_tokens"].to_numpy(float)
+    reqs = np.maximum(df["num_reqs"].to_numpy(float), 1.0)
+    tv = df["t_verify"].to_numpy(float)
+    X = np.column_stack([kv, n, np.ones_like(kv)])
+    c_kv, c_tok, c0 = _lstsq(X, tv, "target forward")
+    record("target", df.index.to_numpy(), tv, X @ [c_kv, c_tok, c0])
+
+    drafters: dict[str, Drafter] = {}
+    for method, g in df[df["method"] != "none"].groupby("method", sort=True):
+        kind = kinds.get(method, default_drafter_kind(method))
+        if kind not in DRAFTER_KINDS:
+            raise CostModelError(f"fit: kind {kind!r} for {method!r}; expected one of {DRAFTER_KINDS}")
+        drafted = g["num_draft_tokens"].to_numpy(float) > 0
+        idx = g.index.to_numpy()
+        y = g["t_draft"].to_numpy(float)
+        gkv, gn, greq = kv[idx], n[idx], reqs[idx]
+        if kind == "linear":
+            Xd = np.column_stack([gkv, gn / greq, np.ones_like(gkv)])
+            if len(y) < min_steps:
+                raise CostModelError(f"fit drafting {method!r}: {len(y)} steps, need {min_steps}")
+            coef = _lstsq(Xd, y, f"drafting {method!r}")
+            drafters[method] = Drafter("linear", *map(float, coef))
+            record(f"draft:{method}", idx, y, Xd @ coef)
+        elif kind == "fraction":
+            tvg = tv[idx][drafted]
+            if drafted.sum() < min_steps or not (tvg > 0).any():
+                raise CostModelError(f"fit drafting {method!r}: fewer than {min_steps} steps that drafted")
+            frac = float(np.sum(y[drafted] * tvg) / np.sum(tvg ** 2))
+            drafters[method] = Drafter("fraction", fraction=frac)
+            record(f"draft:{method}", idx[drafted], y[drafted], frac * tvg)
+        else:
+            k = g["num_draft_tokens"].to_numpy(float)[drafted] / greq[drafted]
+            Xd = np.column_stack([k * gkv[drafted], k * greq[drafted], k])
+            coef = _lstsq(Xd, y[drafted], f"drafting {method!r}")
+            drafters[method] = Drafter("per_token", *map(float, coef))
+            record(f"draft:{method}", idx[drafted], y[drafted], Xd @ coef)
+
+    to = df["t_other"].to_numpy(float) + (df["t_reject"].to_numpy(float) if include_reject else 0.0)
+    overhead = float(to.mean())
+    record("overhead", df.index.to_numpy(), to, np.full_like(to, overhead))
+
+    resid = pd.concat(res, ignore_index=True)
+    fit_stats = {"n_steps": counts, "r2": {k: (None if np.isnan(v) else round(v, 6)) for k, v in r2.items()},
+                 "rmse_s": {c: float(np.sqrt(np.mean(g["residual"] ** 2))) for c, g in resid.groupby("component")},
+                 "runs": sorted(map(str, df["run_id"].unique())), "include_reject": include_reject}
+    model = CostModel(name=name, c_kv=float(c_kv), c_tok=float(c_tok), c0=float(c0), overhead=overhead,
+                      drafters=drafters, hardware=hardware, target_model=str(target_model),
+                      source=source or f"least-squares fit of {len(df)} measured steps (spec_repro.costmodel.fit)",
+                      fit=fit_stats)
+    return FitResult(model=model, r2=r2, residuals=resid, n_steps=counts)
