@@ -1,0 +1,162 @@
+"""Exact acceptance profiler: per output position, how many tokens ONE speculative step would produce.
+
+For each request the target decodes greedily ONCE (batched, through :func:`spec_repro.engines.torch.generate`).
+With the prompt x_1..x_P and output o_0..o_{L-1} (o_0 from the prefill), a step that starts after o_q
+(context = prompt + o_0..o_q) verifies drafts against o_{q+1}, o_{q+2}, ... . Under greedy decoding the accepted
+count is the length of the prefix of the drafts equal to those tokens, so for every position q:
+
+* n-gram: the vLLM prompt-lookup proposal for the true context with k = k_max (``draft_len`` = its length, 0
+  where no n-gram recurs); a smaller k proposes a prefix of it, so ``min(acc_len - 1, k)`` is exact for any k.
+* draft model / early exit (chain drafting): ONE teacher-forced pass of the drafter over prompt + output gives
+  its argmax g_j after every output token o_j. The chain from q drafts g_q; if g_q = o_{q+1} the next draft is
+  the drafter's argmax after o_{q+1}, i.e. g_{q+1}, and so on: accepted = the run of consecutive j >= q with
+  g_j = o_{j+1}, capped at k_max.
+
+Accepted counts never run past the end of the output (the last position has acc_len 1). ``acc_len`` = accepted
++ 1, as in the study's traces. Numbers equal a real engine run's up to float ties between the batched decode,
+the teacher-forced pass and the engine's incremental passes (checked by tests/test_profiler.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .engines.torch import generate
+from .proposers import Proposer
+from .proposers.ngram import NgramProposer, ngram_lookup_all
+from .traces import Trace
+
+__all__ = ["RequestProfile", "ngram_acceptance", "chain_acceptance", "model_argmax_after_outputs",
+           "profile_requests", "profiles_to_trace"]
+
+
+@dataclass
+class RequestProfile:
+    request_id: str
+    dataset: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    acc: dict[str, list[int]] = field(default_factory=dict)
+    draft_len: dict[str, list[int]] = field(default_factory=dict)
+    prompt_text: str | None = None
+    output_text: str | None = None
+    decode_s: float = 0.0  # this request's share of the batched greedy decode (wall / batch size)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "RequestProfile":
+        return cls(**d)
+
+
+def ngram_acceptance(prompt: Sequence[int], output: Sequence[int], k_max: int, min_n: int = 3,
+                     max_n: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """(acc_len, draft_len) per output position for vLLM's n-gram proposer (see module doc)."""
+    full = np.asarray(list(prompt) + list(output), dtype=np.int64)
+    P, L = len(prompt), len(output)
+    starts, lens = ngram_lookup_all(full, P, k_max, min_n, max_n)
+    acc = np.ones(L, dtype=np.int64)
+    for q in range(L):
+        s, n = int(starts[q]), int(lens[q])
+        a = 0
+        nxt = P + q + 1
+        while a < n and nxt + a < len(full) and full[s + a] == full[nxt + a]:
+            a += 1
+        acc[q] = 1 + a
+    return acc, lens.astype(np.int64)
+
+
+def chain_acceptance(argmax_after: Sequence[int], output: Sequence[int], k_max: int) -> np.ndarray:
+    """acc_len per output position for greedy chain drafting, from the drafter's argmax after each output
+    token (``argmax_after[j]`` = drafter's next token given prompt + o_0..o_j, j = 0..L-2)."""
+    L = len(output)
+    g = np.asarray(argmax_after, dtype=np.int64)[: max(L - 1, 0)]
+    match = g == np.asarray(output[1:], dtype=np.int64)
+    run = np.zeros(L + 1, dtype=np.int64)  # run[j] = consecutive matches starting at j
+    for j in range(L - 2, -1, -1):
+        run[j] = run[j + 1] + 1 if match[j] else 0
+    return 1 + np.minimum(run[:L], k_max)
+
+
+@torch.no_grad()
+def model_argmax_after_outputs(model, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+    """One teacher-forced pass of ``model`` over prompt + output[:-1]: its argmax after each o_j, j < L-1."""
+    P, L = len(prompt), len(output)
+    if L < 2:
+        return []
+    dev = next(model.parameters()).device
+    ids = torch.as_tensor([list(prompt) + list(output[:-1])], dtype=torch.long, device=dev)
+    h = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, P:]  # after o_0 .. o_{L-2}
+    return model.get_output_embeddings()(h).argmax(dim=-1).tolist()
+
+
+def _req_fields(r, i: int, dataset: str | None):
+    if isinstance(r, (list, tuple)):
+        return str(i), dataset or "unknown", list(r), None
+    return str(r.id), getattr(r, "dataset", None) or dataset or "unknown", list(r.prompt_token_ids), \
+        getattr(r, "prompt_text", None)
+
+
+def profile_requests(target, requests: Sequence, proposers: Mapping[str, Proposer], *, k_max: int = 16,
+                     max_new_tokens: int = 256, batch_size: int = 8, tokenizer=None, eos_token_ids=None,
+                     dataset: str | None = None, progress=None) -> Iterable[list[RequestProfile]]:
+    """Profile ``requests`` (workload ``Request`` objects or token-id lists) in batches; yields each finished
+    batch's list of :class:`RequestProfile` (so callers can save as they go).
+
+    ``proposers``: {trace name: proposer}; n-gram proposers are profiled by lookup, model-based ones
+    (``proposer.model``) by one teacher-forced pass."""
+    for name, p in proposers.items():
+        if not isinstance(p, NgramProposer) and getattr(p, "model", None) is None:
+            raise ValueError(f"proposer {name!r} has neither n-gram settings nor a drafter model to profile")
+    if k_max < 1:
+        raise ValueError("k_max must be >= 1")
+    reqs = [_req_fields(r, i, dataset) for i, r in enumerate(requests)]
+    for b in range(0, len(reqs), batch_size):
+        batch = reqs[b: b + batch_size]
+        res = generate(target, [r[2] for r in batch], max_new_tokens=max_new_tokens,
+                       eos_token_ids=eos_token_ids, progress=progress)
+        out = []
+        for (rid, ds, prompt, ptext), o in zip(batch, res.output_ids):
+            prof = RequestProfile(rid, ds, prompt, list(o), prompt_text=ptext,
+                                  decode_s=res.wall_s / len(batch))
+            if tokenizer is not None:
+                prof.output_text = tokenizer.decode(o)
+            for name, p in proposers.items():
+                if isinstance(p, NgramProposer):
+                    acc, dl = ngram_acceptance(prompt, o, k_max, p.min_n, p.max_n)
+                else:
+                    acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, o), o, k_max)
+                    dl = np.full(len(o), k_max)
+                prof.acc[name] = acc.astype(int).tolist()
+                prof.draft_len[name] = dl.astype(int).tolist()
+            out.append(prof)
+        yield out
+
+
+def profiles_to_trace(profiles: Sequence[RequestProfile], *, model: str, k_max: int,
+                      meta: dict | None = None) -> Trace:
+    """A :class:`spec_repro.traces.Trace` (one dataset per call's requests; several datasets are concatenated)."""
+    by_ds: dict[str, list[RequestProfile]] = {}
+    for p in profiles:
+        by_ds.setdefault(p.dataset, []).append(p)
+    traces = []
+    for ds, ps in by_ds.items():
+        traces.append(Trace.from_arrays(
+            {p.request_id: p.acc for p in ps},
+            prompt_lens={p.request_id: len(p.prompt_token_ids) for p in ps},
+            dataset=ds, model=model, k_max=k_max,
+            draft_lens={p.request_id: p.draft_len for p in ps},
+            request_info={p.request_id: {"prompt_token_ids": p.prompt_token_ids,
+                                         "output_token_ids": p.output_token_ids,
+                                         "prompt_text": p.prompt_text, "output_text": p.output_text}
+                          for p in ps},
+            meta=dict(meta or {})))
+    if len(traces) == 1:
+        return traces[0]
+    t = Trace.concat(traces)
+    t.meta.update(meta or {})
+    return t
