@@ -80,8 +80,95 @@ def _run_reproduce(args):
     return 1 if any(not r.ok for r in results) else 0
 
 
+# ---- collect (issue 3: embedded traces) -------------------------------------------------------------------
+def _add_collect(sub):
+    p = sub.add_parser("collect", help="decode real requests greedily and profile per-position acceptance traces")
+    p.add_argument("--model", default="smollm2-135m", help="target: embedded name, HF id or local directory")
+    p.add_argument("--workloads", nargs="+", required=True, metavar="NAME", help="e.g. code-edit sharegpt")
+    p.add_argument("-n", type=int, default=40, help="requests per workload (default 40)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--proposers", nargs="+", default=["ngram", "early-exit"],
+                   help="ngram, early-exit, draft (needs --draft-model)")
+    p.add_argument("--draft-model", default=None, help="draft model sharing the target's tokenizer")
+    p.add_argument("--early-exit-layers", type=int, default=None, help="exit layer (default: 80%% of depth)")
+    p.add_argument("--k-max", type=int, default=16)
+    p.add_argument("--min-n", type=int, default=3, help="n-gram prompt_lookup_min (study: 3)")
+    p.add_argument("--max-n", type=int, default=7, help="n-gram prompt_lookup_max (study: 7)")
+    p.add_argument("--batch-size", type=int, default=8, help="greedy decodes batched together")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="data/traces")
+    p.add_argument("--force", action="store_true", help="redo workloads whose trace file exists")
+    p.set_defaults(func=_run_collect)
+    return p
+
+
+def _run_collect(args):
+    from .collect import collect
+
+    try:
+        paths = collect(args.model, args.workloads, n=args.n, max_new_tokens=args.max_new_tokens,
+                        proposers=args.proposers, out=args.out, k_max=args.k_max, batch_size=args.batch_size,
+                        seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
+                        early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
+                        device=args.device, force=args.force)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}")
+    for p in paths:
+        print(p)
+
+
+# ---- cpu-verify-cost (issue 3: the embedded analogue of finding 2) ----------------------------------------
+def _add_cpu_verify_cost(sub):
+    p = sub.add_parser("cpu-verify-cost", help="target forward time of k+1 tokens vs 1 token (k = 1..16)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--kv-len", type=int, default=512, help="tokens in the KV cache before the pass")
+    p.add_argument("--k-max", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default="data/cpu/verify_cost.csv")
+    p.set_defaults(func=_run_cpu_verify_cost)
+    return p
+
+
+def _run_cpu_verify_cost(args):
+    from pathlib import Path
+
+    import torch
+
+    from . import models
+    from .engines.torch import measure_verify_cost, weight_bytes
+    from .provenance import record
+
+    try:
+        model, _ = models.load(args.model, device=args.device)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {e}")
+    raw = measure_verify_cost(model, kv_len=args.kv_len, ks=range(0, args.k_max + 1), repeats=args.repeats)
+    g = raw.groupby(["k", "n_tokens", "kv_len"])["seconds"]
+    df = g.median().rename("median_s").to_frame()
+    df["p10_s"], df["p90_s"], df["repeats"] = g.quantile(0.1), g.quantile(0.9), g.size()
+    df = df.reset_index()
+    base = float(df.loc[df.k == 0, "median_s"].iloc[0])
+    df["ratio_to_1_token"] = df["median_s"] / base
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False, float_format="%.6g")
+    wb = weight_bytes(model)
+    record(out.parent / "MANIFEST.json", out.name, file=out.name, model=args.model, kv_len=args.kv_len,
+           repeats=args.repeats, device=args.device, dtype=str(model.dtype), torch_threads=torch.get_num_threads(),
+           weight_bytes=wb, load_avg=list(__import__("os").getloadavg()),
+           kind="measured: median wall time of one target forward of k+1 tokens after a kv_len-token cache",
+           statistic="median over repeats (round-robin over k); p10/p90 alongside")
+    print(df.to_string(index=False))
+    print(f"1-token decode step {base * 1e3:.1f} ms: {wb / base / 1e9:.2f} GB/s of weights read "
+          f"({wb / 1e6:.0f} MB of {model.dtype} weights)")
+    print(f"wrote {out}")
+
+
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate, _add_models, _add_reproduce]
+_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost]
 
 
 def build_parser() -> argparse.ArgumentParser:

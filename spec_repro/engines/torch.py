@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-__all__ = ["KVState", "GenerationResult", "generate", "eos_ids_of"]
+__all__ = ["KVState", "GenerationResult", "generate", "eos_ids_of", "measure_verify_cost", "weight_bytes"]
 
 
 def _sync(device: torch.device) -> None:
@@ -320,3 +320,41 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     steps_df = pd.DataFrame(steps)
     ev = pd.DataFrame(events, columns=["request", "step", "position", "draft_len", "accepted", "produced"])
     return GenerationResult(outputs, steps_df, ev, wall, {"run_id": run_id, "method": method, "k": k_eff})
+
+
+@torch.no_grad()
+def measure_verify_cost(model, *, kv_len: int = 512, ks: Sequence[int] = tuple(range(0, 17)), repeats: int = 15,
+                        warmup: int = 2, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Forward time of the target on k + 1 new tokens after a ``kv_len``-token KV cache, for each k in ``ks``
+    (k = 0 is a plain decode step). Repeats run round-robin over k, so background load hits every k alike.
+    Returns one row per (k, repeat): ``k``, ``n_tokens`` (= k + 1), ``kv_len``, ``repeat``, ``seconds``."""
+    from tqdm.auto import tqdm
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)
+    state = KVState(model)
+    state.reset(1)
+    state.extend([torch.randint(0, vocab, (kv_len,), generator=g).tolist()], logits="last")
+    dev = state.device
+    rows = []
+    total = (warmup + repeats) * len(ks)
+    with tqdm(total=total, desc="verify cost", disable=not progress) as bar:
+        for rep in range(-warmup, repeats):
+            for k in ks:
+                chunk = torch.randint(0, vocab, (k + 1,), generator=g).tolist()
+                prep = state.prepare([chunk])
+                _sync(dev)
+                t0 = time.perf_counter()
+                state.forward(prep, logits="all")
+                _sync(dev)
+                dt = time.perf_counter() - t0
+                state.truncate([kv_len])
+                if rep >= 0:
+                    rows.append({"k": k, "n_tokens": k + 1, "kv_len": kv_len, "repeat": rep, "seconds": dt})
+                bar.update(1)
+    return pd.DataFrame(rows)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters (what one decode step must read from memory at least once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

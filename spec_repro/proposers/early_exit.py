@@ -19,9 +19,13 @@ __all__ = ["EarlyExitProposer", "early_exit_view", "default_exit_layer"]
 
 
 def default_exit_layer(model) -> int:
-    """Default exit layer: half the target's depth (rounded up)."""
+    """Default exit layer: 80% of the target's depth, rounded up (24 of SmolLM2-135M's 30 layers).
+
+    Untrained exits are weak: on SmolLM2-135M (3 chat prompts, 316 greedy tokens, measured on CPU) the mean
+    tokens per step at k = 16 was 1.04 exiting after layer 10, 1.12 after 15, 1.23 after 20, 1.48 after 24
+    and 2.42 after 27 of 30. 80% keeps some acceptance signal at a draft cost clearly below the target's."""
     n = int(model.config.num_hidden_layers)
-    return max(1, (n + 1) // 2)
+    return max(1, -(-4 * n // 5))
 
 
 def early_exit_view(model, layers: int):

@@ -1,0 +1,178 @@
+"""Collect acceptance traces on real models and workloads (``spec-repro collect``).
+
+For each workload: load ``n`` requests through the model's chat template, decode each greedily once (batched)
+and profile every proposer at every output position (:mod:`spec_repro.profiler`). Finished requests are appended
+to ``<out>/.partial/<model>__<workload>.jsonl`` as they complete, so an interrupted run resumes where it stopped;
+when a workload is complete its trace is written atomically to ``<out>/<model>__<workload>.parquet`` (and the
+partial file removed) with an entry in ``<out>/MANIFEST.json`` (model file sha256, workload source, package
+versions, command, machine, date, settings, decode speed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .profiler import RequestProfile, profile_requests, profiles_to_trace
+from .provenance import record
+
+__all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
+
+
+def trace_path(out: str | Path, model: str, workload: str) -> Path:
+    return Path(out) / f"{_safe(model)}__{workload}.parquet"
+
+
+def partial_path(out: str | Path, model: str, workload: str) -> Path:
+    return Path(out) / ".partial" / f"{_safe(model)}__{workload}.jsonl"
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "--")
+
+
+def build_proposers(names: Sequence[str], target, *, draft_model=None, early_exit_layers: int | None = None,
+                    min_n: int = 3, max_n: int = 7) -> dict:
+    """{trace name: proposer} for the profiler."""
+    from .proposers import make_proposer
+
+    out = {}
+    for n in names:
+        p = make_proposer(n, target, min_n=min_n, max_n=max_n, draft_model=draft_model, layers=early_exit_layers)
+        out[p.name] = p
+    return out
+
+
+def _read_partial(path: Path) -> dict[str, RequestProfile]:
+    done: dict[str, RequestProfile] = {}
+    if not path.exists():
+        return done
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                p = RequestProfile.from_json(json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                break  # a line cut by a kill: everything before it is intact
+            done[p.request_id] = p
+    return done
+
+
+def _append(path: Path, profiles: Sequence[RequestProfile]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for p in profiles:
+            f.write(json.dumps(p.to_json()) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _model_provenance(name: str) -> dict:
+    from . import models
+
+    try:
+        i = models.info(name)
+        return {"model_file": i.get("gguf_file"), "model_file_sha256": i.get("gguf_sha256"),
+                "model_source": i.get("source"), "model_hf_id": i.get("hf_id"), "model_license": i.get("license"),
+                "model_quantization": i.get("quantization")}
+    except Exception:  # HF ids / local directories: no pinned file
+        return {"model_file": name, "model_file_sha256": None}
+
+
+def _workload_provenance(name: str) -> dict:
+    from . import workloads
+
+    fn = getattr(workloads, "info", None)
+    if fn is not None:
+        try:
+            return {"workload_source": fn(name)}
+        except Exception:
+            pass
+    from .models import cache_root
+
+    m = cache_root() / "workloads" / name / "manifest.json"
+    return {"workload_source": json.loads(m.read_text())} if m.exists() else {}
+
+
+def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens: int = 256,
+            proposers: Sequence[str] = ("ngram", "early-exit"), out: str | Path = "data/traces", k_max: int = 16,
+            batch_size: int = 8, seed: int = 0, max_prompt_tokens: int = 1024, draft_model: str | None = None,
+            early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
+            force: bool = False, quiet: bool = False) -> list[Path]:
+    """Collect one trace file per workload; returns their paths. See the module doc."""
+    from tqdm.auto import tqdm
+
+    from . import models
+    from . import workloads as wl
+
+    out = Path(out)
+    todo_wl = [w for w in workloads if force or not trace_path(out, model, w).exists()]
+    paths = [trace_path(out, model, w) for w in workloads]
+    for w in workloads:
+        if w not in todo_wl and not quiet:
+            print(f"[collect] {trace_path(out, model, w)} exists, skipped (--force to redo)")
+    if not todo_wl:
+        return paths
+    if "draft" in proposers and not draft_model:
+        raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
+    target, tok = models.load(model, device=device)
+    drafter = None
+    if draft_model:
+        drafter, dtok = models.load(draft_model, device=device)
+        if dtok.get_vocab() != tok.get_vocab():
+            raise ValueError(f"draft model {draft_model!r} does not share {model!r}'s tokenizer")
+    props = build_proposers(proposers, target, draft_model=drafter, early_exit_layers=early_exit_layers,
+                            min_n=min_n, max_n=max_n)
+    settings = {"proposers": {p.name: _proposer_settings(p, draft_model) for p in props.values()},
+                "k_max": k_max, "max_new_tokens": max_new_tokens, "n": n, "seed": seed,
+                "max_prompt_tokens": max_prompt_tokens, "batch_size": batch_size, "device": device,
+                "decoding": "greedy", "engine": "spec_repro.engines.torch", "dtype": str(target.dtype)}
+    for w in todo_wl:
+        final, part = trace_path(out, model, w), partial_path(out, model, w)
+        reqs = wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+        done = _read_partial(part)
+        ids = {str(r.id) for r in reqs}
+        todo = sorted([r for r in reqs if str(r.id) not in done], key=lambda r: len(r.prompt_token_ids))
+        bar = tqdm(total=len(reqs), initial=len(ids & set(done)), desc=f"{model} {w}", unit="req",
+                   disable=quiet)
+        t0, toks = time.time(), 0
+        for batch in profile_requests(target, todo, props, k_max=k_max, max_new_tokens=max_new_tokens,
+                                      batch_size=batch_size, tokenizer=tok, dataset=w):
+            _append(part, batch)
+            toks += sum(len(p.output_token_ids) for p in batch)
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{toks / max(time.time() - t0, 1e-9):.1f}")
+        bar.close()
+        done = _read_partial(part)
+        profiles = [done[str(r.id)] for r in reqs if str(r.id) in done]
+        decode_s = sum(p.decode_s for p in profiles)
+        out_toks = sum(len(p.output_token_ids) for p in profiles)
+        meta = {"model": model, "workload": w, **settings,
+                "decode_tokens_per_s": out_toks / decode_s if decode_s else None}
+        trace = profiles_to_trace(profiles, model=model, k_max=k_max, meta=meta)
+        trace.to_parquet(final)
+        summary = {p: round(float(trace.acc[trace.acc.proposer == p].acc_len.mean()), 3) for p in trace.proposers}
+        record(out / "MANIFEST.json", final.name, file=final.name, workload=w, n_requests=len(profiles),
+               output_tokens=out_toks, mean_acc_len=summary, **settings, **_model_provenance(model),
+               **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
+                  if draft_model else {}),
+               **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
+               kind="acceptance trace (measured: real greedy decodes + exact per-position profiling)")
+        part.unlink(missing_ok=True)
+        if not quiet:
+            print(f"[collect] wrote {final} ({len(profiles)} requests, {out_toks} output tokens, "
+                  f"mean acc_len {summary})")
+    return paths
+
+
+def _proposer_settings(p, draft_model) -> dict:
+    if p.name == "ngram":
+        return {"min_n": p.min_n, "max_n": p.max_n, "semantics": "vLLM prompt lookup (earliest longest match)"}
+    if p.name == "early-exit":
+        return {"layers": p.layers, "note": "self-draft from the target's first layers + final norm + LM head "
+                                             "(LayerSkip-style stand-in for EAGLE, untrained)"}
+    return {"draft_model": draft_model}
