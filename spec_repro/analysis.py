@@ -382,3 +382,307 @@ def describe_source(trace: Trace) -> str:
 def _metas(trace: Trace) -> list[dict]:
     m = trace.meta or {}
     return list(m.get("parts", [])) + [m]
+
+
+# ---- simulation helpers for the notebooks -----------------------------------------------------------------
+
+#: Drafting-cost stand-ins: a trace proposer with no drafting model in a cost model borrows this one's.
+#: ``early-exit`` is the embedded self-draft that plays EAGLE's role, so it is charged EAGLE's drafting cost.
+DRAFTER_STANDINS = {"early-exit": "eagle", "draft": "eagle"}
+
+
+def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
+    """Load ``cost_model`` (name, path or CostModel) and give every proposer of ``trace`` a drafting model:
+    proposers the cost model lacks borrow a stand-in's (``DRAFTER_STANDINS``). Returns (model, notes), the
+    notes saying which stand-ins were used, for the notebook to print."""
+    import copy
+
+    from .costmodel import load_cost_model
+
+    cm = copy.deepcopy(load_cost_model(cost_model))
+    standins = {**DRAFTER_STANDINS, **(standins or {})}
+    notes = []
+    for p in trace.proposers:
+        try:
+            cm.drafter(p)
+        except ValueError:
+            s = standins.get(p)
+            if s is None:
+                raise
+            cm.drafters[p] = cm.drafter(s)
+            notes.append(f"proposer {p!r} has no drafting model in {cm.name!r}: charged {s!r}'s "
+                         f"({cm.drafters[p].kind}) drafting cost")
+    return cm, notes
+
+
+def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policies: Sequence[str],
+                  batch_sizes: Sequence[int], draft_costs: Sequence[str] = ("ngram-only",), **kw) -> pd.DataFrame:
+    """Run ``simulate`` for each single proposer under each policy (``fixed-K``/``oracle``) and, for
+    ``oracle-combine``, for all ``proposers`` together under each drafting-cost accounting. Extra keyword
+    arguments go to ``simulate`` (batching, sample, seed, progress)."""
+    from .simulate import simulate
+
+    kw.setdefault("progress", False)
+    parts = []
+    for pol in policies:
+        if pol == "oracle-combine":
+            t = trace.select(proposers=proposers)
+            for dc in draft_costs:
+                parts.append(simulate(t, cost_model, list(proposers), pol, draft_cost=dc,
+                                      batch_sizes=tuple(batch_sizes), **kw))
+        else:
+            for p in proposers:
+                parts.append(simulate(trace.select(proposers=[p]), cost_model, [p], pol,
+                                      batch_sizes=tuple(batch_sizes), **kw))
+    return pd.concat(parts, ignore_index=True)
+
+
+# ---- provenance -------------------------------------------------------------------------------------------
+
+_PROV_KEYS = ("engine", "device", "machine", "hardware", "model_file_sha256", "command", "date", "k_max")
+
+
+def trace_provenance(trace: Trace) -> str:
+    """What the trace is and where it came from (engine, machine, date when the files record them)."""
+    parts = [describe_source(trace)]
+    seen = []
+    for m in _metas(trace):
+        bits = []
+        for key in _PROV_KEYS:
+            v = m.get(key)
+            if v in (None, "", [], {}):
+                continue
+            if isinstance(v, dict):  # machine info: keep what identifies it
+                v = ", ".join(f"{a}={v[a]}" for a in ("cpu", "cpu_count", "gpu", "platform") if a in v) or str(v)
+            bits.append(f"{key}: {v}")
+        line = "; ".join(bits)
+        if line and line not in seen:
+            seen.append(line)
+    if seen:
+        parts.append(" | ".join(seen[:3]) + (f" (+{len(seen) - 3} more)" if len(seen) > 3 else ""))
+    files = (trace.meta or {}).get("files")
+    if files:
+        parts.append("files: " + ", ".join(Path(f).name for f in files))
+    return "\n".join(parts)
+
+
+# ---- summary rows per finding -----------------------------------------------------------------------------
+
+
+def focus_dataset(datasets: Iterable[str]) -> str:
+    """The dataset a finding's headline number is read on: the study's InstructCoder if present, else the
+    package's InstructCoder analogue ``code-edit``, else the first one."""
+    ds = sorted(datasets)
+    for want in ("instructcoder", "code-edit"):
+        if want in ds:
+            return want
+    return ds[0]
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_source: str,
+                  measured_source: str | None = None) -> list[SummaryRow]:
+    rows = []
+    paper = "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128"
+    for label, df, src in (("simulated", sim, sim_source), ("measured vLLM", measured, measured_source)):
+        if df is None or not len(df):
+            continue
+        b0, b1 = df["batch_size"].min(), df["batch_size"].max()
+        for ds, g in df.groupby("dataset"):
+            at0 = g[g["batch_size"] == b0].set_index("proposers")["speedup"]
+            at1 = g[g["batch_size"] == b1].set_index("proposers")["speedup"]
+            best = at0.idxmax()
+            rows.append(SummaryRow("1 speedup vs batch", f"{ds}: best proposer ({best}), bs {b0} -> {b1} ({label})",
+                                   paper, f"{_x(at0[best])} -> {_x(at1.get(best, np.nan))}", src,
+                                   float(at0[best])))
+    return rows
+
+
+def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFrame | None,
+                  vc_source: str) -> list[SummaryRow]:
+    rows = []
+    if shares is not None and len(shares):
+        sd = shares[shares["method"].astype(str) != "none"] if "method" in shares else shares
+        v = sd["verification_share"]
+        rows.append(SummaryRow("2 verification bottleneck", "verification share of step time, min-max over "
+                               "methods and batch sizes", "42%-95%", f"{v.min():.0%}-{v.max():.0%}", steps_source,
+                               float(v.max())))
+        r = sd["rejection_sampling_share"].max()
+        rows.append(SummaryRow("2 verification bottleneck", "rejection sampling share, max", "< 1.7%", f"{r:.1%}",
+                               steps_source, float(r)))
+    if vc is not None and len(vc):
+        g = vc.groupby("k")["ratio"].mean()
+        for kk in [3, int(g.index.max())]:
+            if kk in g.index:
+                rows.append(SummaryRow("2 verification bottleneck", f"CPU forward time of k+1 = {kk + 1} tokens ÷ 1 "
+                                       "token", "n/a (GPU study; memory-bound verification is ~flat on GPU)",
+                                       f"{g[kk]:.2f}", vc_source, float(g[kk])))
+    if not rows:
+        rows.append(SummaryRow("2 verification bottleneck", "verification share of step time", "42%-95%",
+                               "not measured (no step logs or CPU verify-cost data found)", steps_source))
+    return rows
+
+
+_PAPER_SPREAD = {"eagle": (2.7, 7.4), "early-exit": (2.7, 7.4), "ngram": (1.1, 15.0), "draft": (5.6, 18.3)}
+
+
+def finding3_rows(spread: pd.DataFrame, by_pos: pd.DataFrame, *, source: str) -> list[SummaryRow]:
+    rows = []
+    ds = focus_dataset(spread["dataset"].unique())
+    for r in spread[spread["dataset"] == ds].itertuples(index=False):
+        lo_hi = _PAPER_SPREAD.get(r.proposer)
+        ref = "EAGLE" if r.proposer == "early-exit" else r.proposer
+        paper = f"{lo_hi[0]}-{lo_hi[1]} ({ref}, InstructCoder, 70B)" if lo_hi else "n/a"
+        rows.append(SummaryRow("3 acceptance varies", f"{ds} ({r.model}): tokens/step 5th-95th pct across "
+                               f"requests, {r.proposer}", paper, f"{r.p5:.1f}-{r.p95:.1f}", source, float(r.p95)))
+    if spread["dataset"].nunique() > 1:
+        for prop, g in spread.groupby("proposer"):
+            rows.append(SummaryRow("3 acceptance varies", f"{prop}: median tokens/step, range across datasets",
+                                   "varies by dataset", f"{g['p50'].min():.2f} ({g.loc[g['p50'].idxmin(), 'dataset']})"
+                                   f" - {g['p50'].max():.2f} ({g.loc[g['p50'].idxmax(), 'dataset']})", source,
+                                   float(g["p50"].max() / g["p50"].min())))
+    return rows
+
+
+def finding3b_rows(adv: pd.DataFrame, thr: float | None, other: str, *, source: str) -> list[SummaryRow]:
+    hi = adv[adv["bleu"] >= 0.6]
+    lo = adv[adv["bleu"] < 0.6]
+    rows = [SummaryRow("3 n-gram vs overlap", f"BLEU-4 above which n-gram beats {other}", "≈0.6 (vs EAGLE)",
+                       f"{thr:.1f}" if thr is not None else "none found", source, thr)]
+    rows.append(SummaryRow("3 n-gram vs overlap", f"share of requests where n-gram beats {other}: BLEU < 0.6 | >= 0.6",
+                           "low | high", f"{lo['ngram_wins'].mean():.0%} (n={len(lo)}) | "
+                           f"{hi['ngram_wins'].mean():.0%} (n={len(hi)})" if len(hi) and len(lo) else
+                           f"n={len(lo)} below, n={len(hi)} above", source,
+                           float(hi["ngram_wins"].mean()) if len(hi) else None))
+    return rows
+
+
+def finding4_rows(gap: pd.DataFrame, *, source: str) -> list[SummaryRow]:
+    rows = []
+    ds = focus_dataset(gap["dataset"].unique())
+    g = gap[gap["dataset"] == ds]
+    b0, b1 = g["batch_size"].min(), g["batch_size"].max()
+    for prop, gp in g.groupby("proposers"):
+        r0 = gp[gp["batch_size"] == b0].iloc[0]
+        r1 = gp[gp["batch_size"] == b1].iloc[0]
+        paper = "oracle ≈2.75x vs best fixed ≈2.1x (InstructCoder, n-gram)" if prop == "ngram" else "n/a"
+        rows.append(SummaryRow("4 oracle bound", f"{ds}, {prop}, bs {b0}: oracle vs best fixed k", paper,
+                               f"{_x(r0.oracle_speedup)} vs {_x(r0.best_fixed_speedup)} ({r0.best_fixed})", source,
+                               float(r0.oracle_speedup)))
+        rows.append(SummaryRow("4 oracle bound", f"{ds}, {prop}: oracle ÷ best fixed, bs {b0} -> {b1}",
+                               "gap widens with batch size", f"{r0.gap:.2f} -> {r1.gap:.2f}", source, float(r1.gap)))
+    return rows
+
+
+_PAPER_COMBINE = {"ngram-only": "4.9x", "winner": "≈4.3x", "all": "≈3.85x"}
+
+
+def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
+    rows = []
+    ds = focus_dataset(sim["dataset"].unique())
+    b0 = sim["batch_size"].min()
+    d = sim[(sim["dataset"] == ds) & (sim["batch_size"] == b0)]
+    for r in d[d["policy"] == "oracle"].itertuples(index=False):
+        paper = "≈2.7x (EAGLE)" if r.proposers in ("eagle", "early-exit") else "n/a"
+        rows.append(SummaryRow("5 hybrid oracle", f"{ds}, bs {b0}: {r.proposers} oracle", paper, _x(r.speedup), source,
+                               float(r.speedup)))
+    for r in d[d["policy"] == "oracle-combine"].itertuples(index=False):
+        rows.append(SummaryRow("5 hybrid oracle", f"{ds}, bs {b0}: Oracle Combine ({r.proposers}), drafting cost "
+                               f"{r.draft_cost}", _PAPER_COMBINE.get(r.draft_cost, "n/a"), _x(r.speedup), source,
+                               float(r.speedup)))
+    return rows
+
+
+# ---- committed measurements (data/gpu, data/cpu) ----------------------------------------------------------
+
+
+def _manifest_line(folder: Path, files: Sequence[Path]) -> str:
+    """A one-line provenance from ``folder/manifest.json`` entries that mention the files (or all entries)."""
+    man = folder / "manifest.json"
+    if not man.exists():
+        return f"files {', '.join(f.name for f in files)} (no manifest.json)"
+    data = json.loads(man.read_text())
+    names = {f.name for f in files} | {f.stem for f in files}
+    hits = [v for k, v in data.items() if isinstance(v, dict) and (k in names or Path(k).name in names
+                                                                 or any(n in json.dumps(v) for n in names))]
+    hits = hits or [v for v in data.values() if isinstance(v, dict)]
+    bits = []
+    for v in hits[:1]:
+        m = v.get("machine", {}) if isinstance(v.get("machine"), dict) else {}
+        gpu = v.get("gpu") or m.get("gpu") or m.get("cpu")
+        ver = v.get("versions", {}) if isinstance(v.get("versions"), dict) else {}
+        eng = ", ".join(f"{p} {ver[p]}" for p in ("vllm", "torch") if p in ver)
+        bits += [str(x) for x in (gpu, eng, v.get("date")) if x]
+    return f"{', '.join(f.name for f in files[:4])}{' ...' if len(files) > 4 else ''}" + \
+        (f" ({'; '.join(bits)})" if bits else "")
+
+
+def gpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
+    """Step-timing logs (STEP_COLUMNS) from ``files`` or every ``data/gpu/**/*steps*`` file.
+
+    Returns (table or None, a provenance line saying what was read or that nothing was found)."""
+    from .traces import read_steps
+
+    folder = data_dir() / "gpu"
+    if files is None:
+        found = sorted(p for p in folder.rglob("*steps*") if p.suffix in (".jsonl", ".parquet"))
+    else:
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if not found:
+        return None, f"measured: no step-timing logs under {folder} (the H200 runs have not been committed)"
+    df = pd.concat([read_steps(f) for f in found], ignore_index=True)
+    engines = ", ".join(sorted(df["engine"].astype(str).unique()))
+    return df, f"measured ({engines} step logs): {_manifest_line(folder, found)}"
+
+
+def gpu_speedups(files=None) -> tuple[pd.DataFrame | None, str]:
+    """Measured end-to-end speedups from throughput tables (``data/gpu/**/*throughput*.csv``): tokens/s of
+    each SD method ÷ the no-SD run (method ``none``) of the same model, dataset and batch size.
+
+    Returns (dataset, model, proposers, batch_size, speedup, tokens_per_s, base_tokens_per_s) or None."""
+    folder = data_dir() / "gpu"
+    if files is None:
+        found = sorted(folder.rglob("*throughput*.csv"))
+    else:
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if not found:
+        return None, f"measured: no throughput tables under {folder}"
+    df = pd.concat([pd.read_csv(f) for f in found], ignore_index=True)
+    need = {"method", "batch_size", "tokens_per_s"}
+    if not need <= set(df.columns):
+        raise TraceError(f"throughput tables {found} need columns {sorted(need)}, have {sorted(df.columns)}")
+    for c, v in (("dataset", "synthetic-prompt"), ("model", "?")):
+        if c not in df.columns:
+            df[c] = v
+    key = ["model", "dataset", "batch_size"]
+    df = df.groupby(key + ["method"], as_index=False)["tokens_per_s"].mean()
+    base = df[df["method"] == "none"][key + ["tokens_per_s"]].rename(columns={"tokens_per_s": "base_tokens_per_s"})
+    out = df[df["method"] != "none"].merge(base, on=key)
+    out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
+    out = out.rename(columns={"method": "proposers"})
+    return out, f"measured vLLM throughput: {_manifest_line(folder, found)}"
+
+
+def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
+    """The measured cost of verifying k drafts: forward time of k+1 tokens ÷ time of 1 token, per k.
+
+    Reads ``data/cpu/verify_cost.csv`` by default; needs column ``k`` and either ``ratio`` or the two times
+    (``t_k1``/``t_1`` or ``seconds_k1``/``seconds_1``)."""
+    p = Path(path) if path is not None else data_dir() / "cpu" / "verify_cost.csv"
+    if not p.exists():
+        return None, f"measured: no verify-cost table at {p}"
+    df = pd.read_csv(p)
+    if "ratio" not in df.columns:
+        pairs = [("t_k1", "t_1"), ("seconds_k1", "seconds_1"), ("t_kplus1", "t_1")]
+        for a, b in pairs:
+            if a in df.columns and b in df.columns:
+                df["ratio"] = df[a] / df[b]
+                break
+        else:
+            raise TraceError(f"{p}: need a 'ratio' column or time columns {pairs}, have {list(df.columns)}")
+    if "k" not in df.columns:
+        raise TraceError(f"{p}: need a 'k' column, have {list(df.columns)}")
+    return df, f"measured on CPU: {_manifest_line(p.parent, [p])}"

@@ -27,8 +27,8 @@ PALETTE: dict[str, tuple] = {
     "none": (0.45, 0.45, 0.45),
     "ngram": _CB[0],
     "eagle": _CB[1],
-    "eagle3": _CB[3],
-    "early-exit": _CB[8],
+    "eagle3": _CB[9],
+    "early-exit": _CB[3],
     "draft": _CB[2],
     "draft_model": _CB[2],
     "mtp": _CB[4],
@@ -70,8 +70,26 @@ def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> l
 
 
 def _caption(fig, source: str | None):
+    """The data's source under the figure, wrapped to the figure's width."""
     if source:
-        fig.text(0.01, -0.01, f"Source: {source}", ha="left", va="top", fontsize=7.5, color="0.3", wrap=True)
+        import textwrap
+
+        width = int(fig.get_figwidth() * 17)
+        text = "\n".join(textwrap.wrap("Source: " + "; ".join(source.splitlines()), width))
+        fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
+
+
+def _plain_log(ax, axis: str = "y"):
+    """Log scale with plain tick labels (1.5, 2, 3 ...) instead of 10^x."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from matplotlib.ticker import FixedLocator
+
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    a.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20]))
+    a.set_major_formatter(fmt)
+    a.set_minor_formatter(NullFormatter())
 
 
 def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
@@ -93,8 +111,8 @@ def _legend_below(fig, axes, ncol: int = 6):
         if ax.get_legend():
             ax.get_legend().remove()
     if handles:
-        fig.legend([handles[lab] for lab in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-                   ncol=min(ncol, len(labels)), frameon=False, fontsize=8)
+        fig.legend([handles[lab] for lab in labels], labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False, fontsize=8)
 
 
 # ---- finding 1 --------------------------------------------------------------------------------------------
@@ -275,6 +293,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     sns.scatterplot(data=adv, x="bleu", y="advantage", hue="dataset", style="dataset", s=28, alpha=0.8, ax=ax)
     ax.set_yscale("log")
+    _plain_log(ax)
     ax.axhline(1.0, color="0.2", lw=1)
     if paper_threshold is not None:
         ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, label=f"paper: n-gram wins above {paper_threshold}")
@@ -283,7 +302,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     ax.set_xlim(-0.02, 1.02)
     ax.set_xlabel("prompt-output overlap, BLEU-4 (sacrebleu, 0-1)")
     ax.set_ylabel(f"tokens/step n-gram ÷ {other} (log)")
-    ax.legend(fontsize=7.5, loc="upper left")
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title(title or f"n-gram vs {other}: advantage grows with prompt-output overlap", fontsize=10)
     _caption(fig, source)
     fig.tight_layout()
@@ -355,8 +374,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     ax.set_xticklabels(datasets)
     ax.set_xlabel("dataset")
     ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
-    ax.legend(fontsize=7.5, ncol=min(5, len(order)), loc="upper center", bbox_to_anchor=(0.5, -0.2),
-              frameon=False)
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
     _caption(fig, source)
     fig.tight_layout()
