@@ -80,6 +80,48 @@ def _run_reproduce(args):
     return 1 if any(not r.ok for r in results) else 0
 
 
+# ---- workloads (issue 3: prompt sets) ---------------------------------------------------------------------
+def _add_workloads(sub):
+    p = sub.add_parser("workloads", help="prompt sets from PyPI wheels (offline) or the hub: list, show")
+    wsub = p.add_subparsers(dest="workloads_cmd", required=True)
+    wsub.add_parser("list", help="offline and online workloads, sources, licenses")
+    s = wsub.add_parser("show", help="print a few requests of a workload")
+    s.add_argument("name")
+    s.add_argument("-n", type=int, default=3)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--model", default=None, help="apply this model's chat template and count tokens")
+    s.add_argument("--chars", type=int, default=600, help="truncate each prompt to this many characters")
+    p.set_defaults(func=_run_workloads)
+    return p
+
+
+def _run_workloads(args):
+    from . import workloads
+
+    try:
+        if args.workloads_cmd == "list":
+            for n in workloads.NAMES:
+                d = workloads.describe(n)
+                count = f"{d['records']} requests" if d.get("records") else "not cached yet"
+                print(f"{n:14s} {d['source']:32s} {d['license'][:30]:30s} {count:16s} ~ {d['analogue_of']}")
+            for n in workloads.ONLINE_NAMES:
+                d = workloads.describe(n)
+                print(f"{n:14s} online: {d['hub_path']} ({d['config'] or '-'}, {d['split']})")
+        elif args.workloads_cmd == "show":
+            tok = None
+            if args.model:
+                from . import models
+
+                tok = models.load(args.model)[1]
+            for r in workloads.load(args.name, n=args.n, seed=args.seed, tokenizer=tok):
+                ntok = f", {len(r.prompt_token_ids)} prompt tokens" if r.prompt_token_ids is not None else ""
+                text = r.prompt_text if len(r.prompt_text) <= args.chars else \
+                    r.prompt_text[:args.chars] + " [...]"
+                print(f"=== {r.id} ({r.dataset}{ntok}) meta keys: {sorted(r.meta)}\n{text}\n")
+    except (workloads.WorkloadError, ValueError) as e:
+        raise SystemExit(f"error: {e}")
+
+
 # ---- collect (issue 3: embedded traces) -------------------------------------------------------------------
 def _add_collect(sub):
     p = sub.add_parser("collect", help="decode real requests greedily and profile per-position acceptance traces")
@@ -168,7 +210,7 @@ def _run_cpu_verify_cost(args):
 
 
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost]
+_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost, _add_workloads]
 
 
 def build_parser() -> argparse.ArgumentParser:

