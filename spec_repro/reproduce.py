@@ -50,15 +50,22 @@ class NotebookResult:
     figures: list[str] = field(default_factory=list)
 
 
-def _describe_failure(e: Exception) -> str:
-    """Name the failing cell of a papermill execution error."""
+def _describe_failure(e: Exception, executed: Path | None = None) -> str:
+    """Name the failing cell of a papermill execution error: its 0-based index in the SOURCE notebook (papermill's
+    injected-parameters cell not counted) and its first line."""
     idx = getattr(e, "cell_index", None)
-    if idx is not None:
-        src = (getattr(e, "source", "") or "").strip().splitlines()
-        first = src[0][:80] if src else ""
-        return (f"cell {idx} (execution count {getattr(e, 'exec_count', '?')}, starts {first!r}): "
-                f"{getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}")
-    return f"{type(e).__name__}: {e}"
+    if idx is None:
+        return f"{type(e).__name__}: {e}"
+    try:
+        import nbformat
+
+        cells = nbformat.read(str(executed), as_version=4).cells[:idx]
+        idx -= sum("injected-parameters" in c.metadata.get("tags", []) for c in cells)
+    except Exception:  # the executed notebook could not be read: keep papermill's index
+        pass
+    src = (getattr(e, "source", "") or "").strip().splitlines()
+    first = src[0][:80] if src else ""
+    return f"cell {idx} (starts {first!r}): {getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}"
 
 
 def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", *,
@@ -100,7 +107,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
                                 execution_timeout=timeout_s)
             ok, err = True, None
         except Exception as e:  # papermill wraps a cell's error; keep going with the others
-            ok, err = False, _describe_failure(e)
+            ok, err = False, _describe_failure(e, dst)
         dt = time.perf_counter() - t0
         figs = sorted(p.name for p in fig_dir.glob("*.png") if before.get(p.name) != p.stat().st_mtime)
         if ok and not summ.exists():

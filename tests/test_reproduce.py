@@ -1,0 +1,83 @@
+"""spec-repro reproduce: runs notebooks through papermill, names a failing cell, keeps going, writes the summary;
+and the real notebooks give the same summary numbers when re-run on the same committed inputs."""
+import json
+import os
+import subprocess
+import sys
+
+import nbformat as nbf
+import pandas as pd
+import pytest
+
+from spec_repro import reproduce as R
+from spec_repro.analysis import repo_root
+
+
+def _notebook(path, cells):
+    n = nbf.v4.new_notebook()
+    n.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    p = nbf.v4.new_code_cell("figures_dir = None\nsummary_path = None")
+    p.metadata["tags"] = ["parameters"]
+    n.cells = [p] + [nbf.v4.new_code_cell(c) for c in cells]
+    nbf.write(n, path)
+
+
+@pytest.fixture()
+def toy_root(tmp_path, monkeypatch):
+    """A throw-away repo root with two tiny notebooks: one fails in its third cell, one succeeds."""
+    (tmp_path / "notebooks").mkdir()
+    _notebook(tmp_path / "notebooks" / "01_proposers_vs_batch.ipynb",
+              ["x = 1", "raise ValueError('deliberate failure for the test')", "print('never')"])
+    _notebook(tmp_path / "notebooks" / "03_acceptance_behavior.ipynb",
+              ["from spec_repro.analysis import SummaryRow, write_summary",
+               "write_summary([SummaryRow('3 test', 'q', 'paper', 'run', 'toy notebook', 1.0)], summary_path)"])
+    monkeypatch.setenv("SPEC_REPRO_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_failure_names_cell_and_others_still_run(toy_root, tmp_path):
+    out = tmp_path / "out"
+    results, table = R.reproduce("embedded", out, figures_dir=tmp_path / "figs",
+                                 notebooks=["01_proposers_vs_batch", "03_acceptance_behavior"], progress=False)
+    bad, good = results
+    assert not bad.ok and good.ok
+    assert "cell 2" in bad.error and "ValueError" in bad.error and "deliberate failure" in bad.error
+    assert (out / "notebooks" / "01_proposers_vs_batch.ipynb").exists()  # the partial notebook is kept
+    assert table["finding"].tolist() == ["3 test"]
+    md = (out / "summary.md").read_text()
+    assert "| 3 test | q | paper | run | toy notebook |" in md
+    assert "Failed notebooks" in md and "01_proposers_vs_batch" in md
+    assert pd.read_csv(out / "summary.csv")["this_run"].tolist() == ["run"]
+
+
+def test_cli_exit_code_nonzero_on_failure(toy_root, tmp_path):
+    env = {**os.environ, "SPEC_REPRO_ROOT": str(toy_root)}
+    r = subprocess.run([sys.executable, "-m", "spec_repro.cli", "reproduce", "--out", str(tmp_path / "o"),
+                        "--figures", str(tmp_path / "f"), "--only", "01_proposers_vs_batch"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert "FAILED" in r.stdout and "cell 2" in r.stdout
+
+
+def test_unknown_profile_and_notebook(toy_root, tmp_path):
+    with pytest.raises(ValueError, match="unknown profile"):
+        R.reproduce("cloud", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such notebook"):
+        R.reproduce("embedded", tmp_path, notebooks=["99_nope"])
+
+
+def test_real_notebook_is_deterministic(tmp_path):
+    """Notebook 05 (simulation over the committed traces) twice: identical summary rows and values."""
+    if os.environ.get("SPEC_REPRO_ROOT"):
+        pytest.skip("SPEC_REPRO_ROOT points elsewhere")
+    name = "05_oracle_bound"
+    runs = []
+    for i in range(2):
+        results, table = R.reproduce("embedded", tmp_path / f"run{i}", figures_dir=tmp_path / f"fig{i}",
+                                     notebooks=[name], progress=False)
+        assert results[0].ok, results[0].error
+        runs.append(table)
+    assert len(runs[0]) > 0
+    pd.testing.assert_frame_equal(runs[0], runs[1])
+    rows = json.loads((tmp_path / "run0" / "summary" / f"{name}.json").read_text())
+    assert all(r["source"] for r in rows) and any(r["value"] is not None for r in rows)
