@@ -1,0 +1,487 @@
+"""Oracle / fixed-K speculative-decoding simulator over acceptance traces (the study's method, made fast).
+
+Method (FACTS.md, "The oracle simulator's method"). Per request: prompt length P, output length L and, per proposer
+q, ``a_q[p]`` = tokens one step would produce if speculation started at output position p (accepted + 1).
+
+Per request, the *step sequence* depends only on its own arrays and the policy. A request that has produced p
+tokens (p = 1 right after prefill) reads ``a = a[p - 1]`` and proposes
+
+- ``fixed-K`` (one proposer): ``K`` tokens, or ``min(K, draft_len[p-1])`` where the trace records what the
+  proposer really proposed (``draft_len`` 0 = n-gram found no match: it verifies one token and drafts for free).
+  Where ``draft_len`` is unknown (published traces) an n-gram proposer is modelled as the released code does: at
+  positions with a = 1 it matches with a per-dataset probability (ShareGPT 0.2, CNN/DailyMail 0.4, GSM8K 0.2,
+  InstructCoder 0.8; ``ngram_match_prob=`` overrides or adds). The draw for request ``rid`` is
+  ``numpy.random.default_rng([seed, zlib.crc32(rid.encode())]).random(L) < prob``, one draw per position shared by
+  all copies of a duplicated request (the released code draws per copy, so its copies drift apart; identical
+  prompts would really match identically). Other proposers always propose K.
+- ``oracle`` (one proposer): exactly ``a - 1`` tokens; ``oracle-combine`` (any set): ``a = max_q a_q[p]``, the
+  *winner* is the first proposer (in the order given) reaching that max.
+
+It verifies ``i = proposal + 1`` tokens and produces ``g = min(a, i)``; it is done once p >= L.
+
+Cost per step (``spec_repro.costmodel``): target forward ``F(kv, n)``, n = the batch's tokens, kv = the KV cache
+before the pass; a fixed overhead; drafting per request. One proposer: its own rule with its proposal (n-gram's
+fraction of F is 0 where it proposes nothing; a linear drafter like EAGLE is charged every step; a per-token
+drafter pays per drafted token). ``oracle-combine`` accounting (``draft_cost``):
+
+- ``ngram-only``: what the released simulator charges: the ``ngram`` drafter's rule at EVERY step (also where
+  nothing is proposed), whichever proposer wins;
+- ``winner``: only the winner's rule, with the step's proposal;
+- ``all``: every proposer in the set ran: the sum of their rules, each with its own oracle proposal a_q - 1.
+
+Batching (``batching``):
+
+- ``duplicate`` (the study's): each request is one batch of B identical copies. Prefill F(0, B*P) + overhead, then
+  every step costs F(B*(P+p), B*i) + drafting + overhead for every copy. Baseline: F(B*(P+p), B) + overhead for
+  p = 1..L-1. Batch throughput = B*L / (mean request latency); speedup = mean over batches of SD throughput /
+  mean of baseline throughput (ratio of means). Copies are identical, so the step sequence is computed once per
+  request and only its cost depends on B.
+- ``mixed``: continuous batching over the requests in order (file order, or the sample's order): at most B
+  run at once; a finished request's slot is refilled from the queue at the next step, whose single forward pass
+  also prefills the newcomers (chunked prefill: n = sum of running requests' inputs + newcomers' prompts, and each
+  newcomer gets its first token). kv = sum of P + p over running requests. A step's drafting time is, per
+  charged proposer, the largest per-request drafting time among the requests it drafts for (the drafter runs once
+  for the batch), summed over proposers; with identical requests this is the duplicated batch's cost. Throughput
+  = all requests' tokens (sum of L) / makespan (first prefill to last token); speedup = SD / baseline throughput.
+
+Result columns: dataset, model, proposers ('+'-joined), policy, draft_cost, batch_size, batching, n_requests,
+speedup, sd_tokens_per_s, base_tokens_per_s, mean_tokens_per_step (tokens produced per SD decode step, the
+simulated acceptance length), verify_share / draft_share / overhead_share (shares of SD time in target forwards,
+prefill included, in drafting, in per-step overhead; they sum to 1), sd_time_s / base_time_s (duplicate: mean
+over batches of the request latency; mixed: makespan), n_tokens (sum of L).
+"""
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .costmodel import CostModel, CostModelError, Drafter, load_cost_model
+from .traces import Trace, TraceError
+
+try:
+    from numba import njit
+except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
+    def njit(*a, **k):
+        return a[0] if a and callable(a[0]) else (lambda f: f)
+
+__all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
+           "parse_policy", "ngram_match_prob_for", "RESULT_COLUMNS"]
+
+POLICIES = ("fixed-K", "oracle", "oracle-combine")
+DRAFT_COSTS = ("ngram-only", "winner", "all")
+BATCHING = ("duplicate", "mixed")
+#: the released code's n-gram match probabilities at positions with acc_len = 1 (fixed-K, no recorded draft_len)
+NGRAM_MATCH_PROB = {"sharegpt": 0.2, "cnn": 0.4, "cnndailymail": 0.4, "cnndm": 0.4, "gsm8k": 0.2,
+                    "instructcoder": 0.8}
+RESULT_COLUMNS = ["dataset", "model", "proposers", "policy", "draft_cost", "batch_size", "batching", "n_requests",
+                  "speedup", "sd_tokens_per_s", "base_tokens_per_s", "mean_tokens_per_step", "verify_share",
+                  "draft_share", "overhead_share", "sd_time_s", "base_time_s", "n_tokens"]
+_KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
+
+
+class SimulationError(ValueError):
+    """Bad simulation request (policy, accounting, batch size, ...); the message says what is allowed."""
+
+
+def parse_policy(policy: str) -> tuple[str, int]:
+    """'fixed-3' -> ('fixed', 3); 'oracle' -> ('oracle', 0); 'oracle-combine' -> ('oracle-combine', 0)."""
+    p = str(policy).strip().lower()
+    if p in ("oracle", "oracle-combine"):
+        return p, 0
+    m = re.fullmatch(r"fixed-?(-?\d+)", p)
+    if m:
+        k = int(m.group(1))
+        if k < 1:
+            raise SimulationError(f"policy {policy!r}: K must be >= 1")
+        return "fixed", k
+    raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle or "
+                          f"oracle-combine")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def ngram_match_prob_for(dataset: str, override=None) -> float:
+    """Match probability of the released code's n-gram "no match" model for ``dataset`` (case-insensitive)."""
+    if isinstance(override, (int, float)):
+        prob = float(override)
+    else:
+        table = {**NGRAM_MATCH_PROB, **{_norm(k): v for k, v in dict(override or {}).items()}}
+        key = _norm(dataset)
+        if key not in table:
+            raise SimulationError(
+                f"dataset {dataset!r}: no n-gram match probability for fixed-K on a trace without recorded "
+                f"draft_len; known: sharegpt, cnn/cnn_dailymail, gsm8k, instructcoder. Pass ngram_match_prob=p "
+                f"(or {{dataset: p}}), or use a trace that records draft_len")
+        prob = float(table[key])
+    if not 0.0 <= prob <= 1.0:
+        raise SimulationError(f"ngram_match_prob must lie in [0, 1], got {prob}")
+    return prob
+
+
+def _is_ngram(proposer: str) -> bool:
+    return _norm(proposer).startswith("ngram")
+
+
+# ---- per-group input arrays ----------------------------------------------------------------------------------
+@dataclass
+class _Requests:
+    """The requests of one (dataset, model) group, concatenated: position j of request r is at off[r] + j."""
+
+    ids: list
+    P: np.ndarray      # prompt lengths (n,)
+    L: np.ndarray      # output lengths (n,)
+    off: np.ndarray    # (n + 1,) offsets into the position arrays
+    acc: np.ndarray    # (Q, total) acc_len per proposer
+    dlen: np.ndarray   # (Q, total) draft_len, -1 = unknown
+
+
+def _group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence[str], order: list) -> _Requests:
+    """Concatenate the arrays of the requests in ``order``; L = the shortest of a request's proposer arrays."""
+    n = len(order)
+    rank = pd.Series(np.arange(n), index=pd.Index(order, dtype=object))
+    d = acc[acc["request_id"].isin(rank.index)]
+    r_all = rank.reindex(d["request_id"].astype(object)).to_numpy(np.int64)
+    pos_all = d["position"].to_numpy(np.int64)
+    acc_all = d["acc_len"].to_numpy(np.int64)
+    dl_all = d["draft_len"].to_numpy(dtype="float64", na_value=np.nan)
+    prop_all = d["proposer"].to_numpy(object)
+    per = []
+    for q in proposers:
+        m = prop_all == q
+        r, pos = r_all[m], pos_all[m]
+        o = np.lexsort((pos, r))
+        r, pos = r[o], pos[o]
+        Lq = np.bincount(r, minlength=n)
+        start = np.zeros(n + 1, np.int64)
+        np.cumsum(Lq, out=start[1:])
+        if not np.array_equal(pos, np.arange(len(pos)) - np.repeat(start[:-1], Lq)):
+            raise TraceError(f"proposer {q!r}: acceptance positions must run 0..L-1 without gaps or repeats")
+        per.append((start, acc_all[m][o], dl_all[m][o], Lq))
+    L = np.min([x[3] for x in per], axis=0)
+    if (L == 0).any():
+        raise TraceError(f"request {order[int(np.flatnonzero(L == 0)[0])]!r} has no positions for {list(proposers)}")
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(L, out=off[1:])
+    rr = np.repeat(np.arange(n), L)
+    j = np.arange(off[-1]) - off[:-1][rr]
+    a = np.stack([x[1][x[0][rr] + j] for x in per])
+    dl = np.stack([np.nan_to_num(x[2][x[0][rr] + j], nan=-1) for x in per]).astype(np.int64)
+    P = requests.drop_duplicates("request_id").set_index("request_id")["prompt_len"]
+    return _Requests(ids=list(order), P=P.loc[order].to_numpy(np.int64), L=L.astype(np.int64), off=off,
+                     acc=a, dlen=dl)
+
+
+# ---- the step walk (one request's path through its positions) --------------------------------------------------
+@njit(cache=True)
+def _walk(a, prop, off, oracle):
+    """For every request: the positions it visits. Returns per step: request, p before the step, array index
+    (off[r] + p - 1), input length i and tokens produced g."""
+    total = off[-1]
+    req = np.empty(total, np.int64)
+    p_before = np.empty(total, np.int64)
+    idx = np.empty(total, np.int64)
+    inp = np.empty(total, np.int64)
+    gen = np.empty(total, np.int64)
+    s = 0
+    for r in range(len(off) - 1):
+        L = off[r + 1] - off[r]
+        p = 1
+        while p < L:
+            j = off[r] + p - 1
+            i = a[j] if oracle else prop[j] + 1
+            g = min(a[j], i)
+            req[s] = r
+            p_before[s] = p
+            idx[s] = j
+            inp[s] = i
+            gen[s] = g
+            s += 1
+            p += g
+    return req[:s], p_before[:s], idx[:s], inp[:s], gen[:s]
+
+
+@dataclass
+class _Steps:
+    req: np.ndarray
+    p: np.ndarray
+    inp: np.ndarray
+    gen: np.ndarray
+    charges: list      # [(Drafter, active bool array | None, proposal int array, always bool)]
+
+
+def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: CostModel, dataset: str,
+           seed: int, match_prob) -> _Steps:
+    a = reqs.acc.max(axis=0) if kind == "oracle-combine" else reqs.acc[0]
+    prop = np.zeros(0, np.int64)
+    if kind == "fixed":
+        q = proposers[0]
+        dl = reqs.dlen[0]
+        prop = np.full(len(a), K, np.int64)
+        known = dl >= 0
+        prop[known] = np.minimum(K, dl[known])
+        if _is_ngram(q) and not known.all():
+            p_match = ngram_match_prob_for(dataset, match_prob)
+            u = np.concatenate([np.random.default_rng([seed, zlib.crc32(str(rid).encode())]).random(L)
+                                for rid, L in zip(reqs.ids, reqs.L)])
+            no_match = ~known & (a == 1) & ~(u < p_match)
+            prop[no_match] = 0
+    req, p, idx, inp, gen = _walk(a, prop, reqs.off, kind != "fixed")
+    proposal = inp - 1
+    if kind != "oracle-combine":
+        charges = [(cm.drafter(proposers[0]), None, proposal, False)]
+    elif draft_cost == "ngram-only":
+        charges = [(cm.drafter("ngram"), None, proposal, True)]
+    elif draft_cost == "winner":
+        acc_here = reqs.acc[:, idx]
+        winner = np.argmax(acc_here == acc_here.max(axis=0), axis=0)  # first proposer reaching the max
+        charges = [(cm.drafter(q), winner == k, proposal, False) for k, q in enumerate(proposers)]
+    else:  # all
+        charges = [(cm.drafter(q), None, reqs.acc[k, idx] - 1, False) for k, q in enumerate(proposers)]
+    return _Steps(req, p, inp, gen, charges)
+
+
+# ---- duplicate batching: costs are closed sums over each request's steps -----------------------------------
+def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> list[dict]:
+    n = len(reqs.ids)
+    P, L = reqs.P.astype(float), reqs.L.astype(float)
+    S = np.bincount(st.req, minlength=n).astype(float)
+    out = []
+    for B in Bs:
+        kv = B * (P[st.req] + st.p)
+        F = cm.forward(kv, B * st.inp)
+        d = np.zeros_like(F)
+        for dr, active, proposal, always in st.charges:
+            t = dr.time(kv, st.inp, F, B, proposal, always)
+            d += t if active is None else np.where(active, t, 0.0)
+        pre = cm.forward(0.0, B * P)
+        verify = pre + np.bincount(st.req, weights=F, minlength=n)
+        draft = np.bincount(st.req, weights=d, minlength=n)
+        over = cm.overhead * (1.0 + S)
+        sd = verify + draft + over
+        # baseline: steps p = 1..L-1 with kv = B*(P+p), n = B
+        m = L - 1
+        base = pre + cm.overhead + cm.c_kv * B * (m * P + m * L / 2.0) + (cm.c_tok * B + cm.c0 + cm.overhead) * m
+        sd_tp, base_tp = B * L / sd, B * L / base
+        out.append(dict(batch_size=int(B), speedup=sd_tp.mean() / base_tp.mean(), sd_tokens_per_s=sd_tp.mean(),
+                        base_tokens_per_s=base_tp.mean(), verify_share=verify.sum() / sd.sum(),
+                        draft_share=draft.sum() / sd.sum(), overhead_share=over.sum() / sd.sum(),
+                        sd_time_s=sd.mean(), base_time_s=base.mean()))
+    return out
+
+
+# ---- mixed batching: continuous batching over all requests ------------------------------------------------------
+@njit(cache=True)
+def _mixed_run(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always,
+               c_kv, c_tok, c0, overhead, B):
+    """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time)."""
+    n = len(P)
+    C = len(kind)
+    running = np.empty(B, np.int64)   # request ids in the batch
+    cur = np.empty(B, np.int64)       # their next step record
+    pos = np.empty(B, np.int64)       # tokens produced so far
+    fresh = np.empty(B, np.bool_)     # admitted this step (prefilling)
+    nrun = 0
+    nxt = 0
+    t_f = 0.0
+    t_d = 0.0
+    t_o = 0.0
+    dmax = np.empty(C, np.float64)
+    while nrun > 0 or nxt < n:
+        while nrun < B and nxt < n:       # refill free slots from the queue
+            running[nrun] = nxt
+            cur[nrun] = step_off[nxt]
+            pos[nrun] = 0
+            fresh[nrun] = True
+            nrun += 1
+            nxt += 1
+        kv = 0.0
+        ntok = 0.0
+        m = 0
+        for b in range(nrun):
+            r = running[b]
+            if fresh[b]:
+                ntok += P[r]
+            else:
+                kv += P[r] + pos[b]
+                ntok += inp[cur[b]]
+                m += 1
+        F = c_kv * kv + c_tok * ntok + c0
+        for c in range(C):
+            dmax[c] = 0.0
+        for b in range(nrun):
+            if fresh[b]:
+                continue
+            j = cur[b]
+            for c in range(C):
+                if not active[c, j]:
+                    continue
+                if kind[c] == 0:
+                    t = dk[c] * kv + dt[c] * inp[j] + d0[c]
+                elif kind[c] == 1:
+                    t = frac[c] * F if (always[c] or proposal[c, j] > 0) else 0.0
+                else:
+                    t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c])
+                if t > dmax[c]:
+                    dmax[c] = t
+        t_f += F
+        t_d += dmax.sum()
+        t_o += overhead
+        keep = 0
+        for b in range(nrun):             # advance, drop finished requests, compact the slots
+            r = running[b]
+            if fresh[b]:
+                pos[b] = 1
+                fresh[b] = False
+            else:
+                pos[b] += gen[cur[b]]
+                cur[b] += 1
+            if pos[b] < L[r]:
+                running[keep] = r
+                cur[keep] = cur[b]
+                pos[keep] = pos[b]
+                fresh[keep] = False
+                keep += 1
+        nrun = keep
+    return t_f + t_d + t_o, t_f, t_d, t_o
+
+
+def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) -> list[dict]:
+    n = len(reqs.ids)
+
+    def run(st, B):
+        if st is None:  # baseline: L-1 plain decode steps per request, no drafting
+            S = reqs.L - 1
+            inp = np.ones(int(S.sum()), np.int64)
+            gen = inp
+            charges = []
+        else:
+            S = np.bincount(st.req, minlength=n)
+            inp, gen, charges = st.inp, st.gen, st.charges
+        step_off = np.zeros(n + 1, np.int64)
+        np.cumsum(S, out=step_off[1:])
+        C, T = len(charges), len(inp)
+        active = np.ones((C, T), np.bool_)
+        proposal = np.zeros((C, T), np.int64)
+        kind, dk, dt, d0, frac, always = (np.zeros(C, np.int64), np.zeros(C), np.zeros(C), np.zeros(C),
+                                          np.zeros(C), np.zeros(C, np.bool_))
+        for c, (dr, act, prop, alw) in enumerate(charges):
+            if act is not None:
+                active[c] = act
+            proposal[c] = prop
+            kind[c], dk[c], dt[c], d0[c], frac[c], always[c] = (_KIND_CODE[dr.kind], dr.c_kv, dr.c_tok, dr.c0,
+                                                                dr.fraction, alw)
+        return _mixed_run(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
+                          proposal, kind, dk, dt, d0, frac, always, cm.c_kv, cm.c_tok, cm.c0, cm.overhead, int(B))
+
+    tokens = float(reqs.L.sum())
+    out = []
+    for B in Bs:
+        sd, t_f, t_d, t_o = run(st, B)
+        base = run(None, B)[0]
+        out.append(dict(batch_size=int(B), speedup=base / sd, sd_tokens_per_s=tokens / sd,
+                        base_tokens_per_s=tokens / base, verify_share=t_f / sd, draft_share=t_d / sd,
+                        overhead_share=t_o / sd, sd_time_s=sd, base_time_s=base))
+    return out
+
+
+# ---- public entry ------------------------------------------------------------------------------------------------
+def _as_list(x, what) -> list:
+    if isinstance(x, str):
+        x = [s for s in re.split(r"[,+\s]+", x) if s] if what == "proposers" else [x]
+    x = list(x)
+    if not x:
+        raise SimulationError(f"no {what} given")
+    return x
+
+
+def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only", batch_sizes=(1,),
+             batching="duplicate", sample: int | None = None, seed: int = 42, progress: bool = True,
+             **options) -> pd.DataFrame:
+    """Simulate SD speedups over an acceptance trace; one row per (dataset, model, proposers, policy, draft_cost,
+    batch_size, batching). See the module docstring for the method and the columns.
+
+    trace: a ``spec_repro.traces.Trace`` (``read_trace``/``read_traces``), one or several (dataset, model) groups.
+    cost_model: a ``CostModel``, a preset name or a preset file. proposers: 'ngram', 'ngram,eagle' or a list (one
+    set). policy: 'fixed-K' / 'oracle' / 'oracle-combine', or a list of them. draft_cost: 'ngram-only' /
+    'winner' / 'all' (or a list; it only changes ``oracle-combine``). batching: 'duplicate' / 'mixed' (or a list).
+    sample=N: N requests per group chosen as the released code does, ``random.Random(seed).sample(ids, N)`` over
+    the eligible request ids in file order; default: every eligible request. Options: ``ngram_match_prob`` (a
+    float, or {dataset: prob}) for fixed-K n-gram on traces without ``draft_len``."""
+    unknown = set(options) - {"ngram_match_prob"}
+    if unknown:
+        raise SimulationError(f"unknown option(s) {sorted(unknown)}; the only option is ngram_match_prob")
+    match_prob = options.get("ngram_match_prob")
+    cm = load_cost_model(cost_model)
+    props = trace.check_proposers(_as_list(proposers, "proposers"))
+    if len(set(props)) != len(props):
+        raise SimulationError(f"proposer listed twice in {props}")
+    policies = [(p, *parse_policy(p)) for p in _as_list(policy, "policies")]
+    accountings = _as_list(draft_cost, "draft_cost values")
+    for a in accountings:
+        if a not in DRAFT_COSTS:
+            raise SimulationError(f"unknown draft_cost accounting {a!r}; expected one of {DRAFT_COSTS}")
+    modes = _as_list(batching, "batching modes")
+    for b in modes:
+        if b not in BATCHING:
+            raise SimulationError(f"unknown batching {b!r}; expected one of {BATCHING}")
+    try:
+        Bs = np.array([int(b) for b in _as_list(batch_sizes, "batch sizes")], dtype=np.int64)
+    except (TypeError, ValueError) as e:
+        raise SimulationError(f"batch sizes must be integers >= 1, got {batch_sizes!r}") from e
+    if (Bs < 1).any():
+        raise SimulationError(f"batch sizes must be >= 1, got {Bs.tolist()}")
+    for name, kind, K in policies:
+        if kind != "oracle-combine" and len(props) > 1:
+            raise SimulationError(f"policy {name!r} takes one proposer, got {props}; use oracle-combine to "
+                                  f"combine several")
+    needed = set(props) | ({"ngram"} if any(k == "oracle-combine" for _, k, _ in policies) and
+                           "ngram-only" in accountings else set())
+    for q in sorted(needed):
+        try:
+            cm.drafter(q)
+        except CostModelError as e:
+            raise SimulationError(str(e)) from e
+
+    sub = trace.select(proposers=props)
+    groups = sub.requests[["dataset", "model"]].drop_duplicates().itertuples(index=False)
+    groups = [tuple(g) for g in groups]
+    if not groups:
+        raise TraceError(f"no request has every proposer of {props}")
+    units = [(g, pol, acct) for g in groups for pol in policies for acct in accountings]
+    rows = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config", disable=not progress)
+    cache: dict = {}
+    for (ds, model), (pname, kind, K), acct in units:
+        key = (ds, model)
+        if key not in cache:
+            ids = sub.requests.loc[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model),
+                                   "request_id"].tolist()
+            if sample is not None:
+                if not 1 <= int(sample) <= len(ids):
+                    raise SimulationError(f"sample={sample}: {ds!r}/{model!r} has {len(ids)} eligible requests")
+                ids = random.Random(seed).sample(ids, int(sample))
+            acc = sub.acc[(sub.acc["dataset"] == ds) & (sub.acc["model"] == model)]
+            req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
+            cache[key] = _group_arrays(acc, req, props, ids)
+        reqs = cache[key]
+        st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob)
+        common = dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost=acct,
+                      n_requests=len(reqs.ids),
+                      mean_tokens_per_step=float(st.gen.sum() / max(len(st.gen), 1)),
+                      n_tokens=int(reqs.L.sum()))
+        for mode in modes:
+            res = _duplicate(reqs, st, cm, Bs) if mode == "duplicate" else _mixed(reqs, st, cm, Bs)
+            rows += [{**common, "batching": mode, **r} for r in res]
+            bar.update(1)
+    bar.close()
+    return pd.DataFrame(rows)[RESULT_COLUMNS]
