@@ -1,0 +1,510 @@
+"""Per-step phase timing for vLLM, as a vLLM *general plugin* (no fork of vLLM).
+
+Supported: vLLM 0.25.x with the V1 GPU model runner (``vllm/v1/worker/gpu_model_runner.py``; the engine in
+``spec_repro.engines.vllm`` forces it with ``VLLM_USE_V2_MODEL_RUNNER=0``). On any other version or layout the
+plugin warns once and stays off; vLLM runs unchanged.
+
+Activation: only when ``SPEC_REPRO_STEP_LOG=<path>`` is set in the environment of the vLLM processes (the
+engine option ``step_log=`` sets it). vLLM loads general plugins in every process (``vllm.plugins.
+load_general_plugins``: the front process, the engine core and each worker); ``register()`` only installs an
+import hook, so the model runner is patched in whichever process imports it (the worker) and nowhere else.
+
+What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``), with CUDA events that
+are resolved lazily (no synchronize added to the step):
+
+* ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
+* ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
+* ``t_draft``:  ``propose_draft_token_ids`` (n-gram lookup on the CPU, EAGLE/draft-model forwards on the GPU);
+* ``t_other``:  the rest of the step (input preparation, bookkeeping, draft-token copies) plus the engine
+  core's host time between two consecutive steps (scheduling, output processing) when that gap is shorter than
+  ``SPEC_REPRO_STEP_GAP_S`` (default 0.05 s; longer gaps are idle time between ``generate`` calls).
+
+Events measure the GPU stream's timeline; for CPU phases (the n-gram proposer runs after a sync) the stream is
+idle, so the events fire at host time and measure the CPU work. Each step is written as one JSON line with the
+columns of ``spec_repro.traces.STEP_COLUMNS`` plus ``phase`` (prefill/decode/mixed), ``accepted_per_req``
+({req_id: accepted}) and, with detail on, ``req_info`` ({req_id: [output position before the step, scheduled
+tokens, draft tokens]}) and ``new_reqs`` ({req_id: [prompt_len, sha1(prompt int32 bytes)[:12]]}).
+
+Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
+``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
+``op="instrument"`` with ``on=False`` restores vLLM's original methods (for overhead measurements),
+``op="flush"`` writes pending rows and returns how many rows were written so far.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+
+logger = logging.getLogger("spec_repro.vllm_plugin")
+
+ENV_PATH = "SPEC_REPRO_STEP_LOG"
+ENV_GAP = "SPEC_REPRO_STEP_GAP_S"
+ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported vLLM version anyway
+SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+# method -> parameter names that must be present (the layout this plugin was written against)
+RUNNER_METHODS = {
+    "execute_model": ("scheduler_output",),
+    "sample_tokens": ("grammar_output",),
+    "_model_forward": (),
+    "_sample": ("logits", "spec_decode_metadata"),
+    "propose_draft_token_ids": ("scheduler_output",),
+}
+
+_state = {"registered": False, "disabled_reason": None, "patched": False}
+_ORIG: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+# ---- registration --------------------------------------------------------------------------------------------
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group. Idempotent; a no-op unless SPEC_REPRO_STEP_LOG is set."""
+    if _state["registered"] or not os.environ.get(ENV_PATH):
+        return
+    _state["registered"] = True
+    ok, why = check_version()
+    if not ok and os.environ.get(ENV_FORCE) != "1":
+        _disable(why)
+        return
+    mod = sys.modules.get(RUNNER_MODULE)
+    if mod is not None:
+        _on_import(RUNNER_MODULE, mod)
+    wmod = sys.modules.get(WORKER_MODULE)
+    if wmod is not None:
+        _on_import(WORKER_MODULE, wmod)
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
+
+
+def check_version(version: str | None = None) -> tuple[bool, str]:
+    """(supported?, reason). ``version`` defaults to the installed vLLM's."""
+    if version is None:
+        try:
+            import vllm
+
+            version = getattr(vllm, "__version__", "unknown")
+        except Exception as e:  # pragma: no cover - only without vLLM
+            return False, f"vLLM cannot be imported ({e})"
+    if any(version.startswith(p) for p in SUPPORTED_VERSIONS):
+        return True, f"vLLM {version}"
+    return False, (f"vLLM {version} is not a supported version (supported: "
+                   f"{', '.join(p + 'x' for p in SUPPORTED_VERSIONS)}); set {ENV_FORCE}=1 to try anyway")
+
+
+def check_layout(runner_cls) -> list[str]:
+    """Problems with the model runner class's layout (empty list = the plugin can patch it)."""
+    import inspect
+
+    problems = []
+    for name, params in RUNNER_METHODS.items():
+        fn = getattr(runner_cls, name, None)
+        if fn is None or not callable(fn):
+            problems.append(f"{runner_cls.__name__}.{name} is missing")
+            continue
+        try:
+            have = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        for p in params:
+            if p not in have:
+                problems.append(f"{runner_cls.__name__}.{name} has no parameter {p!r}")
+    return problems
+
+
+def status() -> dict:
+    return {"registered": _state["registered"], "patched": _state["patched"],
+            "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH)}
+
+
+def _disable(why: str) -> None:
+    _state["disabled_reason"] = why
+    msg = f"spec_repro step timing DISABLED: {why}"
+    logger.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    print(f"[spec_repro] {msg}", file=sys.stderr, flush=True)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Patches the V1 model runner / worker modules right after they are imported (in whichever process)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in (RUNNER_MODULE, WORKER_MODULE):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, fullname)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner, name):
+        self.inner, self.name = inner, name
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        _on_import(self.name, module)
+
+    def __getattr__(self, item):  # get_source, is_package, ... for tools that ask the loader
+        return getattr(self.inner, item)
+
+
+def _on_import(name: str, module) -> None:
+    try:
+        if name == RUNNER_MODULE:
+            cls = getattr(module, "GPUModelRunner", None)
+            if cls is None:
+                _disable(f"{RUNNER_MODULE} has no GPUModelRunner")
+                return
+            problems = check_layout(cls)
+            if problems:
+                _disable("unsupported model-runner layout: " + "; ".join(problems))
+                return
+            _ORIG["runner_cls"] = cls
+            _ORIG["async_out_cls"] = getattr(module, "AsyncGPUModelRunnerOutput", None)
+            instrument(True)
+        elif name == WORKER_MODULE:
+            worker_cls = getattr(module, "Worker", None)
+            if worker_cls is not None:
+                worker_cls.spec_repro_steps = _worker_rpc
+    except Exception as e:  # never break vLLM because of the timer
+        _disable(f"patching {name} failed: {type(e).__name__}: {e}")
+
+
+# ---- patching ------------------------------------------------------------------------------------------------
+def instrument(on: bool) -> bool:
+    """Install (on=True) or remove (on=False) the timing wrappers on the runner class. Returns the new state."""
+    cls = _ORIG.get("runner_cls")
+    if cls is None or _state["disabled_reason"]:
+        return False
+    with _lock:
+        if on and not _state["patched"]:
+            for name in RUNNER_METHODS:
+                _ORIG[name] = cls.__dict__.get(name, getattr(cls, name))
+            cls.execute_model = _execute_model
+            cls._model_forward = _model_forward
+            cls._sample = _sample
+            cls.propose_draft_token_ids = _propose
+            cls.sample_tokens = _sample_tokens
+            acls = _ORIG.get("async_out_cls")
+            if acls is not None and hasattr(acls, "get_output"):
+                _ORIG["get_output"] = acls.__dict__.get("get_output", acls.get_output)
+                acls.get_output = _async_get_output
+            _state["patched"] = True
+        elif not on and _state["patched"]:
+            for name in RUNNER_METHODS:
+                setattr(cls, name, _ORIG[name])
+            acls = _ORIG.get("async_out_cls")
+            if acls is not None and "get_output" in _ORIG:
+                acls.get_output = _ORIG["get_output"]
+            _state["patched"] = False
+            rec = _recorder()
+            rec.cur = None
+    return _state["patched"]
+
+
+def _execute_model(self, scheduler_output, *args, **kwargs):
+    rec = _recorder()
+    rec.begin(self, scheduler_output)
+    out = _ORIG["execute_model"](self, scheduler_output, *args, **kwargs)
+    if rec.cur is not None:
+        rec.mark("fwd1")
+        if out is not None:  # no sample_tokens() follows (empty step, PP non-last rank, pooling)
+            rec.end(out if hasattr(out, "sampled_token_ids") else None)
+    return out
+
+
+def _model_forward(self, *args, **kwargs):
+    rec = _recorder()
+    if rec.cur is not None and not rec.cur.in_forward:
+        rec.cur.in_forward = True
+        rec.mark("fwd0")
+    return _ORIG["_model_forward"](self, *args, **kwargs)
+
+
+def _sample(self, *args, **kwargs):
+    rec = _recorder()
+    if rec.cur is None:
+        return _ORIG["_sample"](self, *args, **kwargs)
+    rec.mark("samp0")
+    out = _ORIG["_sample"](self, *args, **kwargs)
+    rec.mark("samp1")
+    return out
+
+
+def _propose(self, *args, **kwargs):
+    rec = _recorder()
+    if rec.cur is None:
+        return _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
+    rec.mark("draft0")
+    out = _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
+    rec.mark("draft1")
+    return out
+
+
+def _sample_tokens(self, *args, **kwargs):
+    out = _ORIG["sample_tokens"](self, *args, **kwargs)
+    rec = _recorder()
+    if rec.cur is not None:
+        rec.end(out)
+    return out
+
+
+def _async_get_output(self):
+    res = _ORIG["get_output"](self)
+    st = getattr(self, "_spec_repro_step", None)
+    if st is not None:
+        st.set_outputs(res)
+        self._spec_repro_step = None
+    return res
+
+
+def _worker_rpc(self, op: str = "status", **kw):
+    """``Worker.spec_repro_steps``: called through ``LLM.collective_rpc("spec_repro_steps", kwargs=...)``."""
+    rec = _recorder()
+    if op == "context":
+        rec.flush()
+        rec.set_context(**kw)
+    elif op == "instrument":
+        rec.flush()
+        instrument(bool(kw.get("on", True)))
+    elif op == "flush":
+        rec.flush()
+    return {**status(), "rows": rec.rows_written, "pid": os.getpid(), "context": dict(rec.ctx)}
+
+
+# ---- the recorder --------------------------------------------------------------------------------------------
+class _Step:
+    __slots__ = ("meta", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "n_seen")
+
+    def __init__(self, meta, host_start, gap):
+        self.meta, self.marks, self.host_start, self.host_end = meta, [], host_start, None
+        self.gap, self.in_forward, self.outputs, self.n_seen = gap, False, None, 0
+
+    def set_outputs(self, out) -> None:
+        try:
+            self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
+        except Exception:
+            self.outputs = None
+
+
+class StepRecorder:
+    """Collects steps of one process; writes JSON lines to ``path`` (append)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.ctx = {"run_id": "", "engine": "vllm", "model": "", "method": "none", "k": 0, "batch_size": 0,
+                    "record": True, "detail": False}
+        self.cur: _Step | None = None
+        self.pending: list[_Step] = []
+        self.step = 0
+        self.rows_written = 0
+        self.last_host_end = None
+        self.gap_cap = float(os.environ.get(ENV_GAP, "0.05"))
+        self._rank_ok = None
+        self._torch = None
+
+    def set_context(self, **kw) -> None:
+        for key, val in kw.items():
+            if key in self.ctx:
+                self.ctx[key] = val
+        if "run_id" in kw:
+            self.step = 0
+            self.last_host_end = None
+
+    def _recording_rank(self) -> bool:
+        if self._rank_ok is None:
+            try:
+                from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+                self._rank_ok = get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
+            except Exception:
+                self._rank_ok = True
+        return self._rank_ok
+
+    def _event(self):
+        if self._torch is None:
+            import torch
+
+            self._torch = torch
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def begin(self, runner, so) -> None:
+        self.cur = None
+        if not self.ctx["record"] or not self._recording_rank():
+            return
+        if not getattr(so, "total_num_scheduled_tokens", 0):
+            return
+        now = time.perf_counter()
+        gap = None if self.last_host_end is None else now - self.last_host_end
+        st = _Step(step_meta(so, detail=bool(self.ctx["detail"])), now, gap)
+        st.marks.append(("start", self._event()))
+        self.cur = st
+
+    def mark(self, name: str) -> None:
+        if self.cur is not None:
+            self.cur.marks.append((name, self._event()))
+
+    def end(self, out) -> None:
+        st, self.cur = self.cur, None
+        if st is None:
+            return
+        st.marks.append(("end", self._event()))
+        st.host_end = self.last_host_end = time.perf_counter()
+        if out is not None:
+            if hasattr(out, "sampled_token_ids") and not hasattr(out, "get_output"):
+                st.set_outputs(out)
+            elif hasattr(out, "get_output"):
+                out._spec_repro_step = st
+        st.meta["step"] = self.step
+        self.step += 1
+        self.pending.append(st)
+        for p in self.pending:
+            p.n_seen += 1
+        if len(self.pending) >= 64:
+            self.flush(keep_last=1)
+
+    def flush(self, keep_last: int = 0) -> int:
+        """Resolve events of finished steps and append them to the file."""
+        if not self.pending:
+            return 0
+        ready, keep = self.pending[:len(self.pending) - keep_last], self.pending[len(self.pending) - keep_last:]
+        rows = []
+        for st in ready:
+            rows.append(self._row(st))
+        self.pending = keep
+        if rows:
+            d = os.path.dirname(self.path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(self.path, "a") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+            self.rows_written += len(rows)
+        return len(rows)
+
+    def _row(self, st: _Step) -> dict:
+        marks = st.marks
+        marks[-1][1].synchronize()  # long done for all but the newest step; cheap
+        start = marks[0][1]
+        times = {name: start.elapsed_time(ev) / 1e3 for name, ev in marks}
+        phases = phase_times([(n, times[n]) for n, _ in marks])
+        gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
+        phases["t_other"] += gap
+        phases["t_total"] += gap
+        return build_row(self.ctx, st.meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
+
+
+def phase_times(marks: list[tuple[str, float]]) -> dict:
+    """Four phases from ordered (mark name, seconds since step start) pairs.
+
+    Pairs fwd0..fwd1 -> verify, samp0..samp1 -> reject, draft0..draft1 -> draft; ``end`` closes the step;
+    t_other = total - the three. A missing closing mark ends its phase at the next mark."""
+    out = {"t_draft": 0.0, "t_verify": 0.0, "t_reject": 0.0}
+    opens = {"fwd0": ("fwd1", "t_verify"), "samp0": ("samp1", "t_reject"), "draft0": ("draft1", "t_draft")}
+    total = 0.0
+    for i, (name, t) in enumerate(marks):
+        if name == "end":
+            total = t
+        if name in opens:
+            close, col = opens[name]
+            t1 = next((tt for nn, tt in marks[i + 1:] if nn == close), None)
+            if t1 is None:
+                t1 = marks[i + 1][1] if i + 1 < len(marks) else t
+            out[col] += max(0.0, t1 - t)
+    total = max(total, sum(out.values()))
+    out["t_other"] = total - out["t_draft"] - out["t_verify"] - out["t_reject"]
+    out["t_total"] = total
+    return out
+
+
+def step_meta(so, detail: bool = False) -> dict:
+    """Batch shape of one step from vLLM's SchedulerOutput (target-forward tokens, KV before, drafts, phase)."""
+    nsched = dict(so.num_scheduled_tokens)
+    spec = {r: len(v) for r, v in (so.scheduled_spec_decode_tokens or {}).items()}
+    kv = 0
+    pos: dict[str, int] = {}
+    new: dict[str, list] = {}
+    for r in so.scheduled_new_reqs:
+        kv += int(r.num_computed_tokens)
+        pos[r.req_id] = 0
+        ids = r.prompt_token_ids or []
+        if detail:
+            new[r.req_id] = [len(ids), prompt_hash(ids)]
+    c = so.scheduled_cached_reqs
+    n_out = list(getattr(c, "num_output_tokens", []) or [])
+    for i, rid in enumerate(c.req_ids):
+        kv += int(c.num_computed_tokens[i])
+        pos[rid] = int(n_out[i]) if i < len(n_out) else -1
+    decoding = [r for r in nsched if pos.get(r, 0) > 0 and nsched[r] == 1 + spec.get(r, 0)]
+    phase = "decode" if len(decoding) == len(nsched) else ("prefill" if not decoding else "mixed")
+    meta = {"num_reqs": len(nsched), "batched_tokens": int(so.total_num_scheduled_tokens), "kv_tokens": kv,
+            "num_draft_tokens": int(sum(spec.values())), "phase": phase, "_spec": spec}
+    if detail:
+        meta["req_info"] = {r: [pos.get(r, -1), int(nsched[r]), spec.get(r, 0)] for r in nsched}
+        meta["new_reqs"] = new
+    return meta
+
+
+def prompt_hash(ids) -> str:
+    import numpy as np
+
+    return hashlib.sha1(np.asarray(list(ids), dtype=np.int32).tobytes()).hexdigest()[:12]
+
+
+def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None) -> dict:
+    """One STEP_COLUMNS row (plus optional fields) from a step's context, shape, phase times and outputs."""
+    spec = meta.get("_spec", {})
+    acc: dict[str, int] = {}
+    if outputs is not None:
+        for rid, n in zip(*outputs):
+            if rid in spec and n > 0:
+                acc[rid] = max(0, min(spec[rid], n - 1))
+    row = {"run_id": ctx["run_id"], "engine": ctx["engine"], "model": ctx["model"], "method": ctx["method"],
+           "k": int(ctx["k"]), "batch_size": int(ctx["batch_size"]), "step": int(meta.get("step", 0)),
+           "num_reqs": meta["num_reqs"], "batched_tokens": meta["batched_tokens"], "kv_tokens": meta["kv_tokens"],
+           **{k: float(v) for k, v in phases.items()},
+           "num_draft_tokens": meta["num_draft_tokens"], "num_accepted_tokens": int(sum(acc.values())),
+           "phase": meta["phase"], "accepted_per_req": acc, "t_sched": float(gap),
+           "outputs_known": outputs is not None}
+    if raw_gap is not None:
+        row["t_gap"] = float(raw_gap)
+    for key in ("req_info", "new_reqs"):
+        if key in meta:
+            row[key] = meta[key]
+    return row
+
+
+_REC: dict[int, StepRecorder] = {}
+
+
+def _recorder() -> StepRecorder:
+    pid = os.getpid()
+    rec = _REC.get(pid)
+    if rec is None:
+        rec = _REC[pid] = StepRecorder(os.environ.get(ENV_PATH) or os.devnull)
+        import atexit
+
+        atexit.register(rec.flush)
+    return rec

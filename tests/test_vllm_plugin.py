@@ -1,0 +1,167 @@
+"""The vLLM step-timing plugin's pure parts (no vLLM, no GPU): phase arithmetic, step shape from a scheduler
+output, row building against the step schema, version/layout checks, and the n-gram replica of vLLM's proposer."""
+import json
+import random
+import types
+
+import numpy as np
+import pytest
+
+from spec_repro.engines import vllm_plugin as vp
+from spec_repro.engines.vllm import ngram_propose, predict_ngram_steps
+from spec_repro.traces import TraceError, validate_steps
+import pandas as pd
+
+
+def _sched(new=(), cached=(), spec=None):
+    """A SchedulerOutput-shaped namespace: new = [(req_id, prompt_ids, n_sched)],
+    cached = [(req_id, num_computed, num_output, n_sched)]."""
+    nsched = {r: n for r, _, n in new}
+    nsched.update({r: n for r, _, _, n in cached})
+    return types.SimpleNamespace(
+        scheduled_new_reqs=[types.SimpleNamespace(req_id=r, prompt_token_ids=p, num_computed_tokens=0)
+                            for r, p, _ in new],
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=[c[0] for c in cached],
+                                                    num_computed_tokens=[c[1] for c in cached],
+                                                    num_output_tokens=[c[2] for c in cached]),
+        num_scheduled_tokens=nsched, total_num_scheduled_tokens=sum(nsched.values()),
+        scheduled_spec_decode_tokens=spec or {})
+
+
+def test_phase_times_partition_the_step():
+    marks = [("start", 0.0), ("fwd0", 0.001), ("fwd1", 0.007), ("samp0", 0.0072), ("samp1", 0.0075),
+             ("draft0", 0.008), ("draft1", 0.0095), ("end", 0.010)]
+    p = vp.phase_times(marks)
+    assert p["t_verify"] == pytest.approx(0.006)
+    assert p["t_reject"] == pytest.approx(0.0003)
+    assert p["t_draft"] == pytest.approx(0.0015)
+    assert p["t_total"] == pytest.approx(0.010)
+    assert p["t_other"] == pytest.approx(0.010 - 0.006 - 0.0003 - 0.0015)
+
+
+def test_phase_times_without_sd_has_no_draft():
+    p = vp.phase_times([("start", 0.0), ("fwd0", 0.0005), ("fwd1", 0.004), ("samp0", 0.004), ("samp1", 0.0041),
+                        ("end", 0.0045)])
+    assert p["t_draft"] == 0.0 and p["t_verify"] == pytest.approx(0.0035)
+    assert p["t_other"] == pytest.approx(0.0045 - 0.0035 - 0.0001)
+
+
+def test_step_meta_decode_with_drafts():
+    so = _sched(cached=[("a", 100, 5, 4), ("b", 50, 3, 1)], spec={"a": [1, 2, 3]})
+    m = vp.step_meta(so, detail=True)
+    assert m["batched_tokens"] == 5 and m["kv_tokens"] == 150 and m["num_reqs"] == 2
+    assert m["num_draft_tokens"] == 3 and m["phase"] == "decode"
+    assert m["req_info"] == {"a": [5, 4, 3], "b": [3, 1, 0]}
+
+
+def test_step_meta_prefill_and_mixed():
+    so = _sched(new=[("n", list(range(10)), 10)])
+    m = vp.step_meta(so, detail=True)
+    assert m["phase"] == "prefill" and m["kv_tokens"] == 0
+    assert m["new_reqs"]["n"] == [10, vp.prompt_hash(range(10))]
+    so = _sched(new=[("n", [1, 2, 3], 3)], cached=[("a", 20, 4, 1)])
+    assert vp.step_meta(so)["phase"] == "mixed"
+
+
+def test_build_row_validates_against_step_schema():
+    so = _sched(cached=[("a", 100, 5, 4), ("b", 50, 3, 4)], spec={"a": [1, 2, 3], "b": [4, 5, 6]})
+    meta = vp.step_meta(so)
+    meta["step"] = 7
+    phases = vp.phase_times([("start", 0.0), ("fwd0", 0.001), ("fwd1", 0.007), ("samp0", 0.007),
+                             ("samp1", 0.0072), ("end", 0.008)])
+    ctx = {"run_id": "r", "engine": "vllm", "model": "m", "method": "ngram", "k": 3, "batch_size": 2}
+    # request a: 3 tokens out (2 accepted); b: 4 out (all 3 accepted)
+    row = vp.build_row(ctx, meta, phases, (["a", "b"], [3, 4]))
+    assert row["accepted_per_req"] == {"a": 2, "b": 3} and row["num_accepted_tokens"] == 5
+    df = validate_steps(pd.DataFrame([json.loads(json.dumps(row))]))
+    assert df.loc[0, "num_draft_tokens"] == 6 and df.loc[0, "step"] == 7
+    assert "accepted_per_req" in df.columns and "phase" in df.columns
+
+
+def test_build_row_broken_times_are_rejected_by_schema():
+    so = _sched(cached=[("a", 10, 2, 1)])
+    meta = vp.step_meta(so)
+    ctx = {"run_id": "r", "engine": "vllm", "model": "m", "method": "none", "k": 0, "batch_size": 1}
+    row = vp.build_row(ctx, meta, {"t_draft": 0.0, "t_verify": 0.01, "t_reject": 0.0, "t_other": 0.0,
+                                   "t_total": 0.002}, (["a"], [1]))
+    with pytest.raises(TraceError, match="t_total"):
+        validate_steps(pd.DataFrame([row]))
+
+
+def test_version_check():
+    assert vp.check_version("0.25.0")[0] and vp.check_version("0.25.3")[0]
+    ok, why = vp.check_version("0.26.0")
+    assert not ok and "0.25.x" in why
+
+
+def test_layout_check_names_missing_methods():
+    class Runner:
+        def execute_model(self, scheduler_output, intermediate_tensors=None): ...
+        def sample_tokens(self, grammar_output): ...
+        def _model_forward(self, **kw): ...
+        def _sample(self, logits, spec_decode_metadata): ...
+    probs = vp.check_layout(Runner)
+    assert probs == ["Runner.propose_draft_token_ids is missing"]
+
+    class Renamed(Runner):
+        def propose_draft_token_ids(self, scheduler_output): ...
+        def _sample(self, logits, metadata): ...
+    assert vp.check_layout(Renamed) == ["Renamed._sample has no parameter 'spec_decode_metadata'"]
+
+
+def test_register_is_noop_without_env(monkeypatch):
+    monkeypatch.delenv(vp.ENV_PATH, raising=False)
+    monkeypatch.setitem(vp._state, "registered", False)
+    vp.register()
+    assert vp._state["registered"] is False
+
+
+def _vllm_ngram_kmp(tokens, min_n, max_n, k):
+    """vLLM 0.25's _find_longest_matched_ngram_and_propose_tokens, transcribed line by line (KMP on the
+    reversed sequence) as an independent reference for ngram_propose."""
+    total = len(tokens)
+    if total < min_n:
+        return []
+    t = tokens[::-1]
+    lps = [0] * max_n
+    longest, position, prev, i = 0, 0, 0, 1
+    while i < total:
+        if t[prev] == t[i]:
+            prev += 1
+            if prev >= longest:
+                longest, position = prev, i
+            if i < max_n:
+                lps[i] = prev
+            if prev == max_n:
+                prev = lps[max_n - 1]
+            i += 1
+        elif prev != 0:
+            prev = lps[prev - 1]
+        else:
+            i += 1
+    if longest < min_n:
+        return []
+    start = total - 1 - position + longest
+    k = min(k, total - start)
+    return tokens[start:start + k]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_propose_matches_vllm_algorithm(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        vocab = rng.choice([2, 3, 5, 20])
+        toks = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        lo = rng.randint(1, 4)
+        hi = rng.randint(lo, 8)
+        k = rng.randint(1, 10)
+        assert ngram_propose(toks, lo, hi, k) == _vllm_ngram_kmp(toks, lo, hi, k), (toks, lo, hi, k)
+
+
+def test_predict_ngram_steps_counts_leading_matches():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    output = [1, 2, 3, 4, 5, 9, 9]
+    # at p=3 the context ends with 1 2 3 -> earliest match at the prompt start -> drafts 4 5 6 7 (k=4)
+    pred = predict_ngram_steps(prompt, output, [3], k=4, min_n=3, max_n=7)
+    assert pred[3] == (4, 2)      # output[3:] = 4 5 9 ... -> 2 accepted
+    assert predict_ngram_steps(prompt, output, [1], k=4)[1] == (0, 0)   # "8 1" has no 3-gram match
