@@ -305,10 +305,10 @@ def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
     """``(model, tokenizer)`` for an embedded model name, a Hugging Face id or a local checkpoint directory.
 
     dtype: None means float32 on CPU and bfloat16 elsewhere; a torch dtype or its name otherwise."""
-    dtype = _default_dtype(device, dtype)
     if name not in MODELS and ("/" in name or Path(name).expanduser().is_dir()):
-        return _load_hf(name, device, dtype)
+        return _load_hf(name, device, _default_dtype(device, dtype))
     spec(name)                                                    # unknown name -> clear error
+    dtype = _default_dtype(device, dtype)
     src = _convert(name, quiet=quiet)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

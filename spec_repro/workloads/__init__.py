@@ -55,7 +55,7 @@ def records(name: str) -> list[dict]:
     if name == "gsm-symbolic":
         raise WorkloadError("gsm-symbolic is generated per seed; use load('gsm-symbolic', n=..., seed=...)")
     mod = _OFFLINE[name][0]
-    return cached_records(name, mod.SOURCE, mod.build)
+    return cached_records(name, mod.SOURCE, mod.build, getattr(mod, "VERSION", 1))
 
 
 def _request(name: str, rec: dict, tokenizer) -> Request:

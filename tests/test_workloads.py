@@ -1,0 +1,131 @@
+"""Workloads read out of pinned PyPI wheels (cached after the first run)."""
+from __future__ import annotations
+
+import io
+import re
+import statistics
+import tokenize
+
+import pytest
+
+from spec_repro import workloads as W
+from spec_repro.workloads import gsm_symbolic, sharegpt
+
+
+def _names(code: str) -> set[str]:
+    return {t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME}
+
+
+def _code(rec) -> str:
+    return re.search(r"```python\n(.*)```", rec["messages"][0]["content"], re.DOTALL).group(1)
+
+
+def test_counts_and_manifest():
+    assert len(W.records("humaneval")) == 164
+    assert len(W.records("mt-bench")) == 80
+    assert len(W.records("champ")) == 270
+    recs = W.records("sharegpt")
+    man = W.describe("sharegpt")
+    assert 17_500 < man["recovered_conversations"] < 17_800          # ~17.6k complete records recovered
+    assert man["truncated_tail_chars"] > 0                             # the wheel's JSON is cut off
+    assert len(recs) == man["records"] == man["recovered_conversations"] - man["skipped_without_human_turn"]
+    assert len({r["id"] for r in recs}) == len(recs)
+    for name in ("sharegpt", "humaneval", "mt-bench", "champ", "code-edit"):
+        d = W.describe(name)
+        assert len(d["wheel_sha256"]) == 64 and d["license"] and all(len(h) == 64 for h in d["members"].values())
+
+
+def test_sharegpt_recover_keeps_complete_records_only():
+    recs, left = sharegpt.recover('[{"id": "a", "x": [1, 2]}, {"id": "b"},\n {"id": "c", "conv')
+    assert [r["id"] for r in recs] == ["a", "b"] and left == len(' {"id": "c", "conv') - 1
+    assert sharegpt.recover('[{"id": 1}, {"id": 2}]') == ([{"id": 1}, {"id": 2}], 0)
+
+
+@pytest.mark.parametrize("name", W.NAMES)
+def test_selection_is_deterministic_per_seed(name):
+    a, b, c = W.load(name, n=5, seed=0), W.load(name, n=5, seed=0), W.load(name, n=5, seed=1)
+    assert [r.id for r in a] == [r.id for r in b]
+    assert [r.prompt_text for r in a] == [r.prompt_text for r in b]
+    assert [r.prompt_text for r in a] != [r.prompt_text for r in c]
+    assert all(r.dataset == name and r.messages[-1]["role"] == "user" and r.prompt_text for r in a)
+
+
+def test_gsm_symbolic_is_prefix_stable_and_uses_known_templates():
+    gens, tasks_ok = gsm_symbolic._generators()
+    assert len(tasks_ok) == 85 and set(tasks_ok) <= set(gens)
+    assert [r.prompt_text for r in W.load("gsm-symbolic", n=3, seed=7)] == \
+        [r.prompt_text for r in W.load("gsm-symbolic", n=10, seed=7)[:3]]
+    r = W.load("gsm-symbolic", n=1, seed=0)[0]
+    assert r.prompt_text.endswith(gsm_symbolic.SUFFIX) and r.meta["template"] in tasks_ok
+    assert len(W.load("gsm-symbolic")) == gsm_symbolic.DEFAULT_SIZE
+
+
+def test_code_edit_outputs_overlap_prompts():
+    """InstructCoder-like: the expected output repeats the prompt (BLEU-4 reference vs prompt code), unlike
+    HumanEval where the solution is new text."""
+    import sacrebleu
+
+    recs = W.records("code-edit")
+    kinds = {r["meta"]["edit"] for r in recs}
+    assert kinds == set(W.code_edit.KINDS) and len(recs) > 300
+    bleu = {k: [] for k in kinds}
+    for r in recs:
+        bleu[r["meta"]["edit"]].append(sacrebleu.sentence_bleu(r["meta"]["reference"], [_code(r)]).score / 100)
+    assert statistics.mean(b for v in bleu.values() for b in v) > 0.6
+    assert all(statistics.mean(bleu[k]) > 0.8 for k in ("rename", "type-hints", "loop"))
+    he = [sacrebleu.sentence_bleu(r["meta"]["canonical_solution"], [_code(r)]).score / 100
+          for r in W.records("humaneval")]
+    assert statistics.mean(he) < 0.1
+
+
+def test_code_edit_references_and_inputs_pass_humaneval_tests():
+    """Every edit is semantics-preserving: the shown code and the reference both pass the problem's tests."""
+    for r in W.records("code-edit"):
+        for code in (_code(r), r["meta"]["reference"]):
+            ns: dict = {}
+            exec(code + "\n" + r["meta"]["test"] + f"\ncheck({r['meta']['entry_point']})", ns)  # noqa: S102
+        if r["meta"]["edit"] == "rename":
+            old, new = r["meta"]["old"], r["meta"]["new"]
+            assert new in _names(r["meta"]["reference"]) and new not in _names(_code(r))
+            assert old in _names(_code(r))
+
+
+def test_unknown_workload_and_bad_arguments():
+    with pytest.raises(W.WorkloadError, match="unknown workload 'nope'.*sharegpt.*gsm8k"):
+        W.load("nope")
+    with pytest.raises(W.WorkloadError, match="only 164 requests"):
+        W.load("humaneval", n=200)
+    with pytest.raises(W.WorkloadError, match="needs a tokenizer"):
+        W.load("humaneval", n=2, max_prompt_tokens=10)
+
+
+def test_online_dataset_offline_error_names_dataset_and_alternative(monkeypatch):
+    from spec_repro import models
+
+    monkeypatch.setattr(models, "_hub_reachable", lambda *a, **k: False)
+    with pytest.raises(W.WorkloadError, match=r"likaixin/InstructCoder.*'code-edit'"):
+        W.load("instructcoder", n=2)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from spec_repro import models
+
+    return AutoTokenizer.from_pretrained(models._convert("smollm2-135m", quiet=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sharegpt", "code-edit", "gsm-symbolic"])
+def test_chat_template_applied(name, tokenizer):
+    reqs = W.load(name, n=4, seed=3, tokenizer=tokenizer, max_prompt_tokens=512)
+    head = tokenizer("<|im_start|>system\n", add_special_tokens=False)["input_ids"]
+    tail = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    for r in reqs:
+        assert r.prompt_token_ids[:len(head)] == head and r.prompt_token_ids[-len(tail):] == tail
+        assert len(r.prompt_token_ids) <= 512
+        direct = tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True)
+        direct = direct["input_ids"] if hasattr(direct, "keys") else direct
+        assert list(direct) == r.prompt_token_ids
+        assert r.messages[-1]["content"] in r.prompt_text
