@@ -175,6 +175,7 @@ sim = A.simulate_grid(trace, cm, proposers=props, policies=policies, batch_sizes
 gap = A.oracle_gap(sim)
 gap.round(3)'''),
     (code, '''fig = P.oracle_gap(gap, paper_refs={"paper oracle 2.75x": 2.75, "paper fixed 2.1x": 2.1},
+                   paper_dataset=A.focus_dataset(gap["dataset"]),
                    source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "05_oracle_bound", figures_dir)'''),
     (code, '''rows = A.finding4_rows(gap, source=f"simulated over {SOURCE}; cost model {cm.name}")
@@ -198,7 +199,9 @@ sim = A.simulate_grid(trace, cm, proposers=props, policies=["oracle", "oracle-co
                       draft_costs=["ngram-only", "winner", "all"])
 A.hybrid_table(sim).round(3)'''),
     (code, '''fig = P.hybrid_oracle(sim, batch_size=min(batch_sizes),
-                      paper_refs={"paper combine 4.9x": 4.9, "paper winner 4.3x": 4.3, "paper all 3.85x": 3.85},
+                      paper_refs={"combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85,
+                                  **{f"{p} oracle": 2.7 for p in props if p != "ngram"}},
+                      paper_dataset=A.focus_dataset(sim["dataset"]),
                       source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "06_hybrid_oracle", figures_dir)'''),
     (code, '''rows = A.finding5_rows(sim, source=f"simulated over {SOURCE}; cost model {cm.name}")

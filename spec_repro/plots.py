@@ -79,6 +79,18 @@ def _caption(fig, source: str | None):
         fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
 
 
+def _batch_axis(ax, values):
+    """Log2 batch-size axis with the batch sizes themselves as tick labels."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    vals = sorted({int(v) for v in values})
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(vals))
+    ax.set_xticklabels([str(v) for v in vals])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("batch size (requests)")
+
+
 def _plain_log(ax, axis: str = "y"):
     """Log scale with plain tick labels (1.5, 2, 3 ...) instead of 10^x."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -144,9 +156,8 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
         for lab, v in (paper_refs or {}).items():
             ax.axhline(v, color="0.5", lw=0.8, ls="--")
             ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=7, color="0.35", va="bottom")
-        ax.set_xscale("log", base=2)
+        _batch_axis(ax, pd.concat([sim["batch_size"]] + ([measured["batch_size"]] if measured is not None else [])))
         ax.set_title(ds)
-        ax.set_xlabel("batch size (requests)")
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Speedup vs batch size", y=1.02)
@@ -313,7 +324,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
 
 
 def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
-               paper_refs: Mapping[str, float] | None = None):
+               paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
     """Best fixed k vs oracle speedup by batch size (``analysis.oracle_gap``): a panel per dataset, solid =
     oracle, dashed = best fixed k, colour = proposer."""
     datasets = sorted(gap["dataset"].unique())
@@ -326,12 +337,13 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
             ax.plot(g["batch_size"], g["best_fixed_speedup"], marker="s", ls="--", color=color(p),
                     label=f"{p} best fixed k")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
-        for lab, v in (paper_refs or {}).items():
-            ax.axhline(v, color="0.5", lw=0.8, ls="--")
-            ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
-        ax.set_xscale("log", base=2)
-        ax.set_title(ds)
-        ax.set_xlabel("batch size (requests)")
+        if paper_dataset is None or ds == paper_dataset:
+            for lab, v in (paper_refs or {}).items():
+                ax.axhline(v, color="0.5", lw=0.8, ls="--")
+                ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+        _batch_axis(ax, gap["batch_size"])
+        ax.set_title(ds + (" (paper's lines: InstructCoder)" if paper_refs and ds == paper_dataset else ""),
+                     fontsize=9)
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
@@ -341,7 +353,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
-                  paper_refs: Mapping[str, float] | None = None):
+                  paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
     """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size:
     grouped bars per dataset. Rows of ``simulate`` with policies ``oracle`` and ``oracle-combine``."""
     o = sim[(sim["batch_size"] == batch_size) & sim["policy"].isin(["oracle", "oracle-combine"])].copy()
@@ -351,7 +363,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     combos = [f"combine, {a}" for a in ("ngram-only", "winner", "all") if f"combine, {a}" in set(o["config"])]
     order = singles + combos
     datasets = sorted(o["dataset"].unique())
-    fig, ax = plt.subplots(figsize=(max(6, 1.9 * len(datasets) + 2), 4.0))
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(datasets) + 2.5), 4.0))
     width = 0.8 / max(1, len(order))
     for j, cfg in enumerate(order):
         d = o[o["config"] == cfg].set_index("dataset").reindex(datasets)
@@ -367,9 +379,17 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
             if np.isfinite(v):
                 ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6.5)
     ax.axhline(1.0, color="0.2", lw=1, ls=":")
+    # The paper's values belong to its InstructCoder run: a black bar-wide tick on the matching bar of that
+    # dataset (or its analogue). ``paper_refs`` maps a bar's label (e.g. "combine, winner") to the value.
+    i = datasets.index(paper_dataset) if paper_dataset in datasets else (0 if len(datasets) == 1 else None)
+    drawn = False
     for lab, v in (paper_refs or {}).items():
-        ax.axhline(v, color="0.5", lw=0.8, ls="--")
-        ax.text(len(datasets) - 0.5, v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+        if lab in order and i is not None:
+            j = order.index(lab)
+            x = i + (j - (len(order) - 1) / 2) * width
+            ax.hlines(v, x - width * 0.5, x + width * 0.5, color="k", lw=2.2,
+                      label=None if drawn else "paper (InstructCoder,\nLlama-3.1-8B, H100)")
+            drawn = True
     ax.set_xticks(np.arange(len(datasets)))
     ax.set_xticklabels(datasets)
     ax.set_xlabel("dataset")

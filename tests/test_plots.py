@@ -72,7 +72,7 @@ def _figs(trace):
         "spread": P.tokens_per_step_spread(A.tokens_per_step_per_request(trace), paper={"ngram": (1.1, 15.0)}),
         "overlap": P.overlap_vs_advantage(adv, other="eagle", threshold=thr),
         "gap": P.oracle_gap(A.oracle_gap(sim), paper_refs={"paper 2.75x": 2.75}),
-        "hybrid": P.hybrid_oracle(sim, paper_refs={"paper 4.9x": 4.9}),
+        "hybrid": P.hybrid_oracle(sim, paper_refs={"combine, ngram-only": 4.9}, paper_dataset="code-edit"),
     }
 
 
