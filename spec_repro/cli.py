@@ -8,13 +8,62 @@ import sys
 
 # ---- simulate (issue: foundation) ------------------------------------------------------------------------
 def _add_simulate(sub):
-    p = sub.add_parser("simulate", help="oracle / fixed-k speedup simulation over acceptance traces")
+    p = sub.add_parser("simulate", help="oracle / fixed-k speedup simulation over acceptance traces",
+                       description="Simulate speculative-decoding speedups over acceptance traces with a step cost "
+                                   "model (the study's oracle simulator, fast). One CSV row per (dataset, "
+                                   "proposers, policy, draft_cost, batch_size, batching).")
+    p.add_argument("--traces", nargs="+", required=True, metavar="FILE",
+                   help="published JSON-lines (combined_<dataset>.jsonl) and/or the package's parquet traces")
+    p.add_argument("--cost-model", default="llama3.1-8b-h100", metavar="NAME|PATH",
+                   help="preset name or preset JSON file (default: llama3.1-8b-h100, the published fit)")
+    p.add_argument("--proposers", required=True, help="comma-separated, e.g. ngram or ngram,eagle")
+    p.add_argument("--policy", nargs="+", required=True, metavar="POLICY",
+                   help="fixed-K (K >= 1), oracle, oracle-combine; several allowed")
+    p.add_argument("--draft-cost", nargs="+", default=["ngram-only"], metavar="ACCOUNTING",
+                   help="oracle-combine drafting accounting: ngram-only (released code), winner, all")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1], metavar="B")
+    p.add_argument("--batching", nargs="+", default=["duplicate"], metavar="MODE",
+                   help="duplicate (the study's: one request copied B times) or mixed (continuous batching)")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="simulate N requests per dataset chosen like the released code (default: all)")
+    p.add_argument("--seed", type=int, default=42, help="sampling and n-gram match draws (default 42)")
+    p.add_argument("--dataset", default=None, help="dataset name for published files (default: file stem)")
+    p.add_argument("--model", default="unknown", help="target model name for published files")
+    p.add_argument("--ngram-match-prob", type=float, default=None, metavar="P",
+                   help="n-gram match probability for fixed-K on traces without draft_len (default: per dataset)")
+    p.add_argument("--out", required=True, metavar="OUT.csv")
+    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_run_simulate)
     return p
 
 
 def _run_simulate(args):
-    raise SystemExit("simulate: not implemented yet")
+    from pathlib import Path
+
+    from .costmodel import CostModelError
+    from .simulate import SimulationError, simulate
+    from .traces import Trace, TraceError, read_trace
+
+    try:
+        traces = []
+        for f in args.traces:
+            kw = {"dataset": args.dataset} if args.dataset else {}
+            if not str(f).endswith(".parquet"):
+                kw["model"] = args.model
+            traces.append(read_trace(f, **kw))
+        trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
+        extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
+        df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
+                      args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
+    except (TraceError, SimulationError, CostModelError) as e:
+        raise SystemExit(f"error: {e}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",
+               "mean_tokens_per_step", "verify_share", "draft_share"]]
+    print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"wrote {out} ({len(df)} rows; cost model {args.cost_model})")
 
 
 # ---- models (issue 3: model store) ------------------------------------------------------------------------
