@@ -268,7 +268,7 @@ def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False,
 
 
 # ---- SmolLM2 with real weights -------------------------------------------------------------------------------
-SMOL_WORKLOADS = ("code-edit", "sharegpt", "mt-bench", "gsm-symbolic")
+SMOL_WORKLOADS = ("code-edit", "sharegpt", "humaneval", "mt-bench", "gsm-symbolic")
 
 
 def prepare_smollm2_prompts(out: str | Path, workloads=SMOL_WORKLOADS, n: int = 40, seed: int = 0,

@@ -194,8 +194,8 @@ def _on_import(name: str, module) -> None:
 def instrument(on: bool) -> bool:
     """Install (on=True) or remove (on=False) the timing wrappers on the runner class. Returns the new state."""
     cls = _ORIG.get("runner_cls")
-    if cls is None or _state["disabled_reason"]:
-        return False
+    if cls is None or (on and _state["disabled_reason"]):
+        return _state["patched"]
     with _lock:
         if on and not _state["patched"]:
             for name in RUNNER_METHODS:
@@ -222,14 +222,28 @@ def instrument(on: bool) -> bool:
     return _state["patched"]
 
 
+def _guard(fn, *args) -> None:
+    """Run a recorder call; on any error stop recording (vLLM goes on untouched) and say why, once."""
+    try:
+        fn(*args)
+    except Exception as e:
+        rec = _recorder()
+        rec.cur = None
+        if rec.ctx["record"]:
+            rec.ctx["record"] = False
+            _state["disabled_reason"] = f"recording stopped after an error: {type(e).__name__}: {e}"
+            logger.exception("spec_repro step timing: recording stopped")
+            print(f"[spec_repro] {_state['disabled_reason']}", file=sys.stderr, flush=True)
+
+
 def _execute_model(self, scheduler_output, *args, **kwargs):
     rec = _recorder()
-    rec.begin(self, scheduler_output)
+    _guard(rec.begin, self, scheduler_output)
     out = _ORIG["execute_model"](self, scheduler_output, *args, **kwargs)
     if rec.cur is not None:
-        rec.mark("fwd1")
-        if out is not None:  # no sample_tokens() follows (empty step, PP non-last rank, pooling)
-            rec.end(out if hasattr(out, "sampled_token_ids") else None)
+        _guard(rec.mark, "fwd1")
+        if out is not None and rec.cur is not None:  # no sample_tokens() follows (empty step, PP non-last rank)
+            _guard(rec.end, out if hasattr(out, "sampled_token_ids") else None)
     return out
 
 
@@ -237,7 +251,7 @@ def _model_forward(self, *args, **kwargs):
     rec = _recorder()
     if rec.cur is not None and not rec.cur.in_forward:
         rec.cur.in_forward = True
-        rec.mark("fwd0")
+        _guard(rec.mark, "fwd0")
     return _ORIG["_model_forward"](self, *args, **kwargs)
 
 
@@ -245,9 +259,9 @@ def _sample(self, *args, **kwargs):
     rec = _recorder()
     if rec.cur is None:
         return _ORIG["_sample"](self, *args, **kwargs)
-    rec.mark("samp0")
+    _guard(rec.mark, "samp0")
     out = _ORIG["_sample"](self, *args, **kwargs)
-    rec.mark("samp1")
+    _guard(rec.mark, "samp1")
     return out
 
 
@@ -255,9 +269,9 @@ def _propose(self, *args, **kwargs):
     rec = _recorder()
     if rec.cur is None:
         return _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    rec.mark("draft0")
+    _guard(rec.mark, "draft0")
     out = _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    rec.mark("draft1")
+    _guard(rec.mark, "draft1")
     return out
 
 
@@ -265,7 +279,7 @@ def _sample_tokens(self, *args, **kwargs):
     out = _ORIG["sample_tokens"](self, *args, **kwargs)
     rec = _recorder()
     if rec.cur is not None:
-        rec.end(out)
+        _guard(rec.end, out)
     return out
 
 
@@ -281,14 +295,11 @@ def _async_get_output(self):
 def _worker_rpc(self, op: str = "status", **kw):
     """``Worker.spec_repro_steps``: called through ``LLM.collective_rpc("spec_repro_steps", kwargs=...)``."""
     rec = _recorder()
+    _guard(rec.flush)
     if op == "context":
-        rec.flush()
         rec.set_context(**kw)
     elif op == "instrument":
-        rec.flush()
         instrument(bool(kw.get("on", True)))
-    elif op == "flush":
-        rec.flush()
     return {**status(), "rows": rec.rows_written, "pid": os.getpid(), "context": dict(rec.ctx)}
 
 
