@@ -32,12 +32,19 @@ SOURCE = A.trace_provenance(trace)
 print(SOURCE)'''
 
 
-def nb(name, title, claim, cells, extra_params=""):
+GPU_PARAMS = '''# Parameters (papermill). Defaults read the committed measurements; nothing runs live.
+backend = "embedded"   # "embedded": committed data/gpu + data/cpu; "vllm": run the vLLM device job now (GPU host)
+vllm_job = "llama8b"   # backend="vllm": which job of spec_repro/engines/vllm_jobs.py to run
+figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
+summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there'''
+
+
+def nb(name, title, claim, cells, extra_params="", params=None):
     n = nbf.v4.new_notebook()
     n.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                   "language_info": {"name": "python"}}
     c = [nbf.v4.new_markdown_cell(f"# {title}\n\n{claim}")]
-    p = nbf.v4.new_code_cell(COMMON_PARAMS + ("\n" + extra_params if extra_params else ""))
+    p = nbf.v4.new_code_cell((params or COMMON_PARAMS) + ("\n" + extra_params if extra_params else ""))
     p.metadata["tags"] = ["parameters"]
     c.append(p)
     for kind, src in cells:
@@ -63,7 +70,8 @@ sim = A.simulate_grid(trace, cm, proposers=props, policies=[f"fixed-{k}"], batch
 sim[["dataset", "proposers", "batch_size", "speedup", "mean_tokens_per_step", "verify_share"]].round(3)'''),
     (md, "Measured end-to-end throughput in vLLM (speedup = generated tokens/s with SD ÷ without), when the "
          "H200 runs are committed under `data/gpu`:"),
-    (code, '''measured, measured_src = A.gpu_speedups()
+    (code, '''gpu_results = A.live_vllm_job(vllm_job) / "results.jsonl" if backend == "vllm" else None
+measured, measured_src = A.gpu_speedups(gpu_results)
 print(measured_src)
 measured if measured is not None else "no measured vLLM throughput in data/gpu: only the simulation is shown"'''),
     (code, '''fig = P.speedup_vs_batch(sim, title=f"Simulated speedup (fixed k={k}) vs batch size",
@@ -77,7 +85,8 @@ if measured is not None:
 A.write_summary(rows, summary_path)'''),
     ],
    extra_params='cost_model = "llama3.1-8b-h100"   # preset name or a cost-model JSON path (e.g. data/gpu fit)\n'
-                'batch_sizes = [1, 2, 4, 8, 16, 32, 64, 128]')
+                'batch_sizes = [1, 2, 4, 8, 16, 32, 64, 128]\n'
+                'vllm_job = "llama8b"   # backend="vllm": the vLLM device job to run for measured throughput')
 
 # ---------------------------------------------------------------------------------------------------------
 nb("02_verification_bottleneck", "Finding 2: verification dominates a speculative step",
@@ -90,6 +99,8 @@ nb("02_verification_bottleneck", "Finding 2: verification dominates a speculativ
    "(`data/cpu/verify_cost.csv`): forward time of k+1 tokens vs 1 token.",
    [(code, '''from spec_repro import analysis as A, plots as P
 
+if backend == "vllm":
+    steps_files = sorted(A.live_vllm_job(vllm_job).glob("steps_*.jsonl"))
 steps, steps_src = A.gpu_steps(steps_files)
 print(steps_src)'''),
     (code, '''if steps is not None:
@@ -109,6 +120,7 @@ if vc is not None:
     (code, '''rows = A.finding2_rows(shares, steps_src, vc, vc_src)
 A.write_summary(rows, summary_path)'''),
     ],
+   params=GPU_PARAMS,
    extra_params='steps_files = None       # None: data/gpu step logs; or a path / list of step-timing files\n'
                 'verify_cost_file = None  # None: data/cpu/verify_cost.csv')
 

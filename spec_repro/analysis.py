@@ -638,32 +638,58 @@ def gpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
     return df, f"measured ({engines} step logs): {_manifest_line(folder, found)}"
 
 
-def gpu_speedups(files=None) -> tuple[pd.DataFrame | None, str]:
-    """Measured end-to-end speedups from throughput tables (``data/gpu/**/*throughput*.csv``): tokens/s of
-    each SD method ÷ the no-SD run (method ``none``) of the same model, dataset and batch size.
-
-    Returns (dataset, model, proposers, batch_size, speedup, tokens_per_s, base_tokens_per_s) or None."""
+def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
+    """``kind == "run"`` records of vLLM job result files (``results.jsonl``, see engines/vllm_jobs.py)."""
     folder = data_dir() / "gpu"
-    if files is None:
-        found = sorted(folder.rglob("*throughput*.csv"))
-    else:
-        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
-    if not found:
-        return None, f"measured: no throughput tables under {folder}"
-    df = pd.concat([pd.read_csv(f) for f in found], ignore_index=True)
-    need = {"method", "batch_size", "tokens_per_s"}
-    if not need <= set(df.columns):
-        raise TraceError(f"throughput tables {found} need columns {sorted(need)}, have {sorted(df.columns)}")
-    for c, v in (("dataset", "synthetic-prompt"), ("model", "?")):
-        if c not in df.columns:
-            df[c] = v
-    key = ["model", "dataset", "batch_size"]
-    df = df.groupby(key + ["method"], as_index=False)["tokens_per_s"].mean()
-    base = df[df["method"] == "none"][key + ["tokens_per_s"]].rename(columns={"tokens_per_s": "base_tokens_per_s"})
-    out = df[df["method"] != "none"].merge(base, on=key)
+    found = sorted(folder.rglob("results.jsonl")) if files is None else \
+        [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    recs = []
+    for f in found:
+        for line in open(f):
+            if line.strip():
+                r = json.loads(line)
+                if r.get("kind") == "run":
+                    cfg = r.get("config") or {}
+                    r["synthetic_acceptance_length"] = cfg.get("synthetic_acceptance_length")
+                    r["load_format"] = cfg.get("load_format")
+                    r["source_file"] = str(f)
+                    recs.append(r)
+    return pd.DataFrame(recs), found
+
+
+def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None, str]:
+    """Measured end-to-end vLLM speedups: output tokens/s of each SD run ÷ the no-SD run (method ``none``) of the
+    same model and batch size, from the job results under ``data/gpu`` (``task='batches'``: the study's batching,
+    one prompt copied B times).
+
+    Returns (dataset, model, proposers, method, batch_size, speedup, tokens_per_s, base_tokens_per_s,
+    acceptance_length, weights) or None, and a provenance line. ``proposers`` labels each series with how its
+    acceptance came about (dummy weights accept almost nothing; vLLM's synthetic sampler imposes a length)."""
+    runs, found = _gpu_runs(files)
+    folder = data_dir() / "gpu"
+    if runs.empty or "task" not in runs or not (runs["task"] == task).any():
+        return None, f"measured: no vLLM throughput runs (task {task!r}) under {folder}"
+    d = runs[runs["task"] == task].copy()
+    d["tokens_per_s"] = d["output_tok_per_s"].astype(float)
+    key = ["model", "batch_size"]
+    base = (d[d["method"] == "none"].groupby(key, as_index=False)["tokens_per_s"].mean()
+            .rename(columns={"tokens_per_s": "base_tokens_per_s"}))
+    sd = d[d["method"] != "none"].copy()
+    sd["weights"] = np.where(sd["load_format"].astype(str) == "dummy", "dummy", "real")
+
+    def label(r):
+        if pd.notna(r.get("synthetic_acceptance_length")):
+            return f"{r['method']} (vLLM synthetic AL {r['synthetic_acceptance_length']:g})"
+        return f"{r['method']} ({r['weights']} weights)"
+
+    sd["proposers"] = sd.apply(label, axis=1)
+    sd = (sd.groupby(key + ["proposers", "method", "weights"], as_index=False)
+          .agg(tokens_per_s=("tokens_per_s", "mean"), acceptance_length=("acceptance_length", "mean")))
+    out = sd.merge(base, on=key)
     out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
-    out = out.rename(columns={"method": "proposers"})
-    return out, f"measured vLLM throughput: {_manifest_line(folder, found)}"
+    out["dataset"] = "study prompt (" + out["model"].astype(str) + ")"
+    return out.sort_values(key + ["proposers"]).reset_index(drop=True), \
+        f"measured vLLM throughput: {_manifest_line(folder, found)}"
 
 
 def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
@@ -686,3 +712,53 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     if "k" not in df.columns:
         raise TraceError(f"{p}: need a 'k' column, have {list(df.columns)}")
     return df, f"measured on CPU: {_manifest_line(p.parent, [p])}"
+
+
+# ---- live runs (GPU users; a few seconds on CPU with small settings) --------------------------------------
+
+
+def live_trace(backend: str, *, model: str | None = None, datasets: Sequence[str] | None = None,
+               proposers: Sequence[str] | None = None, n_requests: int = 4, max_new_tokens: int = 64,
+               k_max: int = 16, out: str | Path | None = None) -> Trace:
+    """Collect fresh acceptance traces now (``spec_repro.collect``) and return them.
+
+    ``backend="torch"`` decodes with the package's engine on CUDA when available, else CPU. ``backend="vllm"``:
+    per-position acceptance under greedy decoding is a property of the target's outputs, not of the engine, so
+    traces are profiled the same exact way (the torch engine on the GPU); vLLM's own acceptance counters are
+    compared with them in ``data/gpu`` (issue 4). Collection is resumable: finished requests are kept under
+    ``out`` (default: the cache)."""
+    if backend not in ("torch", "vllm"):
+        raise ValueError(f"unknown backend {backend!r}; use 'embedded', 'torch' or 'vllm'")
+    import torch
+
+    from .collect import collect
+    from .models import cache_root
+
+    model = model or "smollm2-135m"
+    datasets = list(datasets or ["code-edit", "sharegpt"])
+    props = list(proposers or ["ngram", "early-exit"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = Path(out) if out else cache_root() / "live_traces" / f"{model}_n{n_requests}_t{max_new_tokens}_k{k_max}"
+    paths = collect(model, datasets, n=n_requests, max_new_tokens=max_new_tokens, proposers=props, out=out,
+                    k_max=k_max, device=device, quiet=True)
+    t = Trace.concat(read_trace(p) for p in paths)
+    t.meta.update({"files": [str(p) for p in paths], "engine": f"spec_repro.engines.torch ({device}), live"})
+    return t
+
+
+def live_vllm_job(job: str, out: str | Path | None = None, timeout_s: float = 420) -> Path:
+    """Run one of the vLLM device jobs (``spec_repro.engines.vllm_jobs``, e.g. ``llama8b``) now, each engine in
+    its own process; returns the folder holding ``results.jsonl`` and ``steps_*.jsonl`` for ``gpu_speedups`` /
+    ``gpu_steps``. Needs vLLM and a GPU (the job fails with a clear message otherwise)."""
+    import subprocess
+    import sys
+
+    from .models import cache_root
+
+    out = Path(out) if out else cache_root() / "live_vllm" / job
+    out.mkdir(parents=True, exist_ok=True)
+    rc = subprocess.run([sys.executable, "-m", "spec_repro.engines.vllm_jobs", "run", job, "--out", str(out),
+                         "--timeout", str(timeout_s)]).returncode
+    if rc != 0:
+        print(f"vLLM job {job!r}: {rc} engine spec(s) failed; see {out / 'results.jsonl'}")
+    return out

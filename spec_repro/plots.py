@@ -148,10 +148,11 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
                          hue_order=[p for p in props if p in set(d["proposers"])])
         if measured is not None and len(measured):
             m = measured[measured["dataset"] == ds]
-            for p, g in m.groupby("proposers"):
+            styles = ["--", "-.", ":", (0, (5, 1))]
+            for i, (p, g) in enumerate(m.groupby("proposers")):
                 g = g.sort_values("batch_size")
-                ax.plot(g["batch_size"], g["speedup"], ls="--", marker="s", ms=6, color=color(p),
-                        label=f"{p} (measured)")
+                ax.plot(g["batch_size"], g["speedup"], ls=styles[i % len(styles)], marker="s", ms=5,
+                        color=color(p.split(" ")[0]), label=f"{p} (measured)")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         for lab, v in (paper_refs or {}).items():
             ax.axhline(v, color="0.5", lw=0.8, ls="--")
