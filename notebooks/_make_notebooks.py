@@ -144,7 +144,8 @@ rate.pivot_table(index=["dataset", "proposer"], columns="draft_position", values
          "will be accepted (up to the trace's k_max), as the study reports it."),
     (code, '''per_req = A.tokens_per_step_per_request(trace, k=None, proposers=props)
 spread = A.tokens_per_step_spread(trace, k=None, percentiles=(5, 50, 95), proposers=props)
-fig = P.tokens_per_step_spread(per_req, paper={"eagle": (2.7, 7.4), "ngram": (1.1, 15.0), "draft": (5.6, 18.3)},
+paper = {"eagle": (2.7, 7.4), "early-exit": (2.7, 7.4), "ngram": (1.1, 15.0), "draft": (5.6, 18.3)}  # early-exit: EAGLE's role
+fig = P.tokens_per_step_spread(per_req, paper=paper, paper_dataset=A.focus_dataset(per_req["dataset"]),
                                source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_tokens_per_step_spread", figures_dir)
 spread.round(2)'''),

@@ -271,11 +271,12 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
 
 
 def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
-                           paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle"):
+                           paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle",
+                           paper_dataset: str | None = None):
     """Per-request tokens per step (``analysis.tokens_per_step_per_request``): box = 25-75th percentile,
     whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
     props = sorted(per_request["proposer"].unique())
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * per_request["dataset"].nunique() + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(7.5, 2.0 * per_request["dataset"].nunique() + 4), 3.8))
     sns.boxplot(data=per_request, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props,
                 palette=palette_for(props), whis=(5, 95), fliersize=1.5, ax=ax)
     ax.set_yscale("log")
@@ -285,11 +286,19 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
     yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
     ax.set_yticks(yt)
     ax.set_yticklabels([f"{v:g}" for v in yt])
-    ax.legend(fontsize=8, title="proposer", title_fontsize=8)
-    if paper:
-        txt = "paper (InstructCoder, Llama-3-70B) 5th-95th: " + "; ".join(
-            f"{p} {lo:g}-{hi:g}" for p, (lo, hi) in paper.items())
-        fig.text(0.01, 1.0, txt, fontsize=7.5, color="0.3")
+    datasets = [t.get_text() for t in ax.get_xticklabels()]
+    if paper and paper_dataset in datasets:
+        # the paper's 5th-95th range as a black I-beam right of the matching box (InstructCoder's analogue only)
+        i, n, drawn = datasets.index(paper_dataset), len(props), False
+        for j, p in enumerate(props):
+            if p in paper:
+                lo, hi = paper[p]
+                x = i - 0.4 + (j + 1) * 0.8 / n - 0.02
+                ax.vlines(x, lo, hi, color="k", lw=1.6, label=None if drawn else "paper 5th-95th (InstructCoder, 70B)")
+                ax.hlines([lo, hi], x - 0.03, x + 0.03, color="k", lw=1.6)
+                drawn = True
+    ax.legend(fontsize=8, title="proposer", title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5),
+              frameon=False)
     ax.set_title(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
     _caption(fig, source)
     fig.tight_layout()
