@@ -76,11 +76,17 @@ def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str
     return files
 
 
+#: The model the study's published traces were measured with (its JSON lines do not say).
+PUBLISHED_MODEL = "Llama-3.1-8B-Instruct (published trace)"
+
+
 def load_traces(traces=None, *, model: str | None = None, datasets: Sequence[str] | None = None,
-                **read_kw) -> Trace:
-    """Read and concatenate the trace files ``trace_files`` resolves (parquet or published JSON lines)."""
+                published_model: str = PUBLISHED_MODEL) -> Trace:
+    """Read and concatenate the trace files ``trace_files`` resolves (parquet or published JSON lines; the
+    latter are labelled with ``published_model``)."""
     files = trace_files(traces, model=model, datasets=datasets)
-    t = Trace.concat(read_trace(f, **read_kw) for f in files)
+    t = Trace.concat(read_trace(f, model=published_model) if f.suffix in (".jsonl", ".json") else read_trace(f)
+                     for f in files)
     t.meta["files"] = [str(f) for f in files]
     return t
 
