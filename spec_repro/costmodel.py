@@ -27,6 +27,7 @@ A preset is a JSON file (see ``spec_repro/presets/``)::
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -39,8 +40,13 @@ __all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PR
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DRAFTER_KINDS = ("linear", "fraction", "per_token")
-# proposer names that mean the same drafter (trace proposer names vs. step-table method names)
-_ALIASES = {"draft": "draft_model", "draft_model": "draft", "eagle-3": "eagle3", "ngram": "n-gram", "n-gram": "ngram"}
+
+
+def _name_key(name: str) -> str:
+    """Proposer names that mean the same drafter compare equal: trace names (``early-exit``, ``draft``) vs.
+    step-table method names (``early_exit``, ``draft_model``), case and punctuation ignored."""
+    k = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    return k[:-5] if k.endswith("model") and len(k) > 5 else k
 
 
 class CostModelError(ValueError):
@@ -117,9 +123,9 @@ class CostModel:
     def drafter(self, proposer: str) -> Drafter:
         if proposer in self.drafters:
             return self.drafters[proposer]
-        alias = _ALIASES.get(proposer)
-        if alias in self.drafters:
-            return self.drafters[alias]
+        same = [k for k in self.drafters if _name_key(k) == _name_key(proposer)]
+        if same:
+            return self.drafters[same[0]]
         raise CostModelError(f"cost model {self.name!r} has no drafting model for proposer {proposer!r}; "
                              f"it has {sorted(self.drafters)} (add one to the preset or fit it)")
 

@@ -49,6 +49,14 @@ speedup, sd_tokens_per_s, base_tokens_per_s, mean_tokens_per_step (tokens produc
 simulated acceptance length), verify_share / draft_share / overhead_share (shares of SD time in target forwards,
 prefill included, in drafting, in per-step overhead; they sum to 1), sd_time_s / base_time_s (duplicate: mean
 over batches of the request latency; mixed: makespan), n_tokens (sum of L).
+
+Known differences from the released simulator (github.com/SpecDecode-Bench/simulator), all deliberate:
+n-gram match draws are per (request, position) from a per-request seed, shared by a duplicated batch's copies
+(released: Python's global ``random`` stream, one draw per copy and step); EAGLE's drafting uses the KV size at
+the start of the step for every copy (released: the running count, already raised by earlier copies in the same
+step; the difference is below c_kv_draft * B * 21 tokens, < 0.3% of D_e at B = 128); L = the shortest proposer
+array also for one-proposer runs on combined files (released: that proposer's own array). Every eligible
+request is used unless ``sample`` is given (released: 300 sampled with seed 42).
 """
 from __future__ import annotations
 
