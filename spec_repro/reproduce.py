@@ -72,8 +72,9 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
               figures_dir: str | Path | None = None, notebooks: Sequence[str] | None = None,
               parameters: Mapping | None = None, kernel_name: str | None = None, progress: bool = True,
               timeout_s: int | None = 1800) -> tuple[list[NotebookResult], pd.DataFrame]:
-    """Run the notebooks; returns per-notebook results and the summary table (also written to ``out_dir``
-    as ``summary.md`` and ``summary.csv``; executed notebooks go to ``out_dir/notebooks``)."""
+    """Run the notebooks; returns per-notebook results and the summary table (written to ``out_dir`` as
+    ``summary.md`` and ``summary.csv``, and beside the figures as ``SUMMARY.md``/``summary.csv``; executed
+    notebooks go to ``out_dir/notebooks``)."""
     import papermill as pm
     from tqdm.auto import tqdm
 
@@ -124,4 +125,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
     (out / "summary.md").write_text(md)
+    # A copy next to the figures, so the committed figures/ folder carries the table that goes with them.
+    (fig_dir / "SUMMARY.md").write_text(md)
+    table.to_csv(fig_dir / "summary.csv", index=False)
     return results, table
