@@ -607,7 +607,7 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
 
 def _manifest_line(folder: Path, files: Sequence[Path]) -> str:
     """A one-line provenance from ``folder/manifest.json`` entries that mention the files (or all entries)."""
-    man = folder / "manifest.json"
+    man = next((folder / n for n in ("MANIFEST.json", "manifest.json") if (folder / n).exists()), folder / "manifest.json")
     if not man.exists():
         return f"files {', '.join(f.name for f in files)} (no manifest.json)"
     data = json.loads(man.read_text())
@@ -707,6 +707,8 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     if not p.exists():
         return None, f"measured: no verify-cost table at {p}"
     df = pd.read_csv(p)
+    if "ratio" not in df.columns and "ratio_to_1_token" in df.columns:
+        df["ratio"] = df["ratio_to_1_token"]
     if "ratio" not in df.columns:
         pairs = [("t_k1", "t_1"), ("seconds_k1", "seconds_1"), ("t_kplus1", "t_1")]
         for a, b in pairs:
@@ -717,7 +719,16 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
             raise TraceError(f"{p}: need a 'ratio' column or time columns {pairs}, have {list(df.columns)}")
     if "k" not in df.columns:
         raise TraceError(f"{p}: need a 'k' column, have {list(df.columns)}")
-    return df, f"measured on CPU: {_manifest_line(p.parent, [p])}"
+    src = f"measured on CPU: {_manifest_line(p.parent, [p])}"
+    man = p.parent / "MANIFEST.json"
+    if man.exists():
+        e = json.loads(man.read_text()).get(p.name, {})
+        if e.get("weight_bytes") and "median_s" in df and (df["k"] == 0).any():
+            t1 = float(df.loc[df["k"] == 0, "median_s"].iloc[0])
+            src += (f"; model {e.get('model', '?')}, KV cache {e.get('kv_len', '?')} tokens, "
+                    f"{e.get('torch_threads', '?')} threads: a 1-token step ({t1 * 1e3:.1f} ms) reads "
+                    f"{e['weight_bytes'] / 1e6:.0f} MB of weights = {e['weight_bytes'] / t1 / 1e9:.1f} GB/s")
+    return df, src
 
 
 # ---- live runs (GPU users; a few seconds on CPU with small settings) --------------------------------------
