@@ -146,7 +146,7 @@ nb("03_acceptance_behavior", "Finding 3: acceptance varies by position, by reque
          "SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling of "
          "each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with vLLM: "
          "compare shapes (spread, ordering, overlap dependence), not magnitudes."),
-    (code, '''by_pos = A.acceptance_by_output_position(trace, k=k, bin_size=bin_size, proposers=props)
+    (code, '''by_pos = A.acceptance_by_output_position(trace, k=k, bin_size=bin_size, proposers=props, min_requests=5)
 fig = P.acceptance_by_position(by_pos, k=k, source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_acceptance_by_output_position", figures_dir)'''),
     (code, '''rate = A.acceptance_by_draft_position(trace, k=k, proposers=props)

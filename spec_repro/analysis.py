@@ -119,12 +119,13 @@ def _groups(trace: Trace, proposers: Sequence[str] | None):
 
 
 def acceptance_by_output_position(trace: Trace, k: int | None = 3, bin_size: int = 16,
-                                  proposers: Sequence[str] | None = None, max_position: int | None = None
-                                  ) -> pd.DataFrame:
+                                  proposers: Sequence[str] | None = None, max_position: int | None = None,
+                                  min_requests: int = 1) -> pd.DataFrame:
     """Mean tokens one step would produce (accepted + 1, capped at k + 1) by output position.
 
-    Positions are grouped in bins of ``bin_size`` tokens. Returns dataset, model, proposer, position (the
-    bin's start), tokens_per_step (mean over every request and position in the bin), n (rows in the bin)."""
+    Positions are grouped in bins of ``bin_size`` tokens; bins reached by fewer than ``min_requests`` requests
+    are dropped (late positions exist only in long outputs). Returns dataset, model, proposer, position (the
+    bin's start), tokens_per_step (mean over every request and position in the bin), n (rows), n_requests."""
     acc = trace.acc
     if proposers is not None:
         acc = acc[acc["proposer"].isin(trace.check_proposers(proposers))]
@@ -135,8 +136,9 @@ def acceptance_by_output_position(trace: Trace, k: int | None = 3, bin_size: int
         a = a.clip(upper=k + 1)
     df = acc.assign(tokens_per_step=a, position=(acc["position"] // bin_size) * bin_size)
     out = (df.groupby(["dataset", "model", "proposer", "position"], observed=True)
-           .agg(tokens_per_step=("tokens_per_step", "mean"), n=("tokens_per_step", "size")).reset_index())
-    return out
+           .agg(tokens_per_step=("tokens_per_step", "mean"), n=("tokens_per_step", "size"),
+                n_requests=("request_id", "nunique")).reset_index())
+    return out[out["n_requests"] >= min_requests].reset_index(drop=True)
 
 
 def acceptance_by_draft_position(trace: Trace, k: int = 3, proposers: Sequence[str] | None = None

@@ -68,6 +68,10 @@ def test_acceptance_by_output_position_bins_and_caps():
     df = A.acceptance_by_output_position(t, k=3, bin_size=2)
     got = df.set_index("position")["tokens_per_step"].to_dict()
     assert got == {0: pytest.approx((4 + 4 + 2 + 2) / 4), 2: pytest.approx((1 + 1 + 2 + 2) / 4)}
+    # a bin only one request reaches is dropped with min_requests=2
+    t2 = _trace({"r0": {"ngram": [2] * 6}, "r1": {"ngram": [2] * 2}})
+    df2 = A.acceptance_by_output_position(t2, k=3, bin_size=2, min_requests=2)
+    assert df2["position"].tolist() == [0]
 
 
 def test_bleu_identical_vs_disjoint_text():
