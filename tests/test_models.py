@@ -103,6 +103,8 @@ def test_offline_hf_id_error_names_model_and_remedy(monkeypatch, tmp_path):
     msg = str(e.value)
     assert "some-org/some-model-that-is-not-cached" in msg and "huggingface-cli download" in msg
     assert "smollm2-135m" in msg
+    with pytest.raises(models.ModelError, match="'smollm2-135m' is an embedded GGUF of this very checkpoint"):
+        models.load("HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def test_registry_pins_full_sha256s():

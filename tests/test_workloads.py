@@ -113,7 +113,7 @@ def tokenizer():
 
     from spec_repro import models
 
-    return AutoTokenizer.from_pretrained(models._convert("smollm2-135m", quiet=True))
+    return AutoTokenizer.from_pretrained(models.convert("smollm2-135m", quiet=True))
 
 
 @pytest.mark.slow
