@@ -132,7 +132,9 @@ class Trace:
         Every proposer's array of a request is cut to the shortest one (L = the shortest, as the study does).
         ``k_max`` defaults to max(acc_len) - 1 over the whole trace. Requests with an empty array are skipped
         (their ids are listed in ``meta['skipped_empty']``)."""
-        rows, reqs, skipped = [], [], []
+        cols: dict[str, list] = {c: [] for c in ("request_id", "proposer", "position", "acc_len", "draft_len",
+                                                  "prompt_len", "output_len")}
+        reqs, skipped = [], []
         for rid, per_prop in arrays.items():
             if not per_prop:
                 raise TraceError(f"request {rid!r}: no proposer arrays")
@@ -146,23 +148,26 @@ class Trace:
             P = int(prompt_lens[rid])
             for prop, a in per_prop.items():
                 arr = _check_acc_array(a, f"request {rid!r}, proposer {prop!r}")[:L]
-                dl = None
+                dl = np.full(L, -1, dtype=np.int64)
                 if draft_lens is not None and prop in draft_lens.get(rid, {}):
                     dl = np.asarray(draft_lens[rid][prop], dtype=np.int64)[:L]
                     if len(dl) != L:
                         raise TraceError(f"request {rid!r}, proposer {prop!r}: draft_len length {len(dl)} != {L}")
-                rows.append(pd.DataFrame({
-                    "request_id": str(rid), "dataset": dataset, "model": model, "proposer": prop,
-                    "position": np.arange(L, dtype=np.int32), "acc_len": arr,
-                    "draft_len": pd.array(dl if dl is not None else [pd.NA] * L, dtype="Int16"),
-                    "prompt_len": P, "output_len": L,
-                }))
+                for c, v in (("request_id", [str(rid)] * L), ("proposer", [prop] * L),
+                             ("position", np.arange(L)), ("acc_len", arr), ("draft_len", dl),
+                             ("prompt_len", np.full(L, P)), ("output_len", np.full(L, L))):
+                    cols[c].append(v)
             info = dict(request_info.get(rid, {})) if request_info else {}
             reqs.append({"request_id": str(rid), "dataset": dataset, "model": model, "prompt_len": P,
                          "output_len": L, **{k: v for k, v in info.items() if k in REQ_OPTIONAL}})
-        if not rows:
+        if not reqs:
             raise TraceError(f"no request with a non-empty acceptance array ({len(skipped)} empty)")
-        acc = pd.concat(rows, ignore_index=True)
+        flat = {c: np.concatenate(v) for c, v in cols.items()}
+        dl = pd.Series(flat.pop("draft_len")).astype("Int16")
+        dl[dl < 0] = pd.NA
+        acc = pd.DataFrame({"request_id": flat.pop("request_id"), "dataset": dataset, "model": model,
+                            "proposer": flat.pop("proposer"), **flat})
+        acc.insert(acc.columns.get_loc("prompt_len"), "draft_len", dl.to_numpy())
         kmax = int(acc["acc_len"].max()) - 1 if k_max is None else int(k_max)
         if kmax < 1:
             kmax = 1
@@ -304,13 +309,18 @@ class Trace:
 
 # ---- published JSON-lines reader -------------------------------------------------------------------------
 def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model: str = "unknown",
-                         proposer: str | None = None, k_max: int | None = None) -> Trace:
+                         proposer: str | None = None, k_max: int | None = None, strict: bool = False) -> Trace:
     """Read the study's published trace format (one JSON object per line).
 
     Keys: ``id``, ``prompt_token_ids``, ``generated_token_ids`` and per proposer ``acc_<name>`` (e.g.
     ``acc_ngram``, ``acc_eagle``) or a single ``acc``, each an object whose ``acc_len`` is a list of ints (or that
     list as a JSON string). A single ``acc`` needs ``proposer=`` unless the file name names one proposer.
-    Requests whose arrays are empty are skipped; every other deviation raises TraceError with the line number."""
+    Requests whose arrays are empty are skipped; every other deviation raises TraceError with the line number.
+
+    In the released files, ``acc_ngram`` has one entry per generated token but ``acc_eagle`` often has more or
+    fewer (EAGLE's own run generated a different output): L is the shortest array, as the study takes it. Such
+    requests are counted in ``meta['length_mismatch']``; ``strict=True`` makes any array whose length differs
+    from ``generated_token_ids`` by more than one an error instead."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such trace file")
@@ -318,6 +328,7 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
     arrays: dict[str, dict[str, list[int]]] = {}
     prompt_lens: dict[str, int] = {}
     info: dict[str, dict] = {}
+    mismatched = 0
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -348,10 +359,12 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             if not per_prop:
                 raise TraceError(f"{where}: no acceptance key ('acc', 'acc_ngram', 'acc_eagle', ...)")
             if isinstance(gen, list) and gen:
-                for name, a in per_prop.items():
-                    if a and abs(len(a) - len(gen)) > 1:
-                        raise TraceError(f"{where}: length mismatch, {len(a)} acceptance entries for "
-                                         f"{len(gen)} generated tokens ({name})")
+                off = {n: len(a) for n, a in per_prop.items() if a and abs(len(a) - len(gen)) > 1}
+                if off and strict:
+                    name, n = next(iter(off.items()))
+                    raise TraceError(f"{where}: length mismatch, {n} acceptance entries for "
+                                     f"{len(gen)} generated tokens ({name})")
+                mismatched += bool(off)
             for name, a in per_prop.items():
                 _check_acc_array(a, f"{where}: {name}", allow_empty=True)
             arrays[rid] = per_prop
@@ -361,7 +374,8 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
         raise TraceError(f"{path}: empty trace file")
     try:
         return Trace.from_arrays(arrays, prompt_lens=prompt_lens, dataset=dataset, model=model, k_max=k_max,
-                                 request_info=info, meta={"source": str(path), "format": "published-jsonl"})
+                                 request_info=info, meta={"source": str(path), "format": "published-jsonl",
+                                                          "length_mismatch": mismatched})
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from e
 
@@ -445,6 +459,14 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
         dl = out["draft_len"]
         if ((dl < 0) | (dl > out["k_max"])).fillna(False).any():
             raise TraceError("acc: draft_len must lie in 0..k_max")
+        g = out.groupby(["dataset", "model", "request_id", "proposer"], observed=True)
+        stats = g.agg(n=("position", "size"), lo=("position", "min"), hi=("position", "max"),
+                      L=("output_len", "first"), u=("position", "nunique"))
+        bad = stats[(stats.lo != 0) | (stats.hi != stats.n - 1) | (stats.u != stats.n) | (stats.L != stats.n)]
+        if len(bad):
+            key, r = bad.index[0], bad.iloc[0]
+            raise TraceError(f"acc: length mismatch for {key}: positions {r.lo}..{r.hi} ({r.n} rows, "
+                             f"{r.u} distinct) but output_len = {r.L}; positions must be 0..output_len-1")
     return out.reset_index(drop=True)
 
 
