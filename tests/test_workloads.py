@@ -31,6 +31,7 @@ def test_counts_and_manifest():
     assert len(recs) == man["records"] == man["recovered_conversations"] - man["skipped_without_human_turn"]
     assert len({r["id"] for r in recs}) == len(recs)
     for name in ("sharegpt", "humaneval", "mt-bench", "champ", "code-edit"):
+        W.records(name)
         d = W.describe(name)
         assert len(d["wheel_sha256"]) == 64 and d["license"] and all(len(h) == 64 for h in d["members"].values())
 
