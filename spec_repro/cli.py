@@ -110,6 +110,9 @@ def _add_reproduce(sub):
     p.add_argument("--figures", default=None, help="figure directory (default: the repo's figures/)")
     p.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
                    help="run only these notebooks (names without .ipynb)")
+    p.add_argument("--traces", nargs="+", default=None, metavar="FILE",
+                   help="acceptance traces for the trace notebooks instead of the committed ones: ours (.parquet) "
+                        "or the study's published JSON lines (combined_<dataset>.jsonl); 02 ignores them")
     p.set_defaults(func=_run_reproduce)
     return p
 
@@ -119,7 +122,9 @@ def _run_reproduce(args):
 
     from .reproduce import reproduce
 
-    results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only)
+    params = {"traces": [str(Path(t).resolve()) for t in args.traces]} if args.traces else None
+    results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
+                               parameters=params)
     out = Path(args.out)
     for r in results:
         status = "ok    " if r.ok else "FAILED"
