@@ -196,6 +196,8 @@ def _add_collect(sub):
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="data/traces")
     p.add_argument("--force", action="store_true", help="redo workloads whose trace file exists")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (1 is much faster than the default on a CPU shared with other jobs)")
     p.set_defaults(func=_run_collect)
     return p
 
@@ -203,6 +205,10 @@ def _add_collect(sub):
 def _run_collect(args):
     from .collect import collect
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         paths = collect(args.model, args.workloads, n=args.n, max_new_tokens=args.max_new_tokens,
                         proposers=args.proposers, out=args.out, k_max=args.k_max, batch_size=args.batch_size,
@@ -224,6 +230,7 @@ def _add_cpu_verify_cost(sub):
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="data/cpu/verify_cost.csv")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_run_cpu_verify_cost)
     return p
 
@@ -237,6 +244,8 @@ def _run_cpu_verify_cost(args):
     from .engines.torch import measure_verify_cost, weight_bytes
     from .provenance import record
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         model, _ = models.load(args.model, device=args.device)
     except (ValueError, RuntimeError) as e:

@@ -86,7 +86,7 @@ def _model_provenance(name: str) -> dict:
 def _workload_provenance(name: str) -> dict:
     from . import workloads
 
-    fn = getattr(workloads, "info", None)
+    fn = getattr(workloads, "describe", None) or getattr(workloads, "info", None)
     if fn is not None:
         try:
             return {"workload_source": fn(name)}

@@ -7,10 +7,13 @@ count is the length of the prefix of the drafts equal to those tokens, so for ev
 
 * n-gram: the vLLM prompt-lookup proposal for the true context with k = k_max (``draft_len`` = its length, 0
   where no n-gram recurs); a smaller k proposes a prefix of it, so ``min(acc_len - 1, k)`` is exact for any k.
-* draft model / early exit (chain drafting): ONE teacher-forced pass of the drafter over prompt + output gives
+* draft model (chain drafting): ONE teacher-forced pass of the drafter over prompt + output gives
   its argmax g_j after every output token o_j. The chain from q drafts g_q; if g_q = o_{q+1} the next draft is
   the drafter's argmax after o_{q+1}, i.e. g_{q+1}, and so on: accepted = the run of consecutive j >= q with
   g_j = o_{j+1}, capped at k_max.
+* early exit of the target (first N layers + final norm + LM head): the same chain rule; g_j is read out of
+  the greedy decode itself (the hidden state after layer N of o_j's pass), since the self-draft's KV cache
+  equals the target's first N layers'. No extra pass.
 
 Accepted counts never run past the end of the output (the last position has acc_len 1). ``acc_len`` = accepted
 + 1, as in the study's traces. Numbers equal a real engine run's up to float ties between the batched decode,
@@ -26,6 +29,7 @@ import torch
 
 from .engines.torch import generate
 from .proposers import Proposer
+from .proposers.early_exit import EarlyExitProposer
 from .proposers.ngram import NgramProposer, ngram_lookup_all
 from .traces import Trace
 
@@ -115,12 +119,15 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
     if k_max < 1:
         raise ValueError("k_max must be >= 1")
     reqs = [_req_fields(r, i, dataset) for i, r in enumerate(requests)]
+    # early exits of the target itself are read out during the greedy decode (no extra pass)
+    taps = {name: p.layers for name, p in proposers.items()
+            if isinstance(p, EarlyExitProposer) and p.target is target}
     for b in range(0, len(reqs), batch_size):
         batch = reqs[b: b + batch_size]
         res = generate(target, [r[2] for r in batch], max_new_tokens=max_new_tokens,
-                       eos_token_ids=eos_token_ids, progress=progress)
+                       eos_token_ids=eos_token_ids, progress=progress, exit_layers=sorted(set(taps.values())))
         out = []
-        for (rid, ds, prompt, ptext), o in zip(batch, res.output_ids):
+        for j, ((rid, ds, prompt, ptext), o) in enumerate(zip(batch, res.output_ids)):
             prof = RequestProfile(rid, ds, prompt, list(o), prompt_text=ptext,
                                   decode_s=res.wall_s / len(batch))
             if tokenizer is not None:
@@ -128,6 +135,9 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
             for name, p in proposers.items():
                 if isinstance(p, NgramProposer):
                     acc, dl = ngram_acceptance(prompt, o, k_max, p.min_n, p.max_n)
+                elif name in taps:
+                    acc = chain_acceptance(res.meta["exit_argmax"][taps[name]][j], o, k_max)
+                    dl = np.full(len(o), k_max)
                 else:
                     acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, o), o, k_max)
                     dl = np.full(len(o), k_max)

@@ -109,11 +109,15 @@ class KVState:
                 "lens": lens, "chunks": [list(c) for c in chunks]}
 
     @torch.no_grad()
-    def forward(self, prep: dict, logits: str = "all") -> torch.Tensor:
+    def forward(self, prep: dict, logits: str = "all", hidden_layers: Sequence[int] = ()) -> torch.Tensor:
         """Run the model on a prepared chunk; returns logits (B, m, V) (``"all"``) or (B, V) at each row's
-        last fed token (``"last"``), half precision upcast to float32. Updates the cache, slot validity and token lists."""
+        last fed token (``"last"``), half precision upcast to float32. Updates the cache, slot validity and
+        token lists. ``hidden_layers``: keep the hidden states after these decoder layers in
+        ``self.last_hidden[layer]`` (B, m, H), for early-exit read-outs."""
+        kw = {"output_hidden_states": True} if hidden_layers else {}
         out = self.decoder(input_ids=prep["ids"], attention_mask=prep["mask"], position_ids=prep["pos"],
-                           use_cache=True, **{self._cache_kw: self.cache})
+                           use_cache=True, **{self._cache_kw: self.cache}, **kw)
+        self.last_hidden = {int(n): out.hidden_states[int(n)] for n in hidden_layers}
         h = out.last_hidden_state
         if logits == "last":
             idx = torch.as_tensor([max(n - 1, 0) for n in prep["lens"]], device=h.device)
@@ -207,17 +211,28 @@ class GenerationResult:
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, proposer=None, k: int = 3,
              eos_token_ids: Iterable[int] | None = None, model_name: str = "model", run_id: str | None = None,
-             progress=None) -> GenerationResult:
+             progress=None, exit_layers: Sequence[int] = ()) -> GenerationResult:
     """Greedy (``proposer=None``) or greedy chain speculative decoding of a batch of prompts.
 
     ``proposer``: an object of :mod:`spec_repro.proposers` (``start``/``propose``/``select``), ``k`` its draft
-    length per step. ``eos_token_ids`` default: the model's. Returns a :class:`GenerationResult`."""
+    length per step. ``eos_token_ids`` default: the model's. Returns a :class:`GenerationResult`.
+
+    ``exit_layers`` (plain greedy only): also read out, for every fed output token, the argmax of the target's
+    final norm + LM head applied to the hidden state after each of these layers -- exactly what an early-exit
+    self-draft of that depth would draft next (its KV cache equals the target's first layers'), at the cost
+    of one LM-head product per token. Stored in ``result.meta["exit_argmax"][layer][request]``."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     if proposer is not None and k < 1:
         raise ValueError("k must be >= 1 with a proposer")
+    if exit_layers and proposer is not None:
+        raise ValueError("exit_layers read-outs need plain greedy decoding (proposer=None)")
+    exit_layers = [int(n) for n in exit_layers]
+    exit_argmax = {n: [[] for _ in prompts] for n in exit_layers}
+    if exit_layers:
+        final_norm = model.get_decoder().norm
     eos = set(eos_ids_of(model) if eos_token_ids is None else eos_token_ids)
     state = KVState(model)
     dev = state.device
@@ -274,10 +289,14 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         prep = state.prepare(chunks)
         _sync(dev)
         t2 = time.perf_counter()
-        logits = state.forward(prep, logits="all")
+        logits = state.forward(prep, logits="all", hidden_layers=exit_layers)
         _sync(dev)
         t3 = time.perf_counter()
         greedy = logits.argmax(dim=-1).tolist()  # (rows, m)
+        for n in exit_layers:
+            ex = state.head(final_norm(state.last_hidden[n][:, 0])).argmax(dim=-1).tolist()
+            for r, i in enumerate(active):
+                exit_argmax[n][i].append(int(ex[r]))
         keep, still, acc_list = [], [], []
         n_draft = n_acc = 0
         for r, (i, d) in enumerate(zip(active, drafts)):
@@ -319,7 +338,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     wall = time.perf_counter() - t_start
     steps_df = pd.DataFrame(steps)
     ev = pd.DataFrame(events, columns=["request", "step", "position", "draft_len", "accepted", "produced"])
-    return GenerationResult(outputs, steps_df, ev, wall, {"run_id": run_id, "method": method, "k": k_eff})
+    meta = {"run_id": run_id, "method": method, "k": k_eff}
+    if exit_layers:
+        meta["exit_argmax"] = exit_argmax
+    return GenerationResult(outputs, steps_df, ev, wall, meta)
 
 
 @torch.no_grad()

@@ -58,4 +58,5 @@ class EarlyExitProposer(DraftModelProposer):
 
     def __init__(self, target, layers: int | None = None):
         self.layers = int(layers) if layers is not None else default_exit_layer(target)
+        self.target = target
         super().__init__(early_exit_view(target, self.layers))
