@@ -64,12 +64,12 @@ import random
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .costmodel import CostModel, CostModelError, Drafter, load_cost_model
+from .costmodel import CostModel, CostModelError, load_cost_model
 from .traces import Trace, TraceError
 
 try:

@@ -12,6 +12,7 @@ import random
 import zlib
 
 import numpy as np
+import pandas as pd
 
 MATCH_PROB = {"sharegpt": 0.2, "cnn": 0.4, "cnndailymail": 0.4, "cnndm": 0.4, "gsm8k": 0.2, "instructcoder": 0.8}
 
@@ -27,7 +28,7 @@ def request_table(trace, proposers):
             if len(r) == 0:
                 break
             per[q] = [int(x) for x in r["acc_len"]]
-            dls[q] = [None if x is None or x is np.nan or str(x) == "<NA>" else int(x) for x in r["draft_len"]]
+            dls[q] = [None if pd.isna(x) else int(x) for x in r["draft_len"]]
         if len(per) < len(proposers):
             continue
         L = min(len(v) for v in per.values())

@@ -80,6 +80,6 @@ def test_console_script(tmp_path):
     out = tmp_path / "o.csv"
     r = subprocess.run([sys.executable, "-m", "spec_repro.cli", "simulate", "--traces", str(FIX / "combined_cnn.jsonl"),
                         "--proposers", "eagle", "--policy", "oracle", "--batch-sizes", "1", "128", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert len(pd.read_csv(out)) == 2 and "speedup" in r.stdout
