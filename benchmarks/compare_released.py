@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 from spec_repro.simulate import simulate
-from spec_repro.traces import TraceError, read_trace
+from spec_repro.traces import read_trace
 
 
 def _read(path: Path, tmp: Path, proposer: str | None = None):
-    """Read a published file (optionally one proposer of it). Falls back to dropping generated_token_ids when the
-    reader rejects a length mismatch (the published files have arrays longer/shorter than their outputs)."""
+    """Read a published file, or a one-proposer copy of it (the released code takes L from that proposer's own
+    array, while a combined trace here has L = the shortest array)."""
     src = path
     if proposer is not None:
         src = tmp / f"{proposer}_{path.name}"
@@ -43,18 +43,7 @@ def _read(path: Path, tmp: Path, proposer: str | None = None):
     kw = {"dataset": path.stem.removeprefix("combined_"), "model": "Llama-3.1-8B-Instruct"}
     if proposer:
         kw["proposer"] = proposer
-    try:
-        return read_trace(src, **kw), ""
-    except TraceError as e:
-        if "length mismatch" not in str(e):
-            raise
-    stripped = tmp / f"nogen_{src.name}"
-    with open(src) as f, open(stripped, "w") as g:
-        for line in f:
-            r = json.loads(line)
-            r["generated_token_ids"] = []
-            g.write(json.dumps(r) + "\n")
-    return read_trace(stripped, **kw), " (read with generated_token_ids dropped: reader's length check)"
+    return read_trace(src, **kw), ""
 
 
 def main() -> None:
