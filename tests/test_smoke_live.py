@@ -1,0 +1,48 @@
+"""Live smoke of the whole embedded path: fetch the real SmolLM2-135M (model cache reused across runs), load
+two real code-edit requests, decode 16 tokens each, profile n-gram + early-exit, write and re-read the trace.
+Also checks that an interrupted collection resumes without redoing finished requests."""
+import json
+
+import pytest
+
+import spec_repro.collect as collect_mod
+from spec_repro import models
+from spec_repro.traces import read_trace
+
+
+@pytest.mark.slow
+def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
+    assert models.fetch("smollm2-135m").exists()
+    real = collect_mod.profile_requests
+    seen = []
+
+    def interrupted(target, todo, *a, **kw):
+        for batch in real(target, todo, *a, **kw):
+            yield batch
+            raise KeyboardInterrupt  # killed after the first finished request
+
+    monkeypatch.setattr(collect_mod, "profile_requests", interrupted)
+    kw = dict(n=2, max_new_tokens=16, proposers=("ngram", "early-exit"), out=tmp_path, batch_size=1, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        collect_mod.collect("smollm2-135m", ["code-edit"], **kw)
+    part = collect_mod.partial_path(tmp_path, "smollm2-135m", "code-edit")
+    assert len(part.read_text().splitlines()) == 1
+    assert not collect_mod.trace_path(tmp_path, "smollm2-135m", "code-edit").exists()
+
+    def counting(target, todo, *a, **kw):
+        seen.extend(r.id for r in todo)
+        yield from real(target, todo, *a, **kw)
+
+    monkeypatch.setattr(collect_mod, "profile_requests", counting)
+    (path,) = collect_mod.collect("smollm2-135m", ["code-edit"], **kw)
+    assert len(seen) == 1  # the finished request was not decoded again
+    assert path.name == "smollm2-135m__code-edit.parquet" and not part.exists()
+
+    t = read_trace(path)
+    assert t.proposers == ["early-exit", "ngram"] and t.datasets == ["code-edit"] and len(t.requests) == 2
+    assert (t.requests.output_len <= 16).all() and (t.requests.output_len >= 1).all()
+    assert t.requests.prompt_text.str.len().min() > 0 and t.requests.output_text.notna().all()
+    assert (t.acc.k_max == 16).all()
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
+    assert man["model_file_sha256"] == models.spec("smollm2-135m").gguf_sha256
+    assert man["workload"] == "code-edit" and man["n_requests"] == 2 and "versions" in man and "machine" in man
