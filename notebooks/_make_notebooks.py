@@ -28,8 +28,8 @@ else:  # a live run: the library collects fresh traces with the chosen engine, t
     trace = A.live_trace(backend, model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
                          max_new_tokens=live_max_new_tokens)
 props = proposers or trace.proposers
-SOURCE = A.trace_provenance(trace)
-print(SOURCE)'''
+print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files
+SOURCE = A.short_source(trace)     # the one-line version used in captions and the summary table'''
 
 
 GPU_PARAMS = '''# Parameters (papermill). Defaults read the committed measurements; nothing runs live.

@@ -387,6 +387,19 @@ def describe_source(trace: Trace) -> str:
             f"requests per dataset {ds}; {fmt} traces")
 
 
+def short_source(trace: Trace) -> str:
+    """A one-line source for captions and the summary table: model, requests per dataset, trace kind, engine."""
+    n = trace.requests.groupby("dataset", observed=True).size()
+    metas = _metas(trace)
+    published = any(m.get("format") == "published-jsonl" for m in metas)
+    engines = sorted({f"{m['engine']}" + (f" on {m['device']}" if m.get("device") else "")
+                      for m in metas if m.get("engine")})
+    kind = "the study's published traces (vLLM, H100)" if published else "spec_repro traces"
+    eng = f", {'; '.join(engines)}" if engines else ""
+    return (f"{', '.join(trace.models)}: {', '.join(f'{d} {c}' for d, c in n.items())} requests; "
+            f"{kind}{eng}")
+
+
 def _metas(trace: Trace) -> list[dict]:
     m = trace.meta or {}
     return list(m.get("parts", [])) + [m]

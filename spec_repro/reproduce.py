@@ -120,7 +120,12 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
 
     table = read_summaries([r.summary for r in results if r.summary is not None])
     table.to_csv(out / "summary.csv", index=False)
-    md = "# Reproduction summary\n\n" + f"Profile `{profile}`.\n\n" + summary_markdown(table)
+    head = f"Profile `{profile}`"
+    if parameters:
+        head += "; parameters " + ", ".join(
+            f"`{k}` = " + (", ".join(Path(x).name for x in v) if isinstance(v, (list, tuple)) else f"`{v}`")
+            for k, v in parameters.items())
+    md = "# Reproduction summary\n\n" + head + ".\n\n" + summary_markdown(table)
     failed = [r for r in results if not r.ok]
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
