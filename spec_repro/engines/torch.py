@@ -66,8 +66,26 @@ class KVState:
         self._cache_kw = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
         self._new_cache = DynamicCache
         self.cache = DynamicCache()
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (B, S)
+        self._valid = None  # (B, S) bool, or None while every slot of every row is valid
+        self._slots = 0
         self.tokens: list[list[int]] = []  # tokens held per row, in order (= valid slots)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """(B, S) bool: which cache slots hold a row's token."""
+        if self._valid is None:
+            return torch.ones(self.rows, self._slots, dtype=torch.bool, device=self.device)
+        return self._valid
+
+    @valid.setter
+    def valid(self, v: torch.Tensor) -> None:
+        self._valid, self._slots = v, int(v.shape[1])
+
+    @property
+    def all_valid(self) -> bool:
+        if self._valid is not None and bool(self._valid.all()):
+            self._valid = None
+        return self._valid is None
 
     # ---- shape --------------------------------------------------------------------------------------
     @property
@@ -76,7 +94,7 @@ class KVState:
 
     def reset(self, rows: int) -> None:
         self.cache = self._new_cache()
-        self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)
+        self._valid, self._slots = None, 0
         self.tokens = [[] for _ in range(rows)]
 
     # ---- forward ------------------------------------------------------------------------------------
@@ -88,23 +106,33 @@ class KVState:
         m = max(lens)
         if m == 0:
             raise ValueError("nothing to feed")
-        B, S = self.rows, self.valid.shape[1]
-        ids = torch.zeros(B, m, dtype=torch.long)
-        pos = torch.zeros(B, m, dtype=torch.long)
-        for r, c in enumerate(chunks):
-            n0 = len(self.tokens[r])
-            if c:
-                ids[r, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-            pos[r] = torch.arange(n0, n0 + m)
-        lens_t = torch.as_tensor(lens, device=self.device)
-        new_valid = torch.arange(m, device=self.device)[None, :] < lens_t[:, None]  # (B, m)
-        valid = torch.cat([self.valid, new_valid], dim=1)  # (B, S+m)
-        causal = torch.arange(S + m, device=self.device)[None, :] <= (S + torch.arange(m, device=self.device))[:, None]
-        allowed = valid[:, None, :] & causal[None, :, :]  # (B, m, S+m)
-        # a padding query of a row whose chunk is empty may see nothing: let it see its own slot (result unused)
-        allowed[:, torch.arange(m), S + torch.arange(m)] = True
-        mask = torch.zeros(B, 1, m, S + m, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
+        B, S = self.rows, self._slots
+        if B == 1:
+            n0 = len(self.tokens[0])
+            ids = torch.as_tensor([list(chunks[0])], dtype=torch.long)
+            pos = torch.arange(n0, n0 + m)[None, :]
+        else:
+            ids = torch.zeros(B, m, dtype=torch.long)
+            pos = torch.zeros(B, m, dtype=torch.long)
+            for r, c in enumerate(chunks):
+                n0 = len(self.tokens[r])
+                if c:
+                    ids[r, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+                pos[r] = torch.arange(n0, n0 + m)
+        if min(lens) == m and self.all_valid:
+            # no padding and no holes (always so at B = 1): the model's own causal mask
+            mask, valid = None, None
+        else:
+            lens_t = torch.as_tensor(lens, device=self.device)
+            new_valid = torch.arange(m, device=self.device)[None, :] < lens_t[:, None]  # (B, m)
+            valid = torch.cat([self.valid, new_valid], dim=1)  # (B, S+m)
+            causal = (torch.arange(S + m, device=self.device)[None, :]
+                      <= (S + torch.arange(m, device=self.device))[:, None])
+            allowed = valid[:, None, :] & causal[None, :, :]  # (B, m, S+m)
+            # a padding query of a row whose chunk is empty may see nothing: let it see its own slot (unused)
+            allowed[:, torch.arange(m), S + torch.arange(m)] = True
+            mask = torch.zeros(B, 1, m, S + m, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
         return {"ids": ids.to(self.device), "pos": pos.to(self.device), "mask": mask, "valid": valid,
                 "lens": lens, "chunks": [list(c) for c in chunks]}
 
@@ -118,6 +146,10 @@ class KVState:
         out = self.decoder(input_ids=prep["ids"], attention_mask=prep["mask"], position_ids=prep["pos"],
                            use_cache=True, **{self._cache_kw: self.cache}, **kw)
         self.last_hidden = {int(n): out.hidden_states[int(n)] for n in hidden_layers}
+        if prep["valid"] is None:
+            self._slots += prep["ids"].shape[1]
+        else:
+            self.valid = prep["valid"]
         h = out.last_hidden_state
         if logits == "last":
             idx = torch.as_tensor([max(n - 1, 0) for n in prep["lens"]], device=h.device)
@@ -125,7 +157,6 @@ class KVState:
         res = self.head(h)
         if res.dtype in (torch.float16, torch.bfloat16):
             res = res.float()
-        self.valid = prep["valid"]
         for r, c in enumerate(prep["chunks"]):
             self.tokens[r].extend(c)
         return res
@@ -136,6 +167,8 @@ class KVState:
     # ---- bookkeeping --------------------------------------------------------------------------------
     def truncate(self, keep: Sequence[int]) -> None:
         """Keep only the first ``keep[r]`` valid tokens of each row (the rest become holes)."""
+        if all(n == len(t) for n, t in zip(keep, self.tokens)):
+            return
         keep_t = torch.as_tensor(list(keep), device=self.device)
         cum = self.valid.long().cumsum(dim=1)
         self.valid = self.valid & (cum <= keep_t[:, None])
@@ -148,14 +181,15 @@ class KVState:
         idx = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
         if self.cache.get_seq_length() > 0:
             self.cache.batch_select_indices(idx)
-        self.valid = self.valid[idx]
+        if self._valid is not None:
+            self.valid = self._valid[idx]
         self.tokens = [self.tokens[i] for i in rows]
         self._tidy()
 
     def _tidy(self) -> None:
-        S = self.valid.shape[1]
-        if S == 0 or self.rows == 0:
+        if self._valid is None or self._slots == 0 or self.rows == 0:
             return
+        S = self._slots
         any_valid = self.valid.any(dim=0)
         last = int(torch.nonzero(any_valid).max()) + 1 if bool(any_valid.any()) else 0
         if last < S:
@@ -277,7 +311,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     while active:
         step += 1
         t0 = time.perf_counter()
-        kv_before = state.rows * state.valid.shape[1]
+        kv_before = state.rows * state._slots
         if proposer is not None:
             ctx = [list(prompts[i]) + outputs[i] for i in active]
             drafts = [list(d)[:k_eff] for d in proposer.propose(ctx, k_eff)]
