@@ -138,7 +138,7 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
     datasets = sorted(sim["dataset"].unique())
     if measured is not None and len(measured):
         datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
-    fig, axes = _facets(len(datasets))
+    fig, axes = _facets(len(datasets), ncols=4 if len(datasets) % 4 == 0 else 3)
     props = sorted(set(sim["proposers"]) | (set(measured["proposers"]) if measured is not None else set()))
     pal = palette_for(props)
     for ax, ds in zip(axes, datasets):
