@@ -396,6 +396,7 @@ def short_source(trace: Trace) -> str:
                       for m in metas if m.get("engine")})
     kind = "the study's published traces (vLLM, H100)" if published else "spec_repro traces"
     eng = f", {'; '.join(engines)}" if engines else ""
+    eng += ", collected live just now" if any(m.get("live") for m in metas) else ""
     return (f"{', '.join(trace.models)}: {', '.join(f'{d} {c}' for d, c in n.items())} requests; "
             f"{kind}{eng}")
 
@@ -775,7 +776,7 @@ def live_trace(backend: str, *, model: str | None = None, datasets: Sequence[str
     paths = collect(model, datasets, n=n_requests, max_new_tokens=max_new_tokens, proposers=props, out=out,
                     k_max=k_max, device=device, quiet=True)
     t = Trace.concat(read_trace(p) for p in paths)
-    t.meta.update({"files": [str(p) for p in paths], "engine": f"spec_repro.engines.torch ({device}), live"})
+    t.meta.update({"files": [str(p) for p in paths], "live": True})
     return t
 
 
