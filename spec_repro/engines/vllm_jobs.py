@@ -58,6 +58,12 @@ JOBS: dict[str, list[dict]] = {
              "decode_tokens": 48, "max_kv_tokens": 400_000, "vocab_size": 128256},
         ]},
     ],
+    # instrumentation overhead again, after moving event resolution off the step path (plugin v2)
+    "overhead2": [
+        {**_llama("none", "llama8b-none-overhead2"), "tasks": [
+            {"type": "overhead", "batch_sizes": [1, 64], "repeats": 4, "prompt_len": 512, "max_tokens": 512,
+             "vocab_size": 128256}]},
+    ],
     "llama8b-sd": [
         {**_llama("ngram", "llama8b-ngram"), "tasks": [_study()]},
         {**_llama("eagle", "llama8b-eagle"), "tasks": [_study()]},
@@ -71,7 +77,7 @@ JOBS: dict[str, list[dict]] = {
         {"name": "smollm2-ngram", "config": dict(model="/root/smollm2_hf", method="ngram", k=8, dtype="float32",
                                                    max_model_len=4096, max_num_seqs=64, enforce_eager=True,
                                                    gpu_memory_utilization=0.5, name="smollm2-135m",
-                                                   load_format="auto"),
+                                                   load_format="auto", extra={"skip_tokenizer_init": True}),
          "fallback": {"dtype": "float16"},
          "tasks": [{"type": "prompts", "prompts_file": "data/gpu/smollm2_prompts.jsonl", "max_tokens": 256,
                     "chunk": 64, "detail": True, "ignore_eos": False}]},
@@ -85,6 +91,12 @@ JOBS: dict[str, list[dict]] = {
                     "max_kv_tokens": 400_000, "vocab_size": 151936}]},
         {"name": "qwen3-8b-ngram", "config": dict(model=QWEN3_8B, method="ngram", k=3, load_format="dummy",
                                                    name="qwen3-8b", max_model_len=4096, max_num_seqs=256),
+         "tasks": [_study(vocab=151936)]},
+    ],
+    "qwen3-8b-draft": [
+        {"name": "qwen3-8b-draft", "config": dict(model=QWEN3_8B, method="draft_model", k=3, draft=str(CONFIGS / "qwen3_0_6b"),
+                                                   load_format="dummy", name="qwen3-8b", max_model_len=4096,
+                                                   max_num_seqs=256),
          "tasks": [_study(vocab=151936)]},
     ],
     "llama70b-tp2": [

@@ -262,6 +262,7 @@ def _sample(self, *args, **kwargs):
     _guard(rec.mark, "samp0")
     out = _ORIG["_sample"](self, *args, **kwargs)
     _guard(rec.mark, "samp1")
+    _guard(rec.drain)
     return out
 
 
@@ -305,11 +306,11 @@ def _worker_rpc(self, op: str = "status", **kw):
 
 # ---- the recorder --------------------------------------------------------------------------------------------
 class _Step:
-    __slots__ = ("meta", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "n_seen")
+    __slots__ = ("meta", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx")
 
-    def __init__(self, meta, host_start, gap):
+    def __init__(self, meta, host_start, gap, ctx):
         self.meta, self.marks, self.host_start, self.host_end = meta, [], host_start, None
-        self.gap, self.in_forward, self.outputs, self.n_seen = gap, False, None, 0
+        self.gap, self.in_forward, self.outputs, self.ctx = gap, False, None, ctx
 
     def set_outputs(self, out) -> None:
         try:
@@ -333,11 +334,12 @@ class StepRecorder:
         self.gap_cap = float(os.environ.get(ENV_GAP, "0.05"))
         self._rank_ok = None
         self._torch = None
+        self._pool: list = []      # CUDA events to reuse (creating them costs host time every step)
+        self._lines: list[str] = []
 
     def set_context(self, **kw) -> None:
-        for key, val in kw.items():
-            if key in self.ctx:
-                self.ctx[key] = val
+        # a new dict: steps still pending keep the context they ran under
+        self.ctx = {**self.ctx, **{k: v for k, v in kw.items() if k in self.ctx}}
         if "run_id" in kw:
             self.step = 0
             self.last_host_end = None
@@ -353,11 +355,14 @@ class StepRecorder:
         return self._rank_ok
 
     def _event(self):
-        if self._torch is None:
-            import torch
+        if self._pool:
+            ev = self._pool.pop()
+        else:
+            if self._torch is None:
+                import torch
 
-            self._torch = torch
-        ev = self._torch.cuda.Event(enable_timing=True)
+                self._torch = torch
+            ev = self._torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
@@ -369,7 +374,7 @@ class StepRecorder:
             return
         now = time.perf_counter()
         gap = None if self.last_host_end is None else now - self.last_host_end
-        st = _Step(step_meta(so, detail=bool(self.ctx["detail"])), now, gap)
+        st = _Step(step_meta(so, detail=bool(self.ctx["detail"])), now, gap, self.ctx)
         st.marks.append(("start", self._event()))
         self.cur = st
 
@@ -391,40 +396,51 @@ class StepRecorder:
         st.meta["step"] = self.step
         self.step += 1
         self.pending.append(st)
-        for p in self.pending:
-            p.n_seen += 1
-        if len(self.pending) >= 64:
-            self.flush(keep_last=1)
+        if len(self.pending) > 1024:      # nothing drained them (no sampling step): resolve here
+            self.flush()
 
-    def flush(self, keep_last: int = 0) -> int:
-        """Resolve events of finished steps and append them to the file."""
-        if not self.pending:
-            return 0
-        ready, keep = self.pending[:len(self.pending) - keep_last], self.pending[len(self.pending) - keep_last:]
-        rows = []
-        for st in ready:
-            rows.append(self._row(st))
-        self.pending = keep
-        if rows:
+    def drain(self, max_steps: int = 2) -> None:
+        """Resolve up to ``max_steps`` finished steps whose events have completed, without waiting.
+
+        Called right after the sampler was launched, while the GPU still runs this step's forward: the host
+        would only wait there, so the work is hidden (this keeps the timer's own cost off the step)."""
+        n = 0
+        while self.pending and n < max_steps and self.pending[0].marks[-1][1].query():
+            self._lines.append(json.dumps(self._row(self.pending.pop(0))))
+            n += 1
+        if len(self._lines) >= 256:
+            self._write()
+
+    def flush(self) -> int:
+        """Resolve every finished step (waiting for its events) and append everything to the file."""
+        while self.pending:
+            self._lines.append(json.dumps(self._row(self.pending.pop(0))))
+        return self._write()
+
+    def _write(self) -> int:
+        n = len(self._lines)
+        if n:
             d = os.path.dirname(self.path)
             if d:
                 os.makedirs(d, exist_ok=True)
             with open(self.path, "a") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
-            self.rows_written += len(rows)
-        return len(rows)
+                f.write("\n".join(self._lines) + "\n")
+            self._lines = []
+            self.rows_written += n
+        return n
 
     def _row(self, st: _Step) -> dict:
         marks = st.marks
-        marks[-1][1].synchronize()  # long done for all but the newest step; cheap
+        marks[-1][1].synchronize()  # complete already when called from drain(); cheap
         start = marks[0][1]
-        times = {name: start.elapsed_time(ev) / 1e3 for name, ev in marks}
-        phases = phase_times([(n, times[n]) for n, _ in marks])
+        times = [(name, start.elapsed_time(ev) / 1e3) for name, ev in marks]
+        self._pool.extend(ev for _, ev in marks)
+        st.marks = []
+        phases = phase_times(times)
         gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
         phases["t_other"] += gap
         phases["t_total"] += gap
-        return build_row(self.ctx, st.meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
+        return build_row(st.ctx, st.meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
 
 
 def phase_times(marks: list[tuple[str, float]]) -> dict:
@@ -507,15 +523,16 @@ def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, ra
     return row
 
 
-_REC: dict[int, StepRecorder] = {}
+_REC: list = [None, None]   # (pid, recorder) of this process
 
 
 def _recorder() -> StepRecorder:
-    pid = os.getpid()
-    rec = _REC.get(pid)
-    if rec is None:
-        rec = _REC[pid] = StepRecorder(os.environ.get(ENV_PATH) or os.devnull)
-        import atexit
+    rec = _REC[1]
+    if rec is not None:
+        return rec
+    rec = StepRecorder(os.environ.get(ENV_PATH) or os.devnull)
+    _REC[:] = [os.getpid(), rec]
+    import atexit
 
-        atexit.register(rec.flush)
+    atexit.register(rec.flush)
     return rec
