@@ -442,6 +442,9 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
     """Run ``simulate`` for each single proposer under each policy (``fixed-K``/``oracle``) and, for
     ``oracle-combine``, for all ``proposers`` together under each drafting-cost accounting. Extra keyword
     arguments go to ``simulate`` (batching, sample, seed, progress)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
     from .simulate import simulate
 
     kw.setdefault("progress", False)
@@ -485,6 +488,17 @@ def trace_provenance(trace: Trace) -> str:
     files = (trace.meta or {}).get("files")
     if files:
         parts.append("files: " + ", ".join(Path(f).name for f in files))
+        for f in files:  # the collection manifest next to the file: model checksum, machine, versions, date
+            man = Path(f).parent / "MANIFEST.json"
+            e = json.loads(man.read_text()).get(Path(f).name) if man.exists() else None
+            if not e:
+                continue
+            m, v = e.get("machine", {}), e.get("versions", {})
+            parts.append(f"  {Path(f).name}: {e.get('n_requests', '?')} requests, {e.get('date', '?')}, "
+                         f"{e.get('model_file', e.get('model', '?'))} (sha256 {str(e.get('model_file_sha256', '?'))[:12]}), "
+                         f"{e.get('engine', '?')} on {e.get('device', '?')} ({m.get('cpu_count', '?')} cores, "
+                         f"{m.get('platform', '?')}), torch {v.get('torch', '?')}, "
+                         f"{e.get('decoding', '?')} decoding, max {e.get('max_new_tokens', '?')} new tokens")
     return "\n".join(parts)
 
 
