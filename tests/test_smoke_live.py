@@ -46,3 +46,10 @@ def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
     man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
     assert man["model_file_sha256"] == models.spec("smollm2-135m").gguf_sha256
     assert man["workload"] == "code-edit" and man["n_requests"] == 2 and "versions" in man and "machine" in man
+
+
+def test_collect_errors_before_loading_anything(tmp_path):
+    with pytest.raises(ValueError, match="draft-model"):
+        collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("draft",), out=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match="unknown proposer"):
+        collect_mod.build_proposers(["eagle"], target=None)
