@@ -32,7 +32,8 @@ __all__ = [
     "METHODS", "VLLMConfig", "VLLMEngine", "VLLMEngineError", "RunResult", "speculative_config",
     "engine_kwargs", "parse_spec_metrics", "diff_spec_metrics", "require_vllm", "model_dims", "add_physical_limits",
     "ngram_propose", "predict_ngram_steps", "ngram_agreement", "load_step_records", "H200_HBM_BYTES_PER_S",
-    "study_prompt", "random_prompts",
+    "study_prompt", "random_prompts", "agreement", "request_steps", "torch_profiler_predictor", "phase_breakdown",
+    "overhead_table", "limit_table", "flag_jit_outliers", "load_smollm2_steps",
 ]
 
 METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
@@ -283,6 +284,12 @@ class VLLMEngine:
         except Exception as e:
             if _is_oom(e):
                 raise _oom_error(e, cfg, f"model {cfg.model!r} with max_num_seqs={cfg.max_num_seqs}") from e
+            if "engine core initialization failed" in str(e).lower():
+                raise VLLMEngineError(
+                    f"vLLM could not start {cfg.model!r} ({e}); the engine process printed the cause above. If it "
+                    "says 'No available memory for the cache blocks', 'larger than the available KV cache memory' "
+                    "or 'out of memory', the model does not fit: " + _oom_error(e, cfg, "it").args[0].split(
+                        "Try: ", 1)[1]) from e
             raise
         self.start_s = time.perf_counter() - t0
         self.instrumented = False
@@ -495,14 +502,21 @@ def _hash(ids) -> str:
 
 def ngram_agreement(records: Iterable[dict], prompts: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],
                     *, k: int, min_n: int = 3, max_n: int = 7, predictor=None) -> dict:
-    """Compare vLLM's per-step (drafted, accepted) with a prediction from the same greedy outputs.
+    """Compare vLLM's per-step (drafted, accepted), from the plugin's records, with a prediction from the same
+    greedy outputs (see ``agreement``)."""
+    return agreement(request_steps(records, prompts), prompts, outputs, k=k, min_n=min_n, max_n=max_n,
+                     predictor=predictor)
 
-    ``predictor(prompt, output, positions, k=, min_n=, max_n=) -> {pos: (drafted, accepted)}`` defaults to
-    ``predict_ngram_steps``. Accepted counts are compared after capping at the tokens left to generate (vLLM
-    stops at max_tokens). Returns counts, agreement rates and the first mismatches."""
+
+def agreement(steps: dict[str, list[tuple]], prompts: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],
+              *, k: int, min_n: int = 3, max_n: int = 7, predictor=None) -> dict:
+    """``steps[key] = [(position, drafted, accepted), ...]`` as vLLM ran them, against
+    ``predictor(prompt, output, positions, k=, min_n=, max_n=) -> {pos: (drafted, accepted)}`` (default
+    ``predict_ngram_steps``; ``torch_profiler_predictor`` is the torch engine's profiler). Accepted counts are
+    compared after capping at the tokens left to generate (vLLM stops at max_tokens). Returns counts, agreement
+    rates (all steps, and steps that drafted) and the first mismatches."""
     predictor = predictor or predict_ngram_steps
-    steps = request_steps(records, prompts)
-    n = agree_acc = agree_both = 0
+    n = agree_acc = agree_both = nd_steps = nd_agree = 0
     mism = []
     for key, rows in steps.items():
         out = list(outputs[key])
@@ -515,11 +529,16 @@ def ngram_agreement(records: Iterable[dict], prompts: dict[str, Sequence[int]], 
             ok_acc = pa_c == na_c
             agree_acc += ok_acc
             agree_both += ok_acc and (pd_ == nd or left <= nd)
+            if nd > 0:
+                nd_steps += 1
+                nd_agree += ok_acc and (pd_ == nd or left <= nd)
             if not ok_acc and len(mism) < 20:
                 mism.append({"request": key, "position": pos, "vllm": [nd, na], "predicted": [pd_, pa]})
     return {"steps": n, "requests": len(steps), "accepted_agree": agree_acc, "drafted_and_accepted_agree": agree_both,
             "accepted_agreement_rate": agree_acc / n if n else math.nan,
-            "full_agreement_rate": agree_both / n if n else math.nan, "mismatches": mism}
+            "full_agreement_rate": agree_both / n if n else math.nan,
+            "steps_with_drafts": nd_steps, "drafted_steps_agree": nd_agree,
+            "drafted_steps_agreement_rate": nd_agree / nd_steps if nd_steps else math.nan, "mismatches": mism}
 
 
 def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict:
@@ -529,3 +548,98 @@ def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict:
     while i < m and a[i] == b[i]:
         i += 1
     return {"common_prefix": i, "len_a": len(a), "len_b": len(b), "identical": i == m}
+
+
+# ---- result handling: step tables -> the numbers the study reports ------------------------------------------
+def flag_jit_outliers(steps, factor: float = 10.0, floor_s: float = 0.05):
+    """Mark steps whose non-verification time (t_total - t_verify) exceeds ``factor`` x its run's median and
+    ``floor_s``: first-use Triton JIT compilations inside vLLM (seen at new batch shapes: 0.2-0.9 s in
+    drafting) and the draft model's prompt prefill. Adds a boolean column ``outlier``."""
+    df = steps.copy()
+    nonv = df["t_total"] - df["t_verify"]
+    med = nonv.groupby(df["run_id"]).transform("median")
+    df["outlier"] = (nonv > factor * med) & (nonv > floor_s)
+    return df
+
+
+def phase_breakdown(steps, *, decode_only: bool = True, by=("model", "method", "k", "batch_size")):
+    """Time-weighted phase shares (sum of each phase / sum of step time) and mean ms per step, per group.
+    Outliers (``flag_jit_outliers``) are left out; ``decode_only`` keeps steps where every request decodes."""
+    import pandas as pd
+
+    df = steps if "outlier" in steps.columns else flag_jit_outliers(steps)
+    df = df[~df["outlier"]]
+    if decode_only and "phase" in df.columns:
+        df = df[df["phase"] == "decode"]
+    cols = ["t_draft", "t_verify", "t_reject", "t_other", "t_total"]
+    extra = ["t_sched"] if "t_sched" in df.columns else []
+    g = df.groupby(list(by), observed=True)
+    sums = g[cols + extra].sum()
+    out = pd.DataFrame({"steps": g.size()})
+    for c in cols + extra:
+        out[c.replace("t_", "") + "_ms"] = g[c].mean() * 1e3
+    for c in ("t_draft", "t_verify", "t_reject", "t_other"):
+        out[c.replace("t_", "") + "_share"] = sums[c] / sums["t_total"]
+    if extra:
+        out["sched_share"] = sums["t_sched"] / sums["t_total"]
+    out["tokens_per_step"] = g["batched_tokens"].mean()
+    return out.reset_index()
+
+
+def overhead_table(runs):
+    """Throughput with the timer installed and recording vs vLLM's own methods, per (session, batch size):
+    mean and median of the interleaved repeats, and the overhead = 1 - on/off."""
+    import pandas as pd
+
+    r = runs[runs["task"] == "overhead"].copy()
+    rows = []
+    for (sess, b), g in r.groupby(["session", "batch_size"]):
+        on, off = g[g["instrumented"]]["output_tok_per_s"], g[~g["instrumented"]]["output_tok_per_s"]
+        rows.append({"session": sess, "batch_size": b, "repeats": len(on), "output_tokens_per_req": int(g["output_tokens"].iloc[0] // b),
+                     "off_mean": off.mean(), "on_mean": on.mean(), "off_median": off.median(), "on_median": on.median(),
+                     "overhead_mean": 1 - on.mean() / off.mean(), "overhead_median": 1 - on.median() / off.median(),
+                     "off_min": off.min(), "off_max": off.max()})
+    return pd.DataFrame(rows)
+
+
+def limit_table(steps, dims_by_model: dict, hbm_bytes_per_s: float = H200_HBM_BYTES_PER_S):
+    """Decode steps next to their memory floor: per (model, method, batch size) the median target-forward time,
+    KV tokens, bytes, floor (bytes / HBM bandwidth), achieved GB/s and the share of the floor reached."""
+    import pandas as pd
+
+    parts = []
+    df = steps if "outlier" in steps.columns else flag_jit_outliers(steps)
+    df = df[(~df["outlier"]) & (df["phase"] == "decode")]
+    for model, g in df.groupby("model"):
+        if model not in dims_by_model:
+            continue
+        parts.append(add_physical_limits(g, dims_by_model[model], hbm_bytes_per_s))
+    d = pd.concat(parts, ignore_index=True)
+    g = d.groupby(["model", "method", "batch_size"], observed=True)
+    out = g[["t_verify", "kv_tokens", "batched_tokens", "verify_bytes", "verify_floor_s", "achieved_GBps",
+             "bw_util"]].median().reset_index()
+    out["t_verify_ms"] = out.pop("t_verify") * 1e3
+    out["floor_ms"] = out.pop("verify_floor_s") * 1e3
+    return out
+
+
+def torch_profiler_predictor(prompt, output, positions, *, k, min_n=3, max_n=7):
+    """The torch engine's profiler (``spec_repro.profiler.ngram_acceptance``) on the same outputs, read the
+    way the simulator reads it: the step at position p uses acc_len[p - 1]; drafts capped at k."""
+    from ..profiler import ngram_acceptance
+
+    acc, lens = ngram_acceptance(prompt, output, k_max=k, min_n=min_n, max_n=max_n)
+    return {p: (int(min(lens[p - 1], k)), int(acc[p - 1]) - 1) for p in positions if 1 <= p <= len(output)}
+
+
+def load_smollm2_steps(data_dir: str | Path = "data/gpu") -> tuple[dict, dict, dict]:
+    """(steps, prompts, outputs) of the committed SmolLM2 run: ``smollm2_vllm_steps.csv`` (vLLM's per-request
+    steps), ``smollm2_prompts.jsonl`` and ``smollm2_vllm_outputs.jsonl``, keyed by ``dataset/request_id``."""
+    import pandas as pd
+
+    d = Path(data_dir)
+    df = pd.read_csv(d / "smollm2_vllm_steps.csv")
+    steps = {key: list(zip(g["position"], g["drafted"], g["accepted"])) for key, g in df.groupby("key", sort=False)}
+    prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(d / "smollm2_prompts.jsonl"))}
+    outputs = {r["key"]: r["output_token_ids"] for r in map(json.loads, open(d / "smollm2_vllm_outputs.jsonl"))}
+    return steps, prompts, outputs

@@ -337,6 +337,235 @@ def convert_gguf(gguf: str | Path, out: str | Path) -> dict:
     return {"out": str(out), "digest": tensor_digest(model.state_dict()), "params": sum(p.numel() for p in model.parameters())}
 
 
+# ---- from raw device outputs to data/gpu ---------------------------------------------------------------------
+# which raw files belong to which session (the plugin changed between them: v1 resolved events inside the step,
+# v2 resolves them while the GPU runs the forward)
+SESSIONS = {"overhead2": "2-plugin-v2"}
+MODEL_DIMS = {"llama31-8b": "llama31_8b", "qwen3-8b": "qwen3_8b", "llama3-70b": "llama3_70b"}
+
+
+FILE_DOCS = {
+    "runs.csv": "one row per timed generate() call: throughput, wall time, vLLM spec-decode counters",
+    "steps.parquet": "every engine step timed by the plugin (STEP_COLUMNS + phase, t_sched, outlier, spec, session)",
+    "phase_breakdown.csv": "time-weighted phase shares per model/method/batch (decode steps, and all steps)",
+    "overhead.csv": "throughput with the step timer on vs off (interleaved repeats, two plugin versions)",
+    "verify_limits.csv": "median decode target-forward time next to its HBM floor (weights + KV bytes / 4.8 TB/s)",
+    "costmodel_llama31_8b_h200.json": "fitted cost model (spec_repro.costmodel preset format)",
+    "costmodel_compare.csv": "H200 fits (all steps, decode steps) beside the published H100 coefficients",
+    "smollm2_prompts.jsonl": "SmolLM2 chat-template token ids of the 5 embedded workloads (n=40, seed 0)",
+    "smollm2_vllm_outputs.jsonl": "vLLM greedy outputs (SmolLM2-135M real weights, float32, n-gram k=8)",
+    "smollm2_vllm_steps.csv": "vLLM's steps per request: output position, drafted, accepted",
+    "smollm2_agreement.json": "vLLM accepted counts vs predictions from the same outputs, and vs the torch traces",
+}
+
+
+def _session(spec: str) -> str:
+    return "2-plugin-v2" if "overhead2" in spec else "1-plugin-v1"
+
+
+def load_raw(raw: str | Path):
+    """(runs, steps, engines) DataFrames from a folder of the device's results_*.jsonl and steps_*.jsonl."""
+    import pandas as pd
+
+    from ..traces import read_steps
+
+    raw = Path(raw)
+    runs, engines = [], []
+    for f in sorted(raw.glob("results*.jsonl")):
+        for line in open(f):
+            d = json.loads(line)
+            if d["kind"] == "run":
+                d.pop("outputs", None)
+                d.pop("keys", None)
+                cfg = d.pop("config")
+                d.update({"session": _session(d["spec"]), "dtype": cfg["dtype"], "load_format": cfg["load_format"],
+                          "synthetic_acceptance_length": cfg.get("synthetic_acceptance_length"),
+                          "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
+                          "per_position_rate": json.dumps(d["per_position_rate"]),
+                          "accepted_per_pos": json.dumps(d["accepted_per_pos"])})
+                runs.append(d)
+            elif d["kind"] == "engine":
+                engines.append({"spec": d["spec"], "session": _session(d["spec"]), "start_s": d["start_s"],
+                                "instrumented": d["instrumented"], "vllm": d["vllm"], **d["env"],
+                                "config": d["config"]})
+    parts = []
+    for f in sorted(raw.glob("steps_*.jsonl")):
+        spec = f.stem[len("steps_"):]
+        df = read_steps(f)
+        extra = pd.DataFrame([json.loads(x) for x in open(f) if x.strip()])
+        df["t_sched"] = extra["t_sched"].to_numpy()
+        df["spec"], df["session"] = spec, _session(spec)
+        parts.append(df)
+    steps = pd.concat(parts, ignore_index=True)
+    return pd.DataFrame(runs), steps, engines
+
+
+def _run_kind(run_id: str) -> str:
+    if run_id.startswith("profile-"):
+        return "profile"
+    if run_id.startswith("overhead-"):
+        return "overhead"
+    if run_id.startswith("prompts-"):
+        return "prompts"
+    return "study"
+
+
+def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") -> dict:
+    """Write data/gpu's tables from the raw device outputs (see data/gpu/README.md); returns headline numbers."""
+    import pandas as pd
+
+    from .. import costmodel
+    from ..provenance import record
+    from .vllm import (flag_jit_outliers, limit_table, model_dims, ngram_agreement, overhead_table,
+                       phase_breakdown, request_steps, torch_profiler_predictor, token_agreement)
+
+    raw, out = Path(raw), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs, steps, engines = load_raw(raw)
+    steps["run_kind"] = steps["run_id"].map(_run_kind)
+    steps = flag_jit_outliers(steps)
+    llm = steps[steps["spec"] != "smollm2-ngram"]
+    keep = [c for c in llm.columns if c not in ("accepted_per_req",)]
+    llm[keep].to_parquet(out / "steps.parquet", compression="zstd", index=False)
+    runs.to_csv(out / "runs.csv", index=False)
+
+    study = llm[llm["run_kind"] == "study"]
+    pb = pd.concat([phase_breakdown(study, decode_only=True).assign(steps_kind="decode"),
+                    phase_breakdown(study, decode_only=False).assign(steps_kind="all")], ignore_index=True)
+    pb.to_csv(out / "phase_breakdown.csv", index=False, float_format="%.6g")
+    ov = overhead_table(runs)
+    ov.to_csv(out / "overhead.csv", index=False, float_format="%.6g")
+    dims = {m: model_dims(CONFIGS / d) for m, d in MODEL_DIMS.items() if (CONFIGS / d).exists()}
+    lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"])], dims)
+    lim.to_csv(out / "verify_limits.csv", index=False, float_format="%.6g")
+
+    # cost model of the target forward on the H200 (Llama-3.1-8B dims, every timed step but JIT outliers)
+    fits = {}
+    l8 = llm[(llm["model"] == "llama31-8b") & (~llm["outlier"]) & (llm["session"] == "1-plugin-v1")]
+    fr = costmodel.fit(l8.reset_index(drop=True), name="llama3.1-8b-h200", hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, "
+                       "V1 runner, sync scheduling, CUDA graphs, bf16, dummy weights",
+                       target_model="Llama-3.1-8B dimensions (meta-llama/Llama-3.1-8B-Instruct config)",
+                       source="spec_repro vLLM plugin step timings on the lent H200, data/gpu/steps.parquet "
+                              "(study + profile runs, all phases, JIT outliers removed)",
+                       kinds={"eagle": "per_token", "ngram": "fraction"})
+    fr.to_json(out / "costmodel_llama31_8b_h200.json")
+    fits["all"] = fr
+    dec = l8[l8["phase"] == "decode"].reset_index(drop=True)
+    fd = costmodel.fit(dec, name="llama3.1-8b-h200-decode", kinds={"eagle": "per_token", "ngram": "fraction"})
+    fits["decode"] = fd
+    h100 = costmodel.load_cost_model("llama3.1-8b-h100")
+    cm = pd.DataFrame([{"fit": "H100 published (FACTS.md)", "c_kv": h100.c_kv, "c_tok": h100.c_tok, "c0": h100.c0,
+                        "overhead": h100.overhead, "r2_target": None, "steps": None}] +
+                      [{"fit": f"H200 {k} steps", "c_kv": f.model.c_kv, "c_tok": f.model.c_tok, "c0": f.model.c0,
+                        "overhead": f.model.overhead, "r2_target": f.r2["target"], "steps": f.n_steps["target"]}
+                       for k, f in fits.items()])
+    cm.to_csv(out / "costmodel_compare.csv", index=False, float_format="%.6g")
+
+    # SmolLM2-135M, real weights: vLLM's per-step acceptance vs predictions from the same greedy outputs
+    smol = {}
+    prompts_f = ROOT / "data" / "gpu" / "smollm2_prompts.jsonl"
+    sres = raw / "results_smollm2.jsonl"
+    if sres.exists() and prompts_f.exists():
+        prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(prompts_f))}
+        outputs = {}
+        k = None
+        for line in open(sres):
+            d = json.loads(line)
+            if d["kind"] == "run":
+                outputs.update(dict(zip(d["keys"], d["outputs"])))
+                k = d["config"]["k"]
+        with open(out / "smollm2_vllm_outputs.jsonl", "w") as f:
+            for key, o in outputs.items():
+                f.write(json.dumps({"key": key, "output_token_ids": o}) + "\n")
+        recs = [json.loads(x) for x in open(raw / "steps_smollm2-ngram.jsonl") if x.strip()]
+        per = request_steps(recs, prompts)
+        pd.DataFrame([{"key": key, "position": p, "drafted": d, "accepted": a} for key, rows in per.items()
+                      for p, d, a in rows]).to_csv(out / "smollm2_vllm_steps.csv", index=False)
+        smol["k"] = k
+        smol["vs_replica"] = ngram_agreement(recs, prompts, outputs, k=k)
+        smol["vs_torch_profiler"] = ngram_agreement(recs, prompts, outputs, k=k, predictor=torch_profiler_predictor)
+        smol["vs_torch_traces"] = compare_torch_traces(outputs, prompts, per, k)
+        (out / "smollm2_agreement.json").write_text(json.dumps(smol, indent=1, default=float) + "\n")
+
+    head = {"phase_breakdown_decode": pb[pb.steps_kind == "decode"][["model", "method", "batch_size", "total_ms",
+                                                                      "verify_share", "draft_share", "reject_share",
+                                                                      "other_share"]].round(4).to_dict("records"),
+            "overhead": ov[["session", "batch_size", "overhead_mean", "overhead_median"]].round(4).to_dict("records"),
+            "costmodel": cm.to_dict("records"),
+            "smollm2": {k2: {kk: v for kk, v in v2.items() if kk != "mismatches"} if isinstance(v2, dict) else v2
+                        for k2, v2 in smol.items()}}
+    env = engines[0] if engines else {}
+    record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made",
+           gpu=env.get("nvidia_smi"), device_torch=env.get("torch"), device_vllm=env.get("vllm"),
+           device_python=env.get("python"), device_platform=env.get("platform"), dates_utc="2026-11-29 19:00-19:26",
+           device_command="bash gpu/device.sh job <llama8b|smollm2|qwen3-8b|qwen3-8b-draft|llama8b-eagle-synth|"
+                          "overhead2> <deadline s>  (after ../shared/gpu's install of vLLM 0.25.0 into /root/site)",
+           jobs="spec_repro/engines/vllm_jobs.py JOBS", summarize_command=command,
+           engines=[{"spec": e["spec"], "session": e["session"], "start_s": round(e["start_s"], 1),
+                     "instrumented": e["instrumented"],
+                     "config": {k: v for k, v in e["config"].items() if v not in (None, {}, "")}} for e in engines])
+    for name in sorted(p.name for p in out.iterdir() if p.is_file()):
+        if name in ("MANIFEST.json", "README.md"):
+            continue
+        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
+               kind="input (made on the CPU)" if name == "smollm2_prompts.jsonl" else
+               "measured on the lent H200 (see _device_runs), or computed from those measurements",
+               **({"sha256": __import__("spec_repro.provenance", fromlist=["sha256_file"]).sha256_file(out / name)}))
+    return head
+
+
+def compare_torch_traces(outputs: dict, prompts: dict, per: dict, k: int, traces_dir: str | Path | None = None) -> dict:
+    """vLLM's outputs and accepted counts against the torch engine's committed traces (data/traces/): greedy
+    outputs agree up to the first differing token (numerics: vLLM float32 on the H200 vs torch float32 on a CPU);
+    on the common prefix, the step at position p should accept min(acc_len[p-1] - 1, k) tokens."""
+    from ..traces import read_trace
+
+    traces_dir = Path(traces_dir or ROOT / "data" / "traces")
+    files = sorted(traces_dir.glob("smollm2-135m__*.parquet"))
+    if not files:
+        return {"note": f"no torch traces under {traces_dir}"}
+    n_req = identical = 0
+    prefix_frac = []
+    steps = agree = dsteps = dagree = 0
+    for f in files:
+        t = read_trace(f)
+        if "ngram" not in t.proposers:
+            continue
+        arrays = t.arrays("ngram")
+        req = t.requests.set_index("request_id")
+        for (ds, model, rid), acc in arrays.items():
+            key = f"{ds}/{rid}"
+            if key not in outputs or "output_token_ids" not in req.columns:
+                continue
+            tout = list(req.loc[rid, "output_token_ids"])
+            vout = outputs[key]
+            ta = token_agreement_list(tout, vout)
+            n_req += 1
+            identical += ta["identical"]
+            prefix_frac.append(ta["common_prefix"] / max(1, min(len(tout), len(vout))))
+            for p, d, a in per.get(key, []):
+                if p + d >= ta["common_prefix"] or p - 1 >= len(acc):
+                    continue
+                steps += 1
+                ok = min(int(acc[p - 1]) - 1, k) == a
+                agree += ok
+                if d > 0:
+                    dsteps += 1
+                    dagree += ok
+    return {"trace_files": [f.name for f in files], "requests": n_req, "identical_outputs": identical,
+            "mean_common_prefix_fraction": sum(prefix_frac) / len(prefix_frac) if prefix_frac else None,
+            "steps_on_common_prefix": steps, "accepted_agree": agree,
+            "accepted_agreement_rate": agree / steps if steps else None,
+            "steps_with_drafts": dsteps, "drafted_steps_agree": dagree,
+            "drafted_steps_agreement_rate": dagree / dsteps if dsteps else None}
+
+
+def token_agreement_list(a, b) -> dict:
+    from .vllm import token_agreement
+
+    return token_agreement(a, b)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm_jobs", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -355,12 +584,18 @@ def main(argv=None) -> int:
     sub.add_parser("list")
     pp = sub.add_parser("prepare-smollm2")
     pp.add_argument("--out", default="data/gpu/smollm2_prompts.jsonl")
+    sm = sub.add_parser("summarize")
+    sm.add_argument("--raw", required=True, help="folder with the device's results_*.jsonl / steps_*.jsonl")
+    sm.add_argument("--out", default="data/gpu")
     cg = sub.add_parser("convert-gguf")
     cg.add_argument("--gguf", required=True)
     cg.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "prepare-smollm2":
         print(prepare_smollm2_prompts(a.out))
+        return 0
+    if a.cmd == "summarize":
+        print(json.dumps(summarize(a.raw, a.out, " ".join(sys.argv)), indent=1, default=str))
         return 0
     if a.cmd == "convert-gguf":
         print(json.dumps(convert_gguf(a.gguf, a.out)))
