@@ -1,0 +1,113 @@
+"""The vLLM engine without vLLM: configuration for each study method, clear errors (no vLLM / no GPU, unknown
+method, missing draft, out-of-memory), metrics parsing, and result handling on outputs recorded on the H200."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from spec_repro.engines import vllm as V
+
+FIX = Path(__file__).parent / "fixtures" / "vllm"
+CONFIGS = Path(__file__).parents[1] / "data" / "gpu" / "configs"
+
+
+def test_speculative_config_per_method():
+    base = dict(model="m", k=3)
+    assert V.speculative_config(V.VLLMConfig(**base, method="none")) is None
+    ng = V.speculative_config(V.VLLMConfig(**base, method="ngram"))
+    assert ng == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 7}
+    for m in ("eagle", "eagle3", "draft_model"):
+        sc = V.speculative_config(V.VLLMConfig(**base, method=m, draft="d"))
+        assert sc == {"method": m, "num_speculative_tokens": 3, "model": "d"}
+    assert V.speculative_config(V.VLLMConfig(**base, method="mtp")) == {"method": "mtp", "num_speculative_tokens": 3}
+    syn = V.speculative_config(V.VLLMConfig(**base, method="eagle", draft="d", synthetic_acceptance_length=2.5))
+    assert syn["rejection_sample_method"] == "synthetic" and syn["synthetic_acceptance_length"] == 2.5
+
+
+def test_engine_kwargs_follow_the_study_and_dummy_weights():
+    kw = V.engine_kwargs(V.VLLMConfig(model="dir", method="ngram", load_format="dummy", tensor_parallel_size=2,
+                                      pipeline_parallel_size=2))
+    assert kw["enable_prefix_caching"] is False and kw["enable_chunked_prefill"] is True
+    assert kw["async_scheduling"] is False and kw["disable_log_stats"] is False
+    assert kw["skip_tokenizer_init"] is True and kw["load_format"] == "dummy"
+    assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 2
+    env = V.engine_env(V.VLLMConfig(model="dir", step_log="x.jsonl"))
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["SPEC_REPRO_STEP_LOG"].endswith("x.jsonl")
+    assert "async_scheduling" not in V.engine_kwargs(V.VLLMConfig(model="d", async_scheduling=None))
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (dict(method="medusa"), "unknown method 'medusa'"),
+    (dict(method="eagle"), "needs draft="),
+    (dict(method="ngram", k=0), "k must be >= 1"),
+    (dict(method="ngram", prompt_lookup_min=5, prompt_lookup_max=3), "prompt_lookup_min"),
+])
+def test_bad_configuration_is_a_clear_error(cfg, match):
+    with pytest.raises(V.VLLMEngineError, match=match):
+        V.engine_kwargs(V.VLLMConfig(model="m", **cfg))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_missing_vllm_is_a_clear_error_when_building_an_engine():
+    with pytest.raises(V.VLLMEngineError, match="vLLM is not installed.*CUDA GPU"):
+        V.VLLMEngine(V.VLLMConfig(model=str(CONFIGS / "llama31_8b"), load_format="dummy"))
+    # an unknown method fails before any import
+    with pytest.raises(V.VLLMEngineError, match="unknown method"):
+        V.VLLMEngine(V.VLLMConfig(model="m", method="bogus"))
+
+
+def test_out_of_memory_messages_become_advice():
+    # the exact texts vLLM 0.25.0 raises (vllm/v1/core/kv_cache_utils.py) and torch's CUDA OOM
+    for msg in ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+                "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+                "needed, which is larger than the available KV cache memory (9.5 GiB).",
+                "CUDA out of memory. Tried to allocate 2.00 GiB"):
+        assert V._is_oom(ValueError(msg))
+        err = V._oom_error(ValueError(msg), V.VLLMConfig(model="m", max_num_seqs=512), "a batch of 512 requests")
+        assert "does not fit in GPU memory" in str(err) and "max_num_seqs (now 512)" in str(err)
+        assert "tensor_parallel_size" in str(err)
+    assert not V._is_oom(ValueError("unknown architecture"))
+
+
+def test_parse_spec_metrics_sums_label_sets_and_positions():
+    # names as vLLM 0.25.0 registers them (vllm/v1/spec_decode/metrics.py); Counter names lose "_total"
+    ms = [{"name": "vllm:spec_decode_num_drafts", "value": 64},
+          {"name": "vllm:spec_decode_num_draft_tokens", "value": 192},
+          {"name": "vllm:spec_decode_num_accepted_tokens", "value": 190},
+          {"name": "vllm:spec_decode_num_accepted_tokens_per_pos", "values": [64, 64, 62]},
+          {"name": "vllm:spec_decode_num_drafts", "value": 6},   # a second engine label set
+          {"name": "vllm:num_requests_running", "value": 3}]
+    p = V.parse_spec_metrics(ms)
+    assert p == {"num_drafts": 70, "num_draft_tokens": 192, "num_accepted_tokens": 190, "accepted_per_pos": [64, 64, 62]}
+    d = V.diff_spec_metrics(p, V.parse_spec_metrics([{"name": "vllm:spec_decode_num_drafts", "value": 6}]))
+    assert d["num_drafts"] == 64
+
+
+def test_recorded_h200_runs_reproduce_their_acceptance_numbers():
+    """RunResult.from_counts on the counters recorded on the H200 (n-gram, dummy weights) gives the recorded AL."""
+    recs = [json.loads(x) for x in open(FIX / "results_h200.jsonl")]
+    runs = [r for r in recs if r["kind"] == "run"]
+    assert [r["batch_size"] for r in runs] == [1, 4, 16, 64, 256]
+    for r in runs:
+        spec = {k: r[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")}
+        rr = V.RunResult.from_counts(spec=spec, run_id=r["run_id"], model=r["model"], method=r["method"], k=r["k"],
+                                     batch_size=r["batch_size"], n_requests=r["n_requests"],
+                                     prompt_len=r["prompt_len"], output_tokens=r["output_tokens"], wall_s=r["wall_s"],
+                                     output_tok_per_s=r["output_tok_per_s"])
+        assert rr.acceptance_length == pytest.approx(r["acceptance_length"])
+        assert rr.per_position_rate == pytest.approx(r["per_position_rate"])
+        assert len(rr.accepted_per_pos) == r["k"] == 3
+        # every request generated max_tokens = 256 tokens
+        assert r["output_tokens"] == 256 * r["batch_size"]
+    eng = next(r for r in recs if r["kind"] == "engine")
+    assert eng["vllm"] == "0.25.0" and eng["instrumented"] is True and "H200" in eng["env"]["gpu"]
+
+
+def test_model_dims_and_hbm_floor():
+    d = V.model_dims(CONFIGS / "llama31_8b")
+    assert d["params"] == 8_030_261_248 and d["kv_bytes_per_token"] == 131072
+    assert d["weight_bytes"] / V.H200_HBM_BYTES_PER_S == pytest.approx(3.35e-3, rel=0.01)   # the 3.35 ms floor
+    q = V.model_dims(CONFIGS / "qwen3_8b")
+    assert 8.1e9 < q["params"] < 8.3e9
+    assert 70e9 < V.model_dims(CONFIGS / "llama3_70b")["params"] < 71e9

@@ -1,0 +1,117 @@
+"""What data/gpu holds, checked from the recorded H200 outputs (vLLM 0.25.0, spec_repro's step plugin):
+step lines parse into the step schema, the phase shares and the cost-model fit come out of them, and vLLM's
+SmolLM2 n-gram steps agree with predictions from the same greedy outputs."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from spec_repro import costmodel
+from spec_repro.engines import vllm as V
+from spec_repro.traces import STEP_COLUMNS, read_steps
+
+ROOT = Path(__file__).parents[1]
+FIX = ROOT / "tests" / "fixtures" / "vllm"
+GPU = ROOT / "data" / "gpu"
+
+
+def test_recorded_plugin_lines_read_as_step_schema():
+    df = read_steps(FIX / "steps_h200.jsonl")
+    assert set(STEP_COLUMNS) <= set(df.columns)
+    assert set(df["method"]) == {"none", "ngram", "eagle", "draft_model"}
+    dec = df[df["phase"] == "decode"]
+    # batch 4, k = 3: a decode step verifies each request's token plus its drafts (n-gram drafts only on a match)
+    assert (dec["batched_tokens"] == dec["num_reqs"] + dec["num_draft_tokens"]).all()
+    assert set(dec[dec.method.isin(["eagle", "draft_model"])]["batched_tokens"]) == {16}
+    assert set(dec[dec.method == "none"]["batched_tokens"]) == {4}
+    assert (dec["num_accepted_tokens"] <= dec["num_draft_tokens"]).all()
+    # dummy weights: the repeating greedy output makes n-gram accept everything, EAGLE nothing
+    ng = dec[dec.method == "ngram"]
+    assert (ng["num_accepted_tokens"] == ng["num_draft_tokens"]).all()
+    assert (dec[dec.method == "eagle"]["num_accepted_tokens"] == 0).all()
+    parts = df[["t_draft", "t_verify", "t_reject", "t_other"]].sum(axis=1)
+    assert (abs(parts - df["t_total"]) < 1e-9).all()
+    assert (df.loc[df.method == "none", "t_draft"] == 0).all()
+
+
+def test_recorded_detail_lines_map_requests_by_prompt_hash():
+    recs = V.load_step_records(FIX / "steps_smollm2_detail.jsonl")
+    prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(GPU / "smollm2_prompts.jsonl"))}
+    new = {rid: v for r in recs for rid, v in (r.get("new_reqs") or {}).items()}
+    assert new, "the first steps admit requests"
+    by_hash = {V._hash(p): k for k, p in prompts.items()}
+    assert all(h in by_hash and len(prompts[by_hash[h]]) == n for n, h in new.values())
+    steps = V.request_steps(recs, prompts)
+    assert steps and all(pos >= 1 for rows in steps.values() for pos, _, _ in rows)
+
+
+@pytest.fixture(scope="module")
+def steps():
+    return pd.read_parquet(GPU / "steps.parquet")
+
+
+def test_verification_dominates_and_rejection_is_small(steps):
+    pb = pd.read_csv(GPU / "phase_breakdown.csv")
+    dec = pb[pb.steps_kind == "decode"]
+    llama = dec[dec.model == "llama31-8b"]
+    assert set(llama.method) == {"none", "ngram", "eagle"}
+    assert set(llama.batch_size) == {1, 4, 16, 64, 256}
+    # finding 2's shape: the target forward is the largest phase, rejection sampling is small
+    assert (llama.verify_share > 0.5).all() and (llama.verify_share < 0.8).all()
+    assert (dec.reject_share < 0.03).all()
+    shares = dec[["draft_share", "verify_share", "reject_share", "other_share"]].sum(axis=1)
+    assert ((shares - 1).abs() < 1e-6).all()
+    # recomputing from the committed steps gives the committed table
+    again = V.phase_breakdown(steps[(steps.run_kind == "study") & (steps.spec != "llama8b-none-overhead2")])
+    m = again.merge(dec, on=["model", "method", "k", "batch_size"], suffixes=("", "_c"))
+    assert len(m) == len(dec)
+    assert (m.verify_share - m.verify_share_c).abs().max() < 1e-6
+
+
+def test_decode_steps_sit_above_the_hbm_floor(steps):
+    lim = pd.read_csv(GPU / "verify_limits.csv")
+    assert (lim.bw_util < 1).all() and (lim.bw_util > 0.2).all()
+    one = lim[(lim.model == "llama31-8b") & (lim.method == "none") & (lim.batch_size == 1)].iloc[0]
+    assert 3.1 < one.floor_ms < 3.2 and one.t_verify_ms > one.floor_ms
+
+
+def test_h200_cost_model_fit(steps):
+    l8 = steps[(steps.model == "llama31-8b") & (~steps.outlier) & (steps.session == "1-plugin-v1")]
+    fr = costmodel.fit(l8.reset_index(drop=True), kinds={"eagle": "per_token", "ngram": "fraction"})
+    assert fr.r2["target"] >= 0.98
+    saved = costmodel.load_cost_model(GPU / "costmodel_llama31_8b_h200.json")
+    assert saved.c_tok == pytest.approx(fr.model.c_tok) and saved.c0 == pytest.approx(fr.model.c0)
+    h100 = costmodel.load_cost_model("llama3.1-8b-h100")
+    # the H200 streams weights and KV faster (4.8 vs 3.35 TB/s): lower fixed and per-KV-token costs
+    assert saved.c0 < h100.c0 and saved.c_kv < h100.c_kv
+
+
+def test_overhead_table_from_runs():
+    runs = pd.read_csv(GPU / "runs.csv")
+    ov = V.overhead_table(runs)
+    committed = pd.read_csv(GPU / "overhead.csv")
+    assert ov["overhead_mean"].round(6).tolist() == committed["overhead_mean"].round(6).tolist()
+    v2 = ov[ov.session == "2-plugin-v2"]
+    assert set(v2.batch_size) == {1, 64} and (v2.repeats == 4).all()
+
+
+def test_smollm2_vllm_steps_agree_with_the_torch_profiler():
+    steps, prompts, outputs = V.load_smollm2_steps(GPU)
+    assert len(steps) == len(prompts) == len(outputs) == 200
+    r = V.agreement(steps, prompts, outputs, k=8, predictor=V.torch_profiler_predictor)
+    assert r["steps_with_drafts"] > 4000 and r["drafted_steps_agreement_rate"] == 1.0
+    assert r["accepted_agreement_rate"] == 1.0
+    committed = json.loads((GPU / "smollm2_agreement.json").read_text())
+    assert committed["vs_torch_profiler"]["steps"] == r["steps"]
+
+
+def test_agreement_detects_a_wrong_count():
+    steps, prompts, outputs = V.load_smollm2_steps(GPU)
+    key = next(k for k, rows in steps.items() if any(d > 0 and a > 0 for _, d, a in rows))
+    i = next(i for i, (_, d, a) in enumerate(steps[key]) if d > 0 and a > 0)
+    p, d, a = steps[key][i]
+    bad = {key: steps[key][:i] + [(p, d, a - 1)] + steps[key][i + 1:]}
+    r = V.agreement(bad, prompts, outputs, k=8)
+    assert r["accepted_agree"] == r["steps"] - 1
+    assert r["mismatches"][0]["position"] == p
