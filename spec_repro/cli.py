@@ -272,8 +272,94 @@ def _run_cpu_verify_cost(args):
     print(f"wrote {out}")
 
 
+# ---- vllm (issue 4: vLLM engine, step timing, H200 data) -------------------------------------------------
+def _add_vllm(sub):
+    p = sub.add_parser("vllm", help="run the study's configurations in vLLM (GPU host) with per-step phase timing")
+    vs = p.add_subparsers(dest="vllm_cmd", required=True)
+    r = vs.add_parser("run", help="throughput + spec-decode counters for one method at several batch sizes")
+    r.add_argument("--model", required=True, help="HF id or local dir (with --dummy: a dir holding config.json)")
+    r.add_argument("--method", default="none", help="none, ngram, eagle, eagle3, draft_model, mtp")
+    r.add_argument("--draft", help="EAGLE head / draft model (dir or HF id)")
+    r.add_argument("-k", type=int, default=3, help="draft tokens per step (study: 3)")
+    r.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 128],
+                   help="the study's batching: one prompt copied B times")
+    r.add_argument("--prompt-len", type=int, default=512, help="random-token prompt length (timing runs)")
+    r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    r.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
+    r.add_argument("--dummy", action="store_true", help='load_format="dummy": random weights, real timing')
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    r.add_argument("--max-model-len", type=int, default=4096)
+    r.add_argument("--step-log", help="write every step's phase timing here (JSON lines; the plugin)")
+    r.add_argument("--out", help="append results as JSON lines here")
+    pr = vs.add_parser("profile", help="cost surface: batch size x prompt length on any config.json (dummy weights)")
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128, 256])
+    pr.add_argument("--prompt-lens", type=int, nargs="+", default=[128, 1024, 3072])
+    pr.add_argument("--decode-tokens", type=int, default=48)
+    pr.add_argument("--step-log", required=True)
+    pr.add_argument("--fit", help="fit spec_repro.costmodel on the profile's steps and write the model here")
+    pr.add_argument("--tp", type=int, default=1)
+    sm = vs.add_parser("summarize", help="data/gpu tables from device outputs (results_*.jsonl, steps_*.jsonl)")
+    sm.add_argument("--raw", required=True)
+    sm.add_argument("--out", default="data/gpu")
+    for q in (r, pr, sm):
+        q.set_defaults(func=_run_vllm)
+    return p
+
+
+def _run_vllm(args):
+    import json
+
+    from .engines import vllm as V
+
+    if args.vllm_cmd == "summarize":
+        from .engines.vllm_jobs import summarize
+
+        print(json.dumps(summarize(args.raw, args.out, "spec-repro vllm summarize"), indent=1, default=str))
+        return 0
+    try:
+        if args.vllm_cmd == "run":
+            cfg = V.VLLMConfig(model=args.model, method=args.method, draft=args.draft, k=args.k,
+                               tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
+                               load_format="dummy" if args.dummy else "auto",
+                               gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                               max_num_seqs=max(args.batch_sizes), step_log=args.step_log)
+            eng = V.VLLMEngine(cfg)
+            vocab = V.model_dims(args.model)["vocab"] if args.dummy else 32000
+            prompt = V.study_prompt(args.prompt_len, vocab, seed=1)
+            eng.run_batch(prompt, 1, 16, run_id="warmup", record=False)
+            for b in args.batch_sizes:
+                res = eng.run_batch(prompt, b, args.max_tokens)
+                print(f"{cfg.method} B={b}: {res.output_tok_per_s:.0f} tok/s, AL {res.acceptance_length}")
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(res.to_dict()) + "\n")
+            eng.close()
+        else:
+            from tqdm import tqdm
+
+            cfg = V.VLLMConfig(model=args.model, load_format="dummy", tensor_parallel_size=args.tp,
+                               max_num_seqs=max(args.batch_sizes), step_log=args.step_log)
+            eng = V.VLLMEngine(cfg)
+            eng.profile(args.batch_sizes, args.prompt_lens, args.decode_tokens,
+                        vocab_size=V.model_dims(args.model)["vocab"], progress=tqdm)
+            eng.close()
+            if args.fit:
+                from . import costmodel
+                from .traces import read_steps
+
+                fr = costmodel.fit(V.flag_jit_outliers(read_steps(args.step_log)).query("~outlier"),
+                                   name=f"{cfg.label()}-fit")
+                fr.to_json(args.fit)
+                print(fr.summary())
+    except V.VLLMEngineError as e:
+        raise SystemExit(f"vllm: {e}")
+    return 0
+
+
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost, _add_workloads]
+_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost, _add_workloads, _add_vllm]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -111,3 +111,13 @@ def test_model_dims_and_hbm_floor():
     q = V.model_dims(CONFIGS / "qwen3_8b")
     assert 8.1e9 < q["params"] < 8.3e9
     assert 70e9 < V.model_dims(CONFIGS / "llama3_70b")["params"] < 71e9
+
+
+def test_cli_vllm_reports_bad_method_and_missing_vllm():
+    from spec_repro.cli import main
+
+    with pytest.raises(SystemExit, match="unknown method 'bogus'"):
+        main(["vllm", "run", "--model", "x", "--method", "bogus"])
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(SystemExit, match="vLLM is not installed"):
+            main(["vllm", "run", "--model", str(CONFIGS / "llama31_8b"), "--dummy", "--method", "ngram"])
