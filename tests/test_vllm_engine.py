@@ -121,3 +121,20 @@ def test_cli_vllm_reports_bad_method_and_missing_vllm():
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(SystemExit, match="vLLM is not installed"):
             main(["vllm", "run", "--model", str(CONFIGS / "llama31_8b"), "--dummy", "--method", "ngram"])
+
+
+def test_every_device_job_spec_is_a_valid_engine_configuration():
+    from spec_repro.engines.vllm_jobs import JOBS
+
+    names = set()
+    for job, specs in JOBS.items():
+        for spec in specs:
+            cfg = V.VLLMConfig(**spec["config"])
+            kw = V.engine_kwargs(cfg)                      # raises on a bad method / missing draft
+            assert (Path(cfg.model) / "config.json").exists() or cfg.model.startswith("/root/"), cfg.model
+            if cfg.draft:
+                assert (Path(cfg.draft) / "config.json").exists(), cfg.draft
+            assert {t["type"] for t in spec["tasks"]} <= {"batches", "overhead", "profile", "prompts"}
+            assert kw["max_num_seqs"] >= max(max(t.get("batch_sizes", [1])) for t in spec["tasks"])
+            names.add(spec["name"])
+    assert {"llama8b-none", "llama8b-ngram", "llama8b-eagle", "smollm2-ngram"} <= names
