@@ -231,6 +231,9 @@ def _add_cpu_verify_cost(sub):
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="data/cpu/verify_cost.csv")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--steps-out", default=None,
+                   help="also time whole engine steps (no SD / ngram / early-exit, bs 1 and 4, code-edit) and "
+                        "write them here (parquet, STEP_COLUMNS)")
     p.set_defaults(func=_run_cpu_verify_cost)
     return p
 
@@ -270,6 +273,22 @@ def _run_cpu_verify_cost(args):
     print(f"1-token decode step {base * 1e3:.1f} ms: {wb / base / 1e9:.2f} GB/s of weights read "
           f"({wb / 1e6:.0f} MB of {model.dtype} weights)")
     print(f"wrote {out}")
+    if args.steps_out:
+        from .collect import engine_step_timings
+
+        steps = engine_step_timings(args.model, device=args.device)
+        sp = Path(args.steps_out)
+        sp.parent.mkdir(parents=True, exist_ok=True)
+        steps.to_parquet(sp, index=False)
+        dec = steps[steps.phase == "decode"]
+        share = dec.groupby(["method", "batch_size"])[["t_draft", "t_verify", "t_reject", "t_other"]].sum()
+        share = share.div(share.sum(axis=1), axis=0).round(3)
+        record(sp.parent / "MANIFEST.json", sp.name, file=sp.name, model=args.model, device=args.device,
+               torch_threads=torch.get_num_threads(), workload="code-edit", k=3,
+               kind="measured: per-step phase timings of spec_repro.engines.torch (one prompt copied B times)",
+               time_shares=share.reset_index().to_dict(orient="records"))
+        print(share.to_string())
+        print(f"wrote {sp}")
 
 
 # ---- vllm (issue 4: vLLM engine, step timing, H200 data) -------------------------------------------------

@@ -176,3 +176,32 @@ def _proposer_settings(p, draft_model) -> dict:
         return {"layers": p.layers, "note": "self-draft from the target's first layers + final norm + LM head "
                                              "(LayerSkip-style stand-in for EAGLE, untrained)"}
     return {"draft_model": draft_model}
+
+
+def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit", *, n: int = 4,
+                        max_new_tokens: int = 64, methods: Sequence[str] = ("none", "ngram", "early-exit"),
+                        batch_sizes: Sequence[int] = (1, 4), k: int = 3, seed: int = 0, device: str = "cpu",
+                        quiet: bool = False):
+    """Measured per-step phase timings of the reference engine (``STEP_COLUMNS`` + ``phase``), for the
+    verification-bottleneck analysis on this machine. As in the study, a batch of B is ONE prompt copied B
+    times; each of the ``n`` prompts runs once per (method, batch size)."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from . import models
+    from . import workloads as wl
+    from .engines.torch import generate
+    from .proposers import make_proposer
+
+    target, tok = models.load(model, device=device)
+    reqs = wl.load(workload, n=n, seed=seed, tokenizer=tok)
+    frames = []
+    combos = [(m, b, r) for m in methods for b in batch_sizes for r in reqs]
+    for m, b, r in tqdm(combos, desc="engine steps", disable=quiet):
+        prop = None if m == "none" else make_proposer(m, target)
+        res = generate(target, [r.prompt_token_ids] * b, max_new_tokens=max_new_tokens, proposer=prop, k=k,
+                       model_name=model)
+        df = res.steps.drop(columns=["accepted_per_req"])
+        df["request_id"], df["dataset"] = str(r.id), workload
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
