@@ -347,7 +347,8 @@ MODEL_DIMS = {"llama31-8b": "llama31_8b", "qwen3-8b": "qwen3_8b", "llama3-70b": 
 FILE_DOCS = {
     "runs.csv": "one row per timed generate() call: throughput, wall time, vLLM spec-decode counters",
     "results.jsonl": "the device jobs' raw records (engine start, environment, config, each run), outputs left out",
-    "steps.parquet": "every engine step timed by the plugin (STEP_COLUMNS + phase, t_sched, outlier, spec, session)",
+    "steps.parquet": "every engine step timed by the plugin (STEP_COLUMNS + phase, t_sched, outlier, spec, session, "
+                     "run_kind, and the forward's HBM floor: verify_bytes, verify_floor_s, achieved_GBps, bw_util)",
     "phase_breakdown.csv": "time-weighted phase shares per model/method/batch (decode steps, and all steps)",
     "overhead.csv": "throughput with the step timer on vs off (interleaved repeats, two plugin versions)",
     "verify_limits.csv": "median decode target-forward time next to its HBM floor (weights + KV bytes / 4.8 TB/s)",
@@ -417,7 +418,7 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
 
     from .. import costmodel
     from ..provenance import record
-    from .vllm import (flag_jit_outliers, limit_table, model_dims, ngram_agreement, overhead_table,
+    from .vllm import (add_physical_limits, flag_jit_outliers, limit_table, model_dims, ngram_agreement, overhead_table,
                        phase_breakdown, request_steps, torch_profiler_predictor, token_agreement)
 
     raw, out = Path(raw), Path(out)
@@ -426,6 +427,10 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     steps["run_kind"] = steps["run_id"].map(_run_kind)
     steps = flag_jit_outliers(steps)
     llm = steps[steps["spec"] != "smollm2-ngram"]
+    dims = {m: model_dims(CONFIGS / d) for m, d in MODEL_DIMS.items() if (CONFIGS / d).exists()}
+    # every step next to its memory floor: (streamed weights + KV read) / 4.8 TB/s, and the GB/s it achieved
+    llm = pd.concat([add_physical_limits(g, dims[m]) if m in dims else g for m, g in llm.groupby("model")])
+    llm = llm.sort_index()
     keep = [c for c in llm.columns if c not in ("accepted_per_req",)]
     llm[keep].to_parquet(out / "steps.parquet", compression="zstd", index=False)
     runs.to_csv(out / "runs.csv", index=False)
@@ -444,7 +449,6 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     pb.to_csv(out / "phase_breakdown.csv", index=False, float_format="%.6g")
     ov = overhead_table(runs)
     ov.to_csv(out / "overhead.csv", index=False, float_format="%.6g")
-    dims = {m: model_dims(CONFIGS / d) for m, d in MODEL_DIMS.items() if (CONFIGS / d).exists()}
     lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"])], dims)
     lim.to_csv(out / "verify_limits.csv", index=False, float_format="%.6g")
 
