@@ -115,3 +115,14 @@ def test_agreement_detects_a_wrong_count():
     r = V.agreement(bad, prompts, outputs, k=8)
     assert r["accepted_agree"] == r["steps"] - 1
     assert r["mismatches"][0]["position"] == p
+
+
+def test_load_raw_reads_device_outputs():
+    from spec_repro.engines.vllm_jobs import load_raw
+
+    runs, steps, engines = load_raw(FIX)
+    assert len(runs) == 5 and set(runs["session"]) == {"1-plugin-v1"}
+    assert (runs["load_format"] == "dummy").all() and runs["acceptance_length"].between(3.9, 4.0).all()
+    assert engines[0]["vllm"] == "0.25.0" and engines[0]["instrumented"]
+    assert {"t_sched", "spec", "session"} <= set(steps.columns)
+    assert (steps["t_sched"] <= steps["t_other"] + 1e-12).all()
