@@ -103,7 +103,7 @@ nb("02_verification_bottleneck", "Finding 2: verification dominates a speculativ
    "Rejection sampling stays **below 1.7%**.\n\n"
    "**This notebook**: (a) the *measured* four-phase breakdown (drafting, verification, rejection sampling, "
    "overhead) from vLLM step logs on the H200 (`data/gpu`, instrumented with this package's vLLM plugin); "
-   "(b) the *measured* CPU cost of verifying k draft tokens with the embedded SmolLM2-135M "
+   "(b) the measured verification time next to its HBM-bandwidth floor; (c) the *measured* CPU cost of verifying k draft tokens with the embedded SmolLM2-135M "
    "(`data/cpu/verify_cost.csv`): forward time of k+1 tokens vs 1 token.",
    [(code, '''from spec_repro import analysis as A, plots as P
 
@@ -111,21 +111,43 @@ if backend == "vllm":
     steps_files = sorted(A.live_vllm_job(vllm_job).glob("steps_*.jsonl"))
 steps, steps_src = A.gpu_steps(steps_files)
 print(steps_src)'''),
+    (md, "### (a) Where a decode step's time goes, measured in vLLM on the H200\n\n"
+         "Target models with the study's **dimensions and dummy (random) weights**: timing is real, acceptance is "
+         "not (see `data/gpu/README.md`), so this is about the cost of each phase, not about speedups. "
+         "Time-weighted shares over decode steps (prefill and chunked-prefill steps excluded; JIT-compilation "
+         "outliers dropped)."),
     (code, '''if steps is not None:
     shares = A.time_shares(steps)
     display(shares.round(3))
-    fig = P.time_breakdown(shares, source=steps_src)
+    fig = P.time_breakdown(shares, facet=["model", "method"], source=steps_src)
     if figures_dir: P.save(fig, "02_time_breakdown", figures_dir)
 else:
     shares = None
-    print("No step logs found: the GPU breakdown is not shown (run the vLLM profile on a GPU, see data/gpu).")'''),
+    print("No step logs found: the GPU breakdown is not shown (run the vLLM job on a GPU: backend='vllm').")'''),
+    (md, "### (b) Verification against its physical limit\n\n"
+         "A decode step's target forward must at least stream the weights and read the KV cache from HBM. "
+         "Below, the measured forward time next to that floor (bytes ÷ the H200's 4.8 TB/s datasheet "
+         "bandwidth). While the measured time tracks the floor, verifying k+1 tokens per request costs about "
+         "as much as decoding 1; once it leaves the floor (large batches × k+1 tokens) verification is "
+         "compute-bound and every rejected draft token is paid for."),
+    (code, '''limits, limits_src = A.gpu_verify_limits()
+print(limits_src)
+if limits is not None:
+    display(limits[["model", "method", "batch_size", "batched_tokens", "t_verify_ms", "floor_ms", "bw_util",
+                    "vs_no_sd"]].round(3))
+    fig = P.verify_vs_floor(limits, source=limits_src)
+    if figures_dir: P.save(fig, "02_verify_vs_hbm_floor", figures_dir)'''),
+    (md, "### (c) The same question on this machine's CPU\n\n"
+         "SmolLM2-135M (real weights) on the CPU that built the embedded traces: one forward of k+1 tokens after "
+         "a 512-token cache vs one token. A CPU has little parallel compute to hide extra tokens in, so "
+         "verification cost grows with k much sooner than on a GPU. (Shared CPU: noisy; medians of repeats.)"),
     (code, '''vc, vc_src = A.verify_cost(verify_cost_file)
 print(vc_src)
 if vc is not None:
     display(vc.round(3))
     fig = P.verify_cost_curve(vc, hue="device" if "device" in vc else None, source=vc_src)
     if figures_dir: P.save(fig, "02_verify_cost_cpu", figures_dir)'''),
-    (code, '''rows = A.finding2_rows(shares, steps_src, vc, vc_src)
+    (code, '''rows = A.finding2_rows(shares, steps_src, vc, vc_src, limits, limits_src)
 A.write_summary(rows, summary_path)'''),
     ],
    params=GPU_PARAMS,

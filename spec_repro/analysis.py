@@ -278,12 +278,13 @@ def time_shares(steps: pd.DataFrame, by: Sequence[str] = ("model", "method", "k"
                 decode_only: bool = True) -> pd.DataFrame:
     """Share of step time in each phase (drafting, verification, rejection sampling, overhead).
 
-    Sums each phase over all steps of a group, divided by the summed step time. ``decode_only`` drops steps
-    marked ``phase == 'prefill'`` when the table has that column. Returns the ``by`` columns, steps, total_s,
-    and one ``<phase>_share`` column per phase (shares sum to 1)."""
+    Sums each phase over all steps of a group, divided by the summed step time. ``decode_only`` keeps only
+    steps marked ``phase == 'decode'`` (no prefill, no chunked prefill mixed in) when the table has that column.
+    Returns the ``by`` columns, steps, total_s, ms_per_step and one ``<phase>_share`` column per phase (shares
+    sum to 1)."""
     df = steps
     if decode_only and "phase" in df.columns:
-        df = df[df["phase"].astype(str) != "prefill"]
+        df = df[df["phase"].astype(str) == "decode"]
     if df.empty:
         raise TraceError("time_shares: no steps to summarize")
     by = list(by)
@@ -293,6 +294,7 @@ def time_shares(steps: pd.DataFrame, by: Sequence[str] = ("model", "method", "k"
         out[f"{name.replace(' ', '_')}_share"] = out[c] / out["t_total"]
     out = out.rename(columns={"t_total": "total_s"}).drop(columns=list(_PHASES))
     out.insert(0, "steps", g.size())
+    out.insert(2, "ms_per_step", 1e3 * out["total_s"] / out["steps"])
     return out.reset_index()
 
 
@@ -537,25 +539,37 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
     return rows
 
 
-def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFrame | None,
-                  vc_source: str) -> list[SummaryRow]:
+def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFrame | None, vc_source: str,
+                  limits: pd.DataFrame | None = None, limits_source: str = "") -> list[SummaryRow]:
     rows = []
     if shares is not None and len(shares):
-        sd = shares[shares["method"].astype(str) != "none"] if "method" in shares else shares
-        v = sd["verification_share"]
-        rows.append(SummaryRow("2 verification bottleneck", "verification share of step time, min-max over "
-                               "methods and batch sizes", "42%-95%", f"{v.min():.0%}-{v.max():.0%}", steps_source,
-                               float(v.max())))
+        sd = shares[shares["method"].astype(str) != "none"]
+        for (model, method), g in sd.groupby(["model", "method"]):
+            v = g.sort_values("batch_size")
+            b = v["batch_size"].tolist()
+            rows.append(SummaryRow("2 verification bottleneck",
+                                   f"{model} dims, {method}: verification share of decode-step time, bs {b[0]}-{b[-1]}",
+                                   "42%-95% (all methods)", f"{v['verification_share'].min():.0%}-"
+                                   f"{v['verification_share'].max():.0%}", steps_source,
+                                   float(v["verification_share"].max())))
         r = sd["rejection_sampling_share"].max()
-        rows.append(SummaryRow("2 verification bottleneck", "rejection sampling share, max", "< 1.7%", f"{r:.1%}",
-                               steps_source, float(r)))
+        rows.append(SummaryRow("2 verification bottleneck", "rejection sampling share, max over methods and batches",
+                               "< 1.7%", f"{r:.1%}", steps_source, float(r)))
+    if limits is not None and len(limits):
+        for (model, method), g in limits[limits["method"] != "none"].groupby(["model", "method"]):
+            g = g.sort_values("batch_size")
+            lo, hi = g.iloc[0], g.iloc[-1]
+            rows.append(SummaryRow("2 verification bottleneck", f"{model} dims, {method}: verify forward ÷ no-SD forward "
+                                   f"(k+1 vs 1 token per request), bs {int(lo.batch_size)} -> {int(hi.batch_size)}",
+                                   "n/a (not reported)", f"{lo.vs_no_sd:.2f} -> {hi.vs_no_sd:.2f} (HBM floor "
+                                   f"{lo.floor_ms:.1f} / {hi.floor_ms:.1f} ms, measured {lo.t_verify_ms:.1f} / "
+                                   f"{hi.t_verify_ms:.1f} ms)", limits_source, float(hi.vs_no_sd)))
     if vc is not None and len(vc):
         g = vc.groupby("k")["ratio"].mean()
         for kk in [3, int(g.index.max())]:
             if kk in g.index:
-                rows.append(SummaryRow("2 verification bottleneck", f"CPU forward time of k+1 = {kk + 1} tokens ÷ 1 "
-                                       "token", "n/a (GPU study; memory-bound verification is ~flat on GPU)",
-                                       f"{g[kk]:.2f}", vc_source, float(g[kk])))
+                rows.append(SummaryRow("2 verification bottleneck", f"CPU (SmolLM2-135M): forward of k+1 = {kk + 1} "
+                                       "tokens ÷ 1 token", "n/a (GPU study)", f"{g[kk]:.2f}", vc_source, float(g[kk])))
     if not rows:
         rows.append(SummaryRow("2 verification bottleneck", "verification share of step time", "42%-95%",
                                "not measured (no step logs or CPU verify-cost data found)", steps_source))
@@ -657,31 +671,52 @@ def _manifest_line(folder: Path, files: Sequence[Path]) -> str:
         (f" ({'; '.join(bits)})" if bits else "")
 
 
-def gpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
-    """Step-timing logs (STEP_COLUMNS) from ``files`` or every ``data/gpu/**/*steps*`` file.
+def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame | None, str]:
+    """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
+    ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) are dropped; with ``run_kind``
+    only those runs (``study``: the study's batching) when the table says.
 
     Returns (table or None, a provenance line saying what was read or that nothing was found)."""
-    from .traces import read_steps
+    from .traces import read_steps, validate_steps
 
     folder = data_dir() / "gpu"
     if files is None:
-        found = sorted(p for p in folder.rglob("*steps*") if p.suffix in (".jsonl", ".parquet"))
+        found = [folder / "steps.parquet"] if (folder / "steps.parquet").exists() else \
+            sorted(p for p in folder.rglob("steps*.jsonl"))
     else:
         found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
     if not found:
-        return None, f"measured: no step-timing logs under {folder} (the H200 runs have not been committed)"
-    df = pd.concat([read_steps(f) for f in found], ignore_index=True)
+        return None, f"measured: no step-timing logs under {folder} (the GPU runs have not been committed)"
+    parts = []
+    for f in found:
+        if f.suffix == ".parquet":
+            d = pd.read_parquet(f)
+            if "outlier" in d.columns:
+                d = d[~d["outlier"].astype(bool)]
+            if run_kind and "run_kind" in d.columns:
+                d = d[d["run_kind"].astype(str) == run_kind]
+            parts.append(validate_steps(d.reset_index(drop=True), str(f)))
+        else:
+            parts.append(read_steps(f))
+    df = pd.concat(parts, ignore_index=True)
     engines = ", ".join(sorted(df["engine"].astype(str).unique()))
     return df, f"measured ({engines} step logs): {_manifest_line(folder, found)}"
 
 
 def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
-    """``kind == "run"`` records of vLLM job result files (``results.jsonl``, see engines/vllm_jobs.py)."""
+    """Timed vLLM runs: the committed ``data/gpu/runs.csv`` (one row per run), or the ``kind == "run"`` records
+    of job result files (``results.jsonl``, see engines/vllm_jobs.py)."""
     folder = data_dir() / "gpu"
-    found = sorted(folder.rglob("results.jsonl")) if files is None else \
-        [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if files is None:
+        found = [folder / "runs.csv"] if (folder / "runs.csv").exists() else sorted(folder.rglob("results.jsonl"))
+    else:
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
     recs = []
     for f in found:
+        if f.suffix == ".csv":
+            d = pd.read_csv(f)
+            recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
+            continue
         for line in open(f):
             if line.strip():
                 r = json.loads(line)
@@ -714,19 +749,39 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
     sd = d[d["method"] != "none"].copy()
     sd["weights"] = np.where(sd["load_format"].astype(str) == "dummy", "dummy", "real")
 
-    def label(r):
-        if pd.notna(r.get("synthetic_acceptance_length")):
-            return f"{r['method']} (vLLM synthetic AL {r['synthetic_acceptance_length']:g})"
-        return f"{r['method']} ({r['weights']} weights)"
-
-    sd["proposers"] = sd.apply(label, axis=1)
-    sd = (sd.groupby(key + ["proposers", "method", "weights"], as_index=False)
+    sd["synthetic"] = pd.to_numeric(sd["synthetic_acceptance_length"], errors="coerce")
+    grp = key + ["method", "weights", "synthetic"]
+    sd = (sd.groupby(grp, as_index=False, dropna=False)
           .agg(tokens_per_s=("tokens_per_s", "mean"), acceptance_length=("acceptance_length", "mean")))
+    al = sd.groupby(["model", "method", "weights", "synthetic"], dropna=False)["acceptance_length"].transform("mean")
+
+    def label(r, al):
+        if pd.notna(r["synthetic"]):
+            return f"{r['method']} (synthetic AL {r['synthetic']:g})"
+        return f"{r['method']} (AL {al:.2f}, {r['weights']} weights)"
+
+    sd["proposers"] = [label(r, a) for (_, r), a in zip(sd.iterrows(), al)]
     out = sd.merge(base, on=key)
     out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
-    out["dataset"] = "study prompt (" + out["model"].astype(str) + ")"
+    out["dataset"] = out["model"].astype(str) + " dims, random prompt"
     return out.sort_values(key + ["proposers"]).reset_index(drop=True), \
         f"measured vLLM throughput: {_manifest_line(folder, found)}"
+
+
+def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:
+    """Median decode target-forward (verification) time beside its HBM floor, per model, method and batch size
+    (``data/gpu/verify_limits.csv``: floor = (weights streamed + KV read) / datasheet bandwidth). Adds
+    ``vs_no_sd``: verification time ÷ the no-SD forward of the same model and batch size (k+1 tokens per
+    request vs 1)."""
+    p = Path(path) if path is not None else data_dir() / "gpu" / "verify_limits.csv"
+    if not p.exists():
+        return None, f"measured: no verification-vs-HBM-floor table at {p}"
+    df = pd.read_csv(p)
+    base = df[df["method"] == "none"][["model", "batch_size", "t_verify_ms"]].rename(
+        columns={"t_verify_ms": "base_ms"})
+    df = df.merge(base, on=["model", "batch_size"], how="left")
+    df["vs_no_sd"] = df["t_verify_ms"] / df["base_ms"]
+    return df.drop(columns="base_ms"), f"measured (vLLM step logs): {_manifest_line(p.parent, [p])}"
 
 
 def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:

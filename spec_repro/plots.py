@@ -99,7 +99,7 @@ def _plain_log(ax, axis: str = "y"):
 
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
     a = ax.yaxis if axis == "y" else ax.xaxis
-    a.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20]))
+    a.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100]))
     a.set_major_formatter(fmt)
     a.set_minor_formatter(NullFormatter())
 
@@ -170,12 +170,15 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
 # ---- finding 2 --------------------------------------------------------------------------------------------
 
 
-def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet: str = "method", title: str = "",
+def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method", title: str = "",
                    source: str | None = None, paper_verify_range: tuple[float, float] | None = (0.42, 0.95)):
     """Stacked shares of step time (output of ``analysis.time_shares``): one panel per ``facet`` value, one
     bar per ``x``. The paper's range of verification's share is shaded for reference."""
     phases = [c for c in ["drafting_share", "verification_share", "rejection_sampling_share", "overhead_share"]
               if c in shares.columns]
+    if not isinstance(facet, str):  # several columns: one panel per combination
+        shares = shares.assign(_facet=shares[list(facet)].astype(str).agg(" · ".join, axis=1))
+        facet = "_facet"
     facets = list(dict.fromkeys(shares[facet]))
     fig, axes = _facets(len(facets), ncols=min(4, len(facets)), w=3.6)
     order = ["verification_share", "drafting_share", "rejection_sampling_share", "overhead_share"]
@@ -203,6 +206,31 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet: str = 
         sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
                 f"{paper_verify_range[1]:.0%}, H100, vLLM 0.10)")
     fig.suptitle(sup, y=1.06, fontsize=10)
+    _caption(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None):
+    """Measured verification (target forward) time vs batch size beside its HBM floor (``gpu_verify_limits``):
+    a panel per model; solid = measured, dotted = floor (weights + KV bytes ÷ HBM bandwidth), colour = method."""
+    models = sorted(limits["model"].unique())
+    fig, axes = _facets(len(models), ncols=len(models), w=4.6, h=3.6)
+    for ax, mdl in zip(axes, models):
+        d = limits[limits["model"] == mdl]
+        marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
+        for meth, g in d.groupby("method"):
+            g = g.sort_values("batch_size")
+            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=7, alpha=0.85,
+                    color=color(meth), label=f"{meth} measured")
+            ax.plot(g["batch_size"], g["floor_ms"], ls=":", color=color(meth), label=f"{meth} HBM floor")
+        _batch_axis(ax, d["batch_size"])
+        ax.set_yscale("log")
+        _plain_log(ax)
+        ax.set_ylabel("target forward per decode step (ms, log)")
+        ax.set_title(f"{mdl} dims", fontsize=9)
+    _legend_below(fig, axes)
+    fig.suptitle(title or "Verification time vs its memory-bandwidth floor", y=1.03)
     _caption(fig, source)
     fig.tight_layout()
     return fig
