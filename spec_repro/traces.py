@@ -79,7 +79,12 @@ STEP_COLUMNS: dict[str, str] = {
     "num_draft_tokens": "int64",
     "num_accepted_tokens": "int64",
 }
-STEP_OPTIONAL = ("accepted_per_req", "phase")
+# Optional step columns kept when present: per-request accepted counts, prefill/decode phase, the vLLM plugin's
+# run bookkeeping (run_kind: study / profile / overhead; outlier: JIT-compilation steps; t_sched: host time
+# between steps) and each step's physical limit (bytes the verification pass must read, the HBM floor in s,
+# achieved GB/s and bandwidth utilisation).
+STEP_OPTIONAL = ("accepted_per_req", "phase", "run_kind", "outlier", "t_sched", "spec", "session",
+                 "verify_bytes", "verify_floor_s", "achieved_GBps", "bw_util")
 _TIME_COLS = ("t_draft", "t_verify", "t_reject", "t_other", "t_total")
 
 _PUBLISHED_ACC = re.compile(r"^acc(?:_(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*))?$")
