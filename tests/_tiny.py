@@ -27,6 +27,7 @@ def prompts(lengths=(5, 17, 9), seed: int = 1, vocab: int = VOCAB, repeat: bool 
 
 
 def hf_greedy(model, prompt, max_new_tokens):
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids),
                          max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()

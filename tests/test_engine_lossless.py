@@ -8,11 +8,12 @@ from spec_repro.proposers import make_proposer
 from _tiny import hf_greedy, prompts, tiny_llama
 
 N_NEW = 40
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
+@pytest.fixture(scope="module", params=DEVICES)
+def target(request):
+    return tiny_llama(seed=0).to(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def reference(target):
 
 def _proposer(name, target):
     if name == "draft":
-        return make_proposer("draft", draft_model=tiny_llama(seed=5, layers=2))
+        return make_proposer("draft", draft_model=tiny_llama(seed=5, layers=2).to(target.device))
     if name == "draft-self":  # a drafter equal to the target: every draft accepted
         return make_proposer("draft", draft_model=target)
     return make_proposer(name, target, min_n=1, max_n=3, layers=2)
