@@ -72,29 +72,42 @@ nb("01_proposers_vs_batch", "Finding 1: speculative decoding's speedup shrinks a
          "with these step costs would gain with this acceptance*. The `early-exit` self-draft stands in for "
          "EAGLE and is charged EAGLE's drafting cost. Pass `cost_model=` a fitted JSON (e.g. the H200 fit in "
          "`data/gpu`) to price steps on other hardware."),
-    (code, '''cm, notes = A.cost_model_for(trace, cost_model)
-print(cm.summary()); print(*notes, sep="\\n")
-sim = A.simulate_grid(trace, cm, proposers=props, policies=[f"fixed-{k}"], batch_sizes=batch_sizes)
-sim[["dataset", "proposers", "batch_size", "speedup", "mean_tokens_per_step", "verify_share"]].round(3)'''),
+    (code, '''import pandas as pd
+
+cost_models = [cost_model] + ([A.gpu_cost_model_path()] if also_h200_fit and A.gpu_cost_model_path() else [])
+sims = []
+for name in cost_models:
+    cm, notes = A.cost_model_for(trace, name)
+    print(cm.summary()); print(*notes, sep="\\n"); print()
+    s = A.simulate_grid(trace, cm, proposers=props, policies=[f"fixed-{k}"], batch_sizes=batch_sizes)
+    sims.append(s.assign(cost_model=cm.name))
+sim = pd.concat(sims, ignore_index=True)
+sim.pivot_table(index=["dataset", "batch_size"], columns=["cost_model", "proposers"], values="speedup").round(2)'''),
     (md, "Measured end-to-end throughput in vLLM (speedup = generated tokens/s with SD ÷ without), when the "
          "H200 runs are committed under `data/gpu`:"),
     (code, '''gpu_results = A.live_vllm_job(vllm_job) / "results.jsonl" if backend == "vllm" else None
 measured, measured_src = A.gpu_speedups(gpu_results)
 print(measured_src)
 measured if measured is not None else "no measured vLLM throughput in data/gpu: only the simulation is shown"'''),
-    (code, '''fig = P.speedup_vs_batch(sim, title=f"Simulated speedup (fixed k={k}) vs batch size",
-                         source=f"simulated: {SOURCE}; cost model {cm.name}")
-if figures_dir: P.save(fig, "01_speedup_vs_batch", figures_dir)
-if measured is not None:
-    fig2 = P.speedup_vs_batch(measured, title="Measured vLLM speedup vs batch size", source=measured_src)
+    (code, '''fig = P.speedup_vs_batch(sim, title=f"Simulated speedup (fixed k={k}) vs batch size; line style = cost model",
+                         source=f"simulated over {SOURCE}; cost models {', '.join(sim['cost_model'].unique())}")
+if figures_dir: P.save(fig, "01_speedup_vs_batch", figures_dir)'''),
+    (md, "Measured in vLLM on the H200 with **dummy weights**: the timing is real, the acceptance is not "
+         "(random weights make greedy outputs repeat, so n-gram accepts nearly everything and EAGLE nothing; "
+         "one EAGLE run uses vLLM's synthetic sampler with an *assumed* acceptance length of 2.5). Each "
+         "series is labelled with the acceptance length (AL, tokens per step) it actually had. Read it as "
+         "the cost side of finding 1: the same acceptance buys less as the batch grows."),
+    (code, '''if measured is not None:
+    fig2 = P.speedup_vs_batch(measured, title="Measured vLLM speedup vs batch size (H200, dummy weights)",
+                              source=measured_src, style="acceptance")
     if figures_dir: P.save(fig2, "01_measured_vllm_speedup", figures_dir)'''),
-    (code, '''rows = A.finding1_rows(sim, measured, sim_source=f"simulated over {SOURCE}; cost model {cm.name}",
-                       measured_source=measured_src)
+    (code, '''rows = A.finding1_rows(sim, measured, sim_source=f"simulated over {SOURCE}", measured_source=measured_src)
 A.write_summary(rows, summary_path)'''),
     ],
    extra_params='cost_model = "llama3.1-8b-h100"   # preset name or a cost-model JSON path (e.g. data/gpu fit)\n'
                 'batch_sizes = [1, 2, 4, 8, 16, 32, 64, 128]\n'
-                'vllm_job = "llama8b"   # backend="vllm": the vLLM device job to run for measured throughput')
+                'vllm_job = "llama8b"   # backend="vllm": the vLLM device job to run for measured throughput\n'
+                'also_h200_fit = True   # also simulate with the cost model fitted to the H200 step logs (data/gpu)')
 
 # ---------------------------------------------------------------------------------------------------------
 nb("02_verification_bottleneck", "Finding 2: verification dominates a speculative step",

@@ -525,9 +525,16 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
                   measured_source: str | None = None) -> list[SummaryRow]:
     rows = []
     paper = "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128"
-    for label, df, src in (("simulated", sim, sim_source), ("measured vLLM", measured, measured_source)):
-        if df is None or not len(df):
-            continue
+    parts = []
+    if sim is not None and len(sim):
+        if "cost_model" in sim.columns:
+            parts += [(f"simulated, cost model {c}", g, f"{sim_source}; cost model {c}")
+                      for c, g in sim.groupby("cost_model", sort=False)]
+        else:
+            parts.append(("simulated", sim, sim_source))
+    if measured is not None and len(measured):
+        parts.append(("measured vLLM, dummy weights", measured, measured_source))
+    for label, df, src in parts:
         b0, b1 = df["batch_size"].min(), df["batch_size"].max()
         for ds, g in df.groupby("dataset"):
             at0 = g[g["batch_size"] == b0].set_index("proposers")["speedup"]
@@ -761,11 +768,18 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
         return f"{r['method']} (AL {al:.2f}, {r['weights']} weights)"
 
     sd["proposers"] = [label(r, a) for (_, r), a in zip(sd.iterrows(), al)]
+    sd["acceptance"] = np.where(sd["synthetic"].notna(), "assumed (vLLM synthetic sampler)", "as measured")
     out = sd.merge(base, on=key)
     out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
     out["dataset"] = out["model"].astype(str) + " dims, random prompt"
     return out.sort_values(key + ["proposers"]).reset_index(drop=True), \
         f"measured vLLM throughput: {_manifest_line(folder, found)}"
+
+
+def gpu_cost_model_path() -> Path | None:
+    """The cost model fitted to the committed H200 step logs (``data/gpu/costmodel_*.json``), if any."""
+    found = sorted((data_dir() / "gpu").glob("costmodel_*.json"))
+    return found[0] if found else None
 
 
 def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:

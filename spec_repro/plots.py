@@ -113,7 +113,8 @@ def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
     return fig, list(axes.flat[:n])
 
 
-def _legend_below(fig, axes, ncol: int = 6):
+def _legend_below(fig, axes, ncol: int = 6, order: Sequence[str] | None = None):
+    """One legend for all panels (right of the figure); ``order`` puts those labels first, in that order."""
     handles, labels = {}, []
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -122,6 +123,8 @@ def _legend_below(fig, axes, ncol: int = 6):
                 labels.append(lab)
         if ax.get_legend():
             ax.get_legend().remove()
+    if order:
+        labels = [lab for lab in order if lab in handles] + [lab for lab in labels if lab not in order]
     if handles:
         fig.legend([handles[lab] for lab in labels], labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
                    frameon=False, fontsize=8)
@@ -131,7 +134,8 @@ def _legend_below(fig, axes, ncol: int = 6):
 
 
 def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
-                     source: str | None = None, paper_refs: Mapping[str, float] | None = None):
+                     source: str | None = None, paper_refs: Mapping[str, float] | None = None,
+                     style: str | None = None):
     """Speedup vs batch size, one panel per dataset, one line per proposer (simulated rows of ``simulate``:
     dataset, proposers, batch_size, speedup). ``measured`` (dataset, proposers, batch_size, speedup) adds
     measured points as large markers, dashed. ``paper_refs`` draws labelled horizontal reference lines."""
@@ -140,12 +144,14 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
         datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
     fig, axes = _facets(len(datasets), ncols=4 if len(datasets) % 4 == 0 else 3)
     props = sorted(set(sim["proposers"]) | (set(measured["proposers"]) if measured is not None else set()))
-    pal = palette_for(props)
+    pal = {p: color(p.split(" ")[0]) for p in props}
     for ax, ds in zip(axes, datasets):
         d = sim[sim["dataset"] == ds]
         if len(d):
+            if style is None and "cost_model" in d.columns and sim["cost_model"].nunique() > 1:
+                style = "cost_model"
             sns.lineplot(data=d, x="batch_size", y="speedup", hue="proposers", palette=pal, marker="o", ax=ax,
-                         hue_order=[p for p in props if p in set(d["proposers"])])
+                         hue_order=[p for p in props if p in set(d["proposers"])], style=style)
         if measured is not None and len(measured):
             m = measured[measured["dataset"] == ds]
             styles = ["--", "-.", ":", (0, (5, 1))]
@@ -160,7 +166,8 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
         _batch_axis(ax, pd.concat([sim["batch_size"]] + ([measured["batch_size"]] if measured is not None else [])))
         ax.set_title(ds)
         ax.set_ylabel("speedup over no SD (×)")
-    _legend_below(fig, axes)
+    styles = [] if style is None else ([style] + sorted(sim[style].astype(str).unique()))
+    _legend_below(fig, axes, order=["proposers"] + props + styles)
     fig.suptitle(title or "Speedup vs batch size", y=1.02)
     _caption(fig, source)
     fig.tight_layout()
