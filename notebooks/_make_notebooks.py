@@ -197,7 +197,14 @@ fig = P.tokens_per_step_spread(per_req, paper=paper, paper_dataset=A.focus_datas
                                source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_tokens_per_step_spread", figures_dir)
 spread.round(2)'''),
-    (code, '''rows = A.finding3_rows(spread, by_pos, source=f"measured: {SOURCE}")
+    (md, "**Are these traces what a production engine would accept?** The same SmolLM2 weights with n-gram "
+         "were run in vLLM on the H200 (`data/gpu`); under greedy decoding the accepted count per step is a "
+         "function of the output, so it can be checked step by step:"),
+    (code, '''agree, agree_src = A.acceptance_agreement()
+print(agree_src)
+agree_rows = A.agreement_rows(agree, agree_src)
+A.write_summary(agree_rows, None)[["quantity", "this_run"]] if agree_rows else "no agreement record found"'''),
+    (code, '''rows = A.finding3_rows(spread, by_pos, source=f"measured: {SOURCE}") + agree_rows
 A.write_summary(rows, summary_path)'''),
     ],
    extra_params="bin_size = 16           # output positions per bin")

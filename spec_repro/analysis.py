@@ -782,6 +782,35 @@ def gpu_cost_model_path() -> Path | None:
     return found[0] if found else None
 
 
+def acceptance_agreement(path=None) -> tuple[dict | None, str]:
+    """How well the traces' acceptance matches a production engine's: ``data/gpu/smollm2_agreement.json``
+    (SmolLM2-135M, real weights, n-gram in vLLM on the H200 vs this package's profiler and torch traces)."""
+    p = Path(path) if path is not None else data_dir() / "gpu" / "smollm2_agreement.json"
+    if not p.exists():
+        return None, f"no engine-agreement record at {p}"
+    return json.loads(p.read_text()), f"measured (vLLM on GPU vs spec_repro torch traces): {_manifest_line(p.parent, [p])}"
+
+
+def agreement_rows(agree: dict | None, source: str) -> list[SummaryRow]:
+    if not agree:
+        return []
+    rows = []
+    a = agree.get("vs_torch_profiler") or {}
+    if a:
+        rows.append(SummaryRow("3 acceptance varies", "trace fidelity: vLLM's accepted tokens per step = the profiler's "
+                               "prediction from the same outputs (SmolLM2, n-gram)", "n/a",
+                               f"{a['accepted_agreement_rate']:.1%} of {a['steps']} steps", source,
+                               float(a["accepted_agreement_rate"])))
+    t = agree.get("vs_torch_traces") or {}
+    if t:
+        rows.append(SummaryRow("3 acceptance varies", "trace fidelity: vLLM vs the committed torch traces (common "
+                               "output prefixes)", "n/a",
+                               f"{t['accepted_agreement_rate']:.1%} of {t['steps_on_common_prefix']} steps; "
+                               f"{t['identical_outputs']}/{t['requests']} outputs identical", source,
+                               float(t["accepted_agreement_rate"])))
+    return rows
+
+
 def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:
     """Median decode target-forward (verification) time beside its HBM floor, per model, method and batch size
     (``data/gpu/verify_limits.csv``: floor = (weights streamed + KV read) / datasheet bandwidth). Adds
