@@ -168,3 +168,43 @@ def test_trace_files_resolution(tmp_path):
         A.trace_files(tmp_path / "missing.parquet")
     with pytest.raises(TraceError, match="no trace files"):
         A.trace_files(tmp_path, model="llama")
+
+
+# ---- readers of the committed measurements (recorded real data: data/gpu from the H200, data/cpu) ----------
+
+def test_gpu_time_shares_match_the_committed_breakdown():
+    """Our shares from the raw H200 step log equal data/gpu's own phase_breakdown (decode steps)."""
+    steps, src = A.gpu_steps()
+    assert steps is not None and "H200" in src
+    sh = A.time_shares(steps)
+    pb = pd.read_csv(A.data_dir() / "gpu" / "phase_breakdown.csv")
+    pb = pb[pb["steps_kind"] == "decode"]
+    m = sh.merge(pb, on=["model", "method", "k", "batch_size"])
+    assert len(m) == len(pb) and len(m) >= 20
+    assert (m["steps_x"] == m["steps_y"]).all()
+    for ours, theirs in (("verification_share", "verify_share"), ("drafting_share", "draft_share"),
+                         ("rejection_sampling_share", "reject_share")):
+        assert np.allclose(m[ours], m[theirs], atol=1e-5), ours
+
+
+def test_gpu_speedups_are_throughput_ratios():
+    sp, src = A.gpu_speedups()
+    runs = pd.read_csv(A.data_dir() / "gpu" / "runs.csv")
+    runs = runs[runs["task"] == "batches"]
+    base = runs[(runs["method"] == "none") & (runs["model"] == "llama31-8b") & (runs["batch_size"] == 16)]
+    ng = runs[(runs["method"] == "ngram") & (runs["model"] == "llama31-8b") & (runs["batch_size"] == 16)]
+    row = sp[(sp["model"] == "llama31-8b") & (sp["method"] == "ngram") & (sp["batch_size"] == 16)]
+    assert row["speedup"].item() == pytest.approx(ng["output_tok_per_s"].mean() / base["output_tok_per_s"].mean())
+    assert row["proposers"].item().startswith("ngram (AL ")
+    assert (sp["acceptance"] == "assumed (vLLM synthetic sampler)").sum() >= 1
+
+
+def test_verify_readers():
+    lim, _ = A.gpu_verify_limits()
+    assert np.allclose(lim.loc[lim["method"] == "none", "vs_no_sd"], 1.0)
+    assert (lim["t_verify_ms"] > lim["floor_ms"]).all()  # nothing beats the HBM floor
+    vc, src = A.verify_cost()
+    assert vc.loc[vc["k"] == 0, "ratio"].item() == pytest.approx(1.0)
+    assert "GB/s" in src
+    rows = A.finding2_rows(A.time_shares(A.gpu_steps()[0]), "s", vc, "v", lim, "l")
+    assert any("HBM floor" in r.this_run for r in rows)
