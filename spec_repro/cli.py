@@ -215,7 +215,7 @@ def _run_collect(args):
                         seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
                         device=args.device, force=args.force)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:
         raise SystemExit(f"error: {e}")
     for p in paths:
         print(p)

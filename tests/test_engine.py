@@ -71,3 +71,15 @@ def test_measure_verify_cost_shape(target):
     df = measure_verify_cost(target, kv_len=32, ks=[0, 3], repeats=2, warmup=1, progress=False)
     assert isinstance(df, pd.DataFrame) and len(df) == 4
     assert set(df.n_tokens) == {1, 4} and (df.seconds > 0).all()
+
+
+def test_out_of_memory_is_a_clear_error(target, monkeypatch):
+    st = KVState(target)
+    st.reset(1)
+
+    def boom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(st, "decoder", boom)
+    with pytest.raises(MemoryError, match="smaller batch size"):
+        st.extend([[1, 2, 3]])

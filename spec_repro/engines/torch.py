@@ -143,8 +143,16 @@ class KVState:
         token lists. ``hidden_layers``: keep the hidden states after these decoder layers in
         ``self.last_hidden[layer]`` (B, m, H), for early-exit read-outs."""
         kw = {"output_hidden_states": True} if hidden_layers else {}
-        out = self.decoder(input_ids=prep["ids"], attention_mask=prep["mask"], position_ids=prep["pos"],
-                           use_cache=True, **{self._cache_kw: self.cache}, **kw)
+        try:
+            out = self.decoder(input_ids=prep["ids"], attention_mask=prep["mask"], position_ids=prep["pos"],
+                               use_cache=True, **{self._cache_kw: self.cache}, **kw)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+                B, m = prep["ids"].shape
+                raise MemoryError(f"out of memory on {self.device} running a batch of {B} rows x {m} new tokens "
+                                  f"over a {self._slots}-slot KV cache: use a smaller batch size (--batch-size) "
+                                  f"or shorter prompts") from e
+            raise
         self.last_hidden = {int(n): out.hidden_states[int(n)] for n in hidden_layers}
         if prep["valid"] is None:
             self._slots += prep["ids"].shape[1]
