@@ -221,8 +221,8 @@ nb("04_ngram_overlap", "Finding 3b: n-gram wins when the output copies the promp
          "SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling of "
          "each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with vLLM: "
          "compare shapes (spread, ordering, overlap dependence), not magnitudes."),
-    (code, '''other = other_proposer or next(p for p in props if p != "ngram")
-adv = A.ngram_advantage(trace, other=other, k=k)
+    (code, '''adv = A.ngram_advantage_by_model(trace, other=other_proposer, k=k)
+other = " / ".join(adv["other"].unique())
 thr, bins = A.overlap_threshold(adv)
 print(f"n-gram vs {other}: lowest BLEU-4 above which n-gram wins in every bin: {thr}")
 bins'''),
@@ -289,7 +289,7 @@ sim = A.simulate_grid(trace, cm, proposers=props, policies=["oracle", "oracle-co
 A.hybrid_table(sim).round(3)'''),
     (code, '''fig = P.hybrid_oracle(sim, batch_size=min(batch_sizes),
                       paper_refs={"combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85,
-                                  **{f"{p} oracle": 2.7 for p in props if p != "ngram"}},
+                                  "ngram oracle": 2.75, **{f"{p} oracle": 2.7 for p in props if p != "ngram"}},
                       paper_dataset=A.focus_dataset(sim["dataset"]),
                       source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "06_hybrid_oracle", figures_dir)'''),

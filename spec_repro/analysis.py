@@ -250,6 +250,22 @@ def ngram_advantage(trace: Trace, other: str, k: int = 3, ngram: str = "ngram") 
     return out
 
 
+def ngram_advantage_by_model(trace: Trace, other: str | None = None, k: int = 3, ngram: str = "ngram") -> pd.DataFrame:
+    """``ngram_advantage`` for every model of the trace, each against ``other`` or, when None, that model's first
+    proposer that is not n-gram. Adds an ``other`` column; models without n-gram or another proposer are skipped."""
+    parts = []
+    for mdl in trace.models:
+        tm = trace.select(model=mdl)
+        o = other if other in tm.proposers else next((p for p in tm.proposers if p != ngram), None)
+        if ngram not in tm.proposers or o is None:
+            continue
+        parts.append(ngram_advantage(tm, other=o, k=k, ngram=ngram).rename(
+            columns={f"tpt_{o}": "tpt_other"}).assign(other=o))
+    if not parts:
+        raise TraceError(f"no model in the trace has both {ngram!r} and another proposer")
+    return pd.concat(parts, ignore_index=True)
+
+
 def overlap_threshold(adv: pd.DataFrame, edges: Sequence[float] = tuple(np.round(np.arange(0, 1.01, 0.1), 2))
                       ) -> tuple[float | None, pd.DataFrame]:
     """Where n-gram starts to win: the lowest BLEU bin edge from which every non-empty higher bin has a
@@ -314,7 +330,7 @@ def oracle_gap(sim: pd.DataFrame) -> pd.DataFrame:
     fixed k, its speedup, the oracle's speedup and the gap (oracle ÷ best fixed)."""
     fixed = sim[sim["policy"].str.startswith("fixed-")]
     orc = sim[sim["policy"] == "oracle"]
-    key = ["dataset", "proposers", "batch_size"]
+    key = ["dataset"] + (["model"] if "model" in sim.columns else []) + ["proposers", "batch_size"]
     best = fixed.loc[fixed.groupby(key)["speedup"].idxmax(), key + ["policy", "speedup"]]
     best = best.rename(columns={"policy": "best_fixed", "speedup": "best_fixed_speedup"})
     out = best.merge(orc[key + ["speedup"]].rename(columns={"speedup": "oracle_speedup"}), on=key)
@@ -328,7 +344,8 @@ def hybrid_table(sim: pd.DataFrame) -> pd.DataFrame:
     o = sim[sim["policy"].isin(["oracle", "oracle-combine"])].copy()
     o["config"] = np.where(o["policy"] == "oracle", "oracle " + o["proposers"],
                            "combine (" + o["draft_cost"].astype(str) + ")")
-    return o.pivot_table(index=["dataset", "batch_size"], columns="config", values="speedup").reset_index()
+    idx = ["dataset"] + (["model"] if "model" in o.columns else []) + ["batch_size"]
+    return o.pivot_table(index=idx, columns="config", values="speedup").reset_index()
 
 
 # ---- summary table ----------------------------------------------------------------------------------------
@@ -453,10 +470,16 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
     parts = []
     for pol in policies:
         if pol == "oracle-combine":
-            t = trace.select(proposers=proposers)
-            for dc in draft_costs:
-                parts.append(simulate(t, cost_model, list(proposers), pol, draft_cost=dc,
-                                      batch_sizes=tuple(batch_sizes), **kw))
+            # per model: combine the proposers that model's traces have (e.g. ngram+early-exit for SmolLM2,
+            # ngram+draft for the Qwen pair); a model with fewer than two of them has nothing to combine
+            for mdl in trace.models:
+                tm = trace.select(model=mdl)
+                have = [p for p in proposers if p in tm.proposers]
+                if len(have) < 2:
+                    continue
+                for dc in draft_costs:
+                    parts.append(simulate(tm.select(proposers=have), cost_model, have, pol, draft_cost=dc,
+                                          batch_sizes=tuple(batch_sizes), **kw))
         else:
             for p in proposers:
                 parts.append(simulate(trace.select(proposers=[p]), cost_model, [p], pol,
@@ -536,11 +559,12 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
         parts.append(("measured vLLM, dummy weights", measured, measured_source))
     for label, df, src in parts:
         b0, b1 = df["batch_size"].min(), df["batch_size"].max()
-        for ds, g in df.groupby("dataset"):
+        for (ds, mdl), g in df.groupby(["dataset", "model"]):
             at0 = g[g["batch_size"] == b0].set_index("proposers")["speedup"]
             at1 = g[g["batch_size"] == b1].set_index("proposers")["speedup"]
             best = at0.idxmax()
-            rows.append(SummaryRow("1 speedup vs batch", f"{ds}: best proposer ({best}), bs {b0} -> {b1} ({label})",
+            where = ds if ds.startswith(str(mdl)) else f"{ds} ({mdl})"
+            rows.append(SummaryRow("1 speedup vs batch", f"{where}: best proposer ({best}), bs {b0} -> {b1} ({label})",
                                    paper, f"{_x(at0[best])} -> {_x(at1.get(best, np.nan))}", src,
                                    float(at0[best])))
     return rows
@@ -622,14 +646,17 @@ def finding4_rows(gap: pd.DataFrame, *, source: str) -> list[SummaryRow]:
     ds = focus_dataset(gap["dataset"].unique())
     g = gap[gap["dataset"] == ds]
     b0, b1 = g["batch_size"].min(), g["batch_size"].max()
-    for prop, gp in g.groupby("proposers"):
+    if "model" not in g.columns:
+        g = g.assign(model="")
+    for (mdl, prop), gp in g.groupby(["model", "proposers"]):
         r0 = gp[gp["batch_size"] == b0].iloc[0]
         r1 = gp[gp["batch_size"] == b1].iloc[0]
         paper = "oracle ≈2.75x vs best fixed ≈2.1x (InstructCoder, n-gram)" if prop == "ngram" else "n/a"
-        rows.append(SummaryRow("4 oracle bound", f"{ds}, {prop}, bs {b0}: oracle vs best fixed k", paper,
+        where = f"{ds} ({mdl})" if mdl else ds
+        rows.append(SummaryRow("4 oracle bound", f"{where}, {prop}, bs {b0}: oracle vs best fixed k", paper,
                                f"{_x(r0.oracle_speedup)} vs {_x(r0.best_fixed_speedup)} ({r0.best_fixed})", source,
                                float(r0.oracle_speedup)))
-        rows.append(SummaryRow("4 oracle bound", f"{ds}, {prop}: oracle ÷ best fixed, bs {b0} -> {b1}",
+        rows.append(SummaryRow("4 oracle bound", f"{where}, {prop}: oracle ÷ best fixed, bs {b0} -> {b1}",
                                "gap widens with batch size", f"{r0.gap:.2f} -> {r1.gap:.2f}", source, float(r1.gap)))
     return rows
 
@@ -642,13 +669,16 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
     ds = focus_dataset(sim["dataset"].unique())
     b0 = sim["batch_size"].min()
     d = sim[(sim["dataset"] == ds) & (sim["batch_size"] == b0)]
+    multi = d["model"].nunique() > 1 if "model" in d.columns else False
     for r in d[d["policy"] == "oracle"].itertuples(index=False):
         paper = {"eagle": "≈2.7x", "early-exit": "≈2.7x (EAGLE)", "ngram": "≈2.75x (finding 4)"}.get(r.proposers,
                                                                                                    "n/a")
-        rows.append(SummaryRow("5 hybrid oracle", f"{ds}, bs {b0}: {r.proposers} oracle", paper, _x(r.speedup), source,
-                               float(r.speedup)))
+        where = f"{ds} ({r.model})" if multi else ds
+        rows.append(SummaryRow("5 hybrid oracle", f"{where}, bs {b0}: {r.proposers} oracle", paper, _x(r.speedup),
+                               source, float(r.speedup)))
     for r in d[d["policy"] == "oracle-combine"].itertuples(index=False):
-        rows.append(SummaryRow("5 hybrid oracle", f"{ds}, bs {b0}: Oracle Combine ({r.proposers}), drafting cost "
+        where = f"{ds} ({r.model})" if multi else ds
+        rows.append(SummaryRow("5 hybrid oracle", f"{where}, bs {b0}: Oracle Combine ({r.proposers}), drafting cost "
                                f"{r.draft_cost}", _PAPER_COMBINE.get(r.draft_cost, "n/a"), _x(r.speedup), source,
                                float(r.speedup)))
     return rows

@@ -79,6 +79,17 @@ def _caption(fig, source: str | None):
         fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
 
 
+def _panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """With several models in one table, label each dataset panel with its model too ("code-edit · qwen...")."""
+    if df is None or "model" not in df.columns or df["model"].nunique() <= 1:
+        return df
+    return df.assign(dataset=df["dataset"].astype(str) + " · " + df["model"].astype(str))
+
+
+def _is_paper_panel(panel: str, paper_dataset: str | None) -> bool:
+    return paper_dataset is None or panel == paper_dataset or panel.startswith(f"{paper_dataset} · ")
+
+
 def _batch_axis(ax, values):
     """Log2 batch-size axis with the batch sizes themselves as tick labels."""
     from matplotlib.ticker import FixedLocator, NullFormatter
@@ -139,6 +150,7 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
     """Speedup vs batch size, one panel per dataset, one line per proposer (simulated rows of ``simulate``:
     dataset, proposers, batch_size, speedup). ``measured`` (dataset, proposers, batch_size, speedup) adds
     measured points as large markers, dashed. ``paper_refs`` draws labelled horizontal reference lines."""
+    sim, measured = _panels(sim), _panels(measured)
     datasets = sorted(sim["dataset"].unique())
     if measured is not None and len(measured):
         datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
@@ -267,6 +279,7 @@ def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: 
 def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None):
     """Mean tokens per step by output position (``analysis.acceptance_by_output_position``), a panel per
     dataset, a line per proposer."""
+    df = _panels(df)
     datasets = sorted(df["dataset"].unique())
     fig, axes = _facets(len(datasets), ncols=4, w=3.6)
     pal = palette_for(sorted(df["proposer"].unique()))
@@ -287,6 +300,7 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
 
 def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None = None):
     """The study's per-position acceptance rate (``analysis.acceptance_by_draft_position``)."""
+    df = _panels(df)
     datasets = sorted(df["dataset"].unique())
     fig, axes = _facets(len(datasets), ncols=4, w=3.2, h=2.9)
     pal = palette_for(sorted(df["proposer"].unique()))
@@ -310,8 +324,9 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
                            paper_dataset: str | None = None):
     """Per-request tokens per step (``analysis.tokens_per_step_per_request``): box = 25-75th percentile,
     whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
+    per_request = _panels(per_request)
     props = sorted(per_request["proposer"].unique())
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.0 * per_request["dataset"].nunique() + 4), 3.8))
+    fig, ax = plt.subplots(figsize=(max(7.5, 2.6 * per_request["dataset"].nunique() + 4), 3.8))
     sns.boxplot(data=per_request, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props,
                 palette=palette_for(props), whis=(5, 95), fliersize=1.5, ax=ax)
     ax.set_yscale("log")
@@ -322,11 +337,14 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
     ax.set_yticks(yt)
     ax.set_yticklabels([f"{v:g}" for v in yt])
     datasets = [t.get_text() for t in ax.get_xticklabels()]
-    if paper and paper_dataset in datasets:
+    for i, panel in enumerate(datasets if paper and paper_dataset else []):
+        if not _is_paper_panel(panel, paper_dataset):
+            continue
         # the paper's 5th-95th range as a black I-beam right of the matching box (InstructCoder's analogue only)
-        i, n, drawn = datasets.index(paper_dataset), len(props), False
+        present = set(per_request.loc[per_request["dataset"] == panel, "proposer"])
+        n, drawn = len(props), any(lab.startswith("paper") for lab in ax.get_legend_handles_labels()[1])
         for j, p in enumerate(props):
-            if p in paper:
+            if p in paper and p in present:
                 lo, hi = paper[p]
                 x = i - 0.4 + (j + 1) * 0.8 / n - 0.02
                 ax.vlines(x, lo, hi, color="k", lw=1.6, label=None if drawn else "paper 5th-95th (InstructCoder, 70B)")
@@ -346,6 +364,7 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
 def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
                          paper_threshold: float | None = 0.6, title: str = "", source: str | None = None):
     """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over ``other`` (log scale)."""
+    adv = _panels(adv)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     sns.scatterplot(data=adv, x="bleu", y="advantage", hue="dataset", style="dataset", s=28, alpha=0.8, ax=ax)
     ax.set_yscale("log")
@@ -372,6 +391,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
     """Best fixed k vs oracle speedup by batch size (``analysis.oracle_gap``): a panel per dataset, solid =
     oracle, dashed = best fixed k, colour = proposer."""
+    gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
     fig, axes = _facets(len(datasets), ncols=4, w=3.6)
     for ax, ds in zip(axes, datasets):
@@ -382,12 +402,13 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
             ax.plot(g["batch_size"], g["best_fixed_speedup"], marker="s", ls="--", color=color(p),
                     label=f"{p} best fixed k")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
-        if paper_dataset is None or ds == paper_dataset:
+        if _is_paper_panel(ds, paper_dataset):
             for lab, v in (paper_refs or {}).items():
                 ax.axhline(v, color="0.5", lw=0.8, ls="--")
                 ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
         _batch_axis(ax, gap["batch_size"])
-        ax.set_title(ds + (" (paper's lines: InstructCoder)" if paper_refs and ds == paper_dataset else ""),
+        ax.set_title(ds + (" (paper's lines: InstructCoder)" if paper_refs and paper_dataset
+                           and _is_paper_panel(ds, paper_dataset) else ""),
                      fontsize=9)
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes, ncol=4)
@@ -401,6 +422,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                   paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
     """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size:
     grouped bars per dataset. Rows of ``simulate`` with policies ``oracle`` and ``oracle-combine``."""
+    sim = _panels(sim)
     o = sim[(sim["batch_size"] == batch_size) & sim["policy"].isin(["oracle", "oracle-combine"])].copy()
     o["config"] = np.where(o["policy"] == "oracle", o["proposers"] + " oracle",
                            "combine, " + o["draft_cost"].astype(str))
@@ -426,14 +448,18 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     ax.axhline(1.0, color="0.2", lw=1, ls=":")
     # The paper's values belong to its InstructCoder run: a black bar-wide tick on the matching bar of that
     # dataset (or its analogue). ``paper_refs`` maps a bar's label (e.g. "combine, winner") to the value.
-    i = datasets.index(paper_dataset) if paper_dataset in datasets else (0 if len(datasets) == 1 else None)
+    targets = [i for i, d in enumerate(datasets) if paper_dataset and _is_paper_panel(d, paper_dataset)]
+    if not targets and len(datasets) == 1:
+        targets = [0]
     drawn = False
-    for lab, v in (paper_refs or {}).items():
-        if lab in order and i is not None:
+    for (lab, v), i in [(kv, i) for kv in (paper_refs or {}).items() for i in targets]:
+        present = set(o.loc[o["dataset"] == datasets[i], "config"])
+        if lab in order and lab in present:
             j = order.index(lab)
             x = i + (j - (len(order) - 1) / 2) * width
             ax.hlines(v, x - width * 0.5, x + width * 0.5, color="k", lw=2.2,
-                      label=None if drawn else "paper (InstructCoder,\nLlama-3.1-8B, H100)")
+                      label=None if drawn else "paper (InstructCoder,\nLlama-3.1-8B, H100)" + (
+                          f"\ndrawn on {paper_dataset}" if paper_dataset and paper_dataset != "instructcoder" else ""))
             drawn = True
     ax.set_xticks(np.arange(len(datasets)))
     ax.set_xticklabels(datasets)
