@@ -118,7 +118,11 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             tqdm.write(f"FAILED {name}: {err}")
     bar.close()
 
-    table = read_summaries([r.summary for r in results if r.summary is not None])
+    # Rows of every notebook with a summary in out_dir: this run's, plus (when only some notebooks ran) those
+    # an earlier run into the same out_dir left, so `--only` refreshes part of the table without losing the rest.
+    ran = {r.name for r in results}
+    kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json").exists()]
+    table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
     table.to_csv(out / "summary.csv", index=False)
     head = f"Profile `{profile}`"
     if parameters:
