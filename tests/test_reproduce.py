@@ -67,14 +67,15 @@ def test_unknown_profile_and_notebook(toy_root, tmp_path):
 
 
 def test_real_notebook_is_deterministic(tmp_path):
-    """Notebook 05 (simulation over the committed traces) twice: identical summary rows and values."""
+    """Notebook 05 (simulation over a committed real trace) twice: identical summary rows and values."""
     if os.environ.get("SPEC_REPRO_ROOT"):
         pytest.skip("SPEC_REPRO_ROOT points elsewhere")
     name = "05_oracle_bound"
+    trace = repo_root() / "data" / "traces" / "smollm2-135m__code-edit.parquet"  # recorded: SmolLM2, torch engine
     runs = []
     for i in range(2):
         results, table = R.reproduce("embedded", tmp_path / f"run{i}", figures_dir=tmp_path / f"fig{i}",
-                                     notebooks=[name], progress=False)
+                                     notebooks=[name], progress=False, parameters={"traces": str(trace)})
         assert results[0].ok, results[0].error
         runs.append(table)
     assert len(runs[0]) > 0
