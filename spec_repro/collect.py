@@ -184,7 +184,7 @@ def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit"
                         quiet: bool = False):
     """Measured per-step phase timings of the reference engine (``STEP_COLUMNS`` + ``phase``), for the
     verification-bottleneck analysis on this machine. As in the study, a batch of B is ONE prompt copied B
-    times; each of the ``n`` prompts runs once per (method, batch size)."""
+    times; each of the ``n`` prompts runs once per (method, batch size), methods interleaved."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -196,7 +196,8 @@ def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit"
     target, tok = models.load(model, device=device)
     reqs = wl.load(workload, n=n, seed=seed, tokenizer=tok)
     frames = []
-    combos = [(m, b, r) for m in methods for b in batch_sizes for r in reqs]
+    # interleaved (prompt-major), so that background load drifting over time hits every method alike
+    combos = [(m, b, r) for r in reqs for b in batch_sizes for m in methods]
     for m, b, r in tqdm(combos, desc="engine steps", disable=quiet):
         prop = None if m == "none" else make_proposer(m, target)
         res = generate(target, [r.prompt_token_ids] * b, max_new_tokens=max_new_tokens, proposer=prop, k=k,

@@ -91,6 +91,7 @@ class NgramProposer(Proposer):
         if min_n < 1 or max_n < min_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = int(min_n), int(max_n)
+        ngram_lookup([0, 1, 0, 1], 1, 1, 2)  # compile (or load the cached) numba code now, not in a timed step
 
     def propose(self, contexts, k):
         return [ngram_lookup(c, k, self.min_n, self.max_n) for c in contexts]
