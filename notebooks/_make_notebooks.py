@@ -160,7 +160,18 @@ if vc is not None:
     display(vc.round(3))
     fig = P.verify_cost_curve(vc, hue="device" if "device" in vc else None, source=vc_src)
     if figures_dir: P.save(fig, "02_verify_cost_cpu", figures_dir)'''),
-    (code, '''rows = A.finding2_rows(shares, steps_src, vc, vc_src, limits, limits_src)
+    (md, "### (d) The same breakdown in this package's torch engine on the CPU\n\n"
+         "SmolLM2-135M with real weights, the embedded workloads, k = 3: the reference engine times the same "
+         "four phases (drafting, verification = target forward, acceptance, the rest)."),
+    (code, '''cpu_st, cpu_src = A.cpu_steps()
+print(cpu_src)
+cpu_shares = A.time_shares(cpu_st) if cpu_st is not None else None
+if cpu_shares is not None:
+    display(cpu_shares.round(3))
+    fig = P.time_breakdown(cpu_shares, facet=["model", "method"], title="Where a decode step's time goes: "
+                           "torch engine, CPU", source=cpu_src)
+    if figures_dir: P.save(fig, "02_time_breakdown_cpu", figures_dir)'''),
+    (code, '''rows = A.finding2_rows(shares, steps_src, vc, vc_src, limits, limits_src, cpu_shares, cpu_src)
 A.write_summary(rows, summary_path)'''),
     ],
    params=GPU_PARAMS,

@@ -571,8 +571,16 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
 
 
 def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFrame | None, vc_source: str,
-                  limits: pd.DataFrame | None = None, limits_source: str = "") -> list[SummaryRow]:
+                  limits: pd.DataFrame | None = None, limits_source: str = "",
+                  cpu_shares: pd.DataFrame | None = None, cpu_source: str = "") -> list[SummaryRow]:
     rows = []
+    if cpu_shares is not None and len(cpu_shares):
+        for (model, method), g in cpu_shares[cpu_shares["method"].astype(str) != "none"].groupby(["model", "method"]):
+            rows.append(SummaryRow("2 verification bottleneck", f"CPU torch engine, {model}, {method}: verification "
+                                   f"share of decode-step time, bs {g['batch_size'].min()}-{g['batch_size'].max()}",
+                                   "42%-95% (GPU, vLLM)", f"{g['verification_share'].min():.0%}-"
+                                   f"{g['verification_share'].max():.0%}", cpu_source,
+                                   float(g["verification_share"].max())))
     if shares is not None and len(shares):
         sd = shares[shares["method"].astype(str) != "none"]
         for (model, method), g in sd.groupby(["model", "method"]):
@@ -738,6 +746,19 @@ def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame 
     df = pd.concat(parts, ignore_index=True)
     engines = ", ".join(sorted(df["engine"].astype(str).unique()))
     return df, f"measured ({engines} step logs): {_manifest_line(folder, found)}"
+
+
+def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
+    """Step timings of this package's torch engine on the CPU (``data/cpu/steps_*.parquet``), same schema."""
+    from .traces import read_steps
+
+    folder = data_dir() / "cpu"
+    found = sorted(folder.glob("steps_*.parquet")) if files is None else \
+        [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if not found:
+        return None, f"measured: no torch-engine step logs under {folder}"
+    df = pd.concat([read_steps(f) for f in found], ignore_index=True)
+    return df, f"measured (spec_repro torch engine step logs): {_manifest_line(folder, found)}"
 
 
 def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
