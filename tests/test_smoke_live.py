@@ -53,3 +53,14 @@ def test_collect_errors_before_loading_anything(tmp_path):
         collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("draft",), out=tmp_path, quiet=True)
     with pytest.raises(ValueError, match="unknown proposer"):
         collect_mod.build_proposers(["eagle"], target=None)
+
+
+@pytest.mark.slow
+def test_live_engine_step_timings_follow_the_schema():
+    from spec_repro.traces import validate_steps
+
+    df = validate_steps(collect_mod.engine_step_timings(n=1, max_new_tokens=6, batch_sizes=(1, 2), quiet=True))
+    assert set(df.method) == {"none", "ngram", "early_exit"} and set(df.batch_size) == {1, 2}
+    dec = df[df.phase == "decode"]
+    assert (dec.t_verify > 0).all() and (dec[dec.method == "none"].num_draft_tokens == 0).all()
+    assert (dec[dec.method == "early_exit"].num_draft_tokens > 0).all()
