@@ -17,6 +17,7 @@ from typing import Sequence
 
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .provenance import record
+from .traces import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
 
@@ -112,10 +113,17 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     out = Path(out)
     todo_wl = [w for w in workloads if force or not trace_path(out, model, w).exists()]
     paths = [trace_path(out, model, w) for w in workloads]
+    wanted = {_trace_name(p) for p in proposers}
+    augment = {}
     for w in workloads:
-        if w not in todo_wl and not quiet:
-            print(f"[collect] {trace_path(out, model, w)} exists, skipped (--force to redo)")
-    if not todo_wl:
+        if w in todo_wl:
+            continue
+        have = set(read_trace(trace_path(out, model, w)).proposers)
+        if wanted - have:
+            augment[w] = sorted(wanted - have)
+        elif not quiet:
+            print(f"[collect] {trace_path(out, model, w)} exists with {sorted(have)}, skipped (--force to redo)")
+    if not todo_wl and not augment:
         return paths
     if "draft" in proposers and not draft_model:
         raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
@@ -131,6 +139,10 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
                 "k_max": k_max, "max_new_tokens": max_new_tokens, "n": n, "seed": seed,
                 "max_prompt_tokens": max_prompt_tokens, "batch_size": batch_size, "device": device,
                 "decoding": "greedy", "engine": "spec_repro.engines.torch", "dtype": str(target.dtype)}
+    for w, missing in augment.items():
+        add_proposers(trace_path(out, model, w), {n: props[n] for n in missing}, quiet=quiet,
+                      settings={n: _proposer_settings(props[n], draft_model) for n in missing},
+                      provenance=_model_provenance(draft_model) if draft_model and "draft" in missing else None)
     for w in todo_wl:
         final, part = trace_path(out, model, w), partial_path(out, model, w)
         reqs = wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
@@ -167,6 +179,64 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             print(f"[collect] wrote {final} ({len(profiles)} requests, {out_toks} output tokens, "
                   f"mean acc_len {summary})")
     return paths
+
+
+def _trace_name(proposer: str) -> str:
+    key = proposer.lower().replace("_", "-")
+    return {"n-gram": "ngram", "prompt-lookup": "ngram", "draft-model": "draft", "earlyexit": "early-exit",
+            "self-spec": "early-exit", "layerskip": "early-exit"}.get(key, key)
+
+
+def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = None, provenance: dict | None = None,
+                  quiet: bool = False) -> Path:
+    """Add proposers to an existing trace from its stored token ids: n-gram by lookup, model-based proposers by
+    one teacher-forced pass each (exact, as in the profiler; no new decode). Rewrites the file atomically and
+    updates its manifest entry."""
+    import numpy as np
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .profiler import chain_acceptance, model_argmax_after_outputs, ngram_acceptance
+    from .proposers.ngram import NgramProposer
+    from .traces import Trace
+
+    path = Path(path)
+    t = read_trace(path)
+    k_max = int(t.acc.k_max.iloc[0])
+    if "output_token_ids" not in t.requests.columns:
+        raise ValueError(f"{path}: the trace has no token ids, proposers cannot be added")
+    rows = []
+    for r in tqdm(list(t.requests.itertuples()), desc=f"add {sorted(proposers)} to {path.name}", disable=quiet):
+        prompt, o = [int(x) for x in r.prompt_token_ids], [int(x) for x in r.output_token_ids]
+        for name, p in proposers.items():
+            if isinstance(p, NgramProposer):
+                acc, dl = ngram_acceptance(prompt, o, k_max, p.min_n, p.max_n)
+            else:
+                acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, o), o, k_max)
+                dl = np.full(len(o), k_max)
+            L = int(r.output_len)
+            rows.append(pd.DataFrame({
+                "request_id": r.request_id, "dataset": r.dataset, "model": r.model, "proposer": name,
+                "position": np.arange(L), "acc_len": acc[:L], "k_max": k_max,
+                "draft_len": pd.array(dl[:L], dtype="Int16"), "prompt_len": int(r.prompt_len), "output_len": L}))
+    meta = dict(t.meta)
+    meta.setdefault("proposers", {}).update(settings or {})
+    new = Trace(pd.concat([t.acc] + rows, ignore_index=True), t.requests, meta)
+    new.to_parquet(path)
+    man_path = path.parent / "MANIFEST.json"
+    old = json.loads(man_path.read_text()).get(path.name, {}) if man_path.exists() else {}
+    keep = {k: v for k, v in old.items() if k not in ("date", "machine", "versions", "command")}
+    keep.setdefault("proposers", {}).update(settings or {})
+    keep["mean_acc_len"] = {p: round(float(new.acc[new.acc.proposer == p].acc_len.mean()), 3)
+                            for p in new.proposers}
+    if provenance:
+        keep.update({f"draft_{k}": v for k, v in provenance.items()})
+    keep["original_run"] = {k: old.get(k) for k in ("date", "machine", "command")}
+    keep["added_proposers"] = sorted(proposers)
+    record(man_path, path.name, **keep)
+    if not quiet:
+        print(f"[collect] added {sorted(proposers)} to {path} (mean acc_len {keep['mean_acc_len']})")
+    return path
 
 
 def _proposer_settings(p, draft_model) -> dict:

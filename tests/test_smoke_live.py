@@ -64,3 +64,22 @@ def test_live_engine_step_timings_follow_the_schema():
     dec = df[df.phase == "decode"]
     assert (dec.t_verify > 0).all() and (dec[dec.method == "none"].num_draft_tokens == 0).all()
     assert (dec[dec.method == "early_exit"].num_draft_tokens > 0).all()
+
+
+@pytest.mark.slow
+def test_live_adding_a_proposer_to_a_trace_matches_the_decode_readout(tmp_path):
+    """A trace collected with n-gram only, then given early-exit from its stored tokens (teacher-forced pass),
+    holds the same early-exit arrays as a collection that read them out during the decode."""
+    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True)
+    (both,) = collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), **kw)
+    want = read_trace(both).arrays("early-exit")
+    both.unlink()
+    (only,) = collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram",), **kw)
+    assert read_trace(only).proposers == ["ngram"]
+    collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), **kw)
+    t = read_trace(only)
+    assert t.proposers == ["early-exit", "ngram"]
+    got = t.arrays("early-exit")
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())[only.name]
+    assert man["added_proposers"] == ["early-exit"] and set(man["mean_acc_len"]) == {"early-exit", "ngram"}
