@@ -408,7 +408,6 @@ def describe_source(trace: Trace) -> str:
 
 def short_source(trace: Trace) -> str:
     """A one-line source for captions and the summary table: model, requests per dataset, trace kind, engine."""
-    n = trace.requests.groupby("dataset", observed=True).size()
     metas = _metas(trace)
     published = any(m.get("format") == "published-jsonl" for m in metas)
     engines = sorted({f"{m['engine']}" + (f" on {m['device']}" if m.get("device") else "")
@@ -416,8 +415,11 @@ def short_source(trace: Trace) -> str:
     kind = "the study's published traces (vLLM, H100)" if published else "spec_repro traces"
     eng = f", {'; '.join(engines)}" if engines else ""
     eng += ", collected live just now" if any(m.get("live") for m in metas) else ""
-    return (f"{', '.join(trace.models)}: {', '.join(f'{d} {c}' for d, c in n.items())} requests; "
-            f"{kind}{eng}")
+    per_model = []
+    for mdl, g in trace.requests.groupby("model", observed=True):
+        n = g.groupby("dataset", observed=True).size()
+        per_model.append(f"{mdl}: {', '.join(f'{d} {c}' for d, c in n.items())} requests")
+    return f"{'; '.join(per_model)}; {kind}{eng}"
 
 
 def _metas(trace: Trace) -> list[dict]:
