@@ -407,7 +407,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                 ax.axhline(v, color="0.5", lw=0.8, ls="--")
                 ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
         _batch_axis(ax, gap["batch_size"])
-        ax.set_title(ds + (" (paper's lines: InstructCoder)" if paper_refs and paper_dataset
+        ax.set_title(ds + ("\n(paper's lines: InstructCoder)" if paper_refs and paper_dataset
                            and _is_paper_panel(ds, paper_dataset) else ""),
                      fontsize=9)
         ax.set_ylabel("speedup over no SD (×)")
