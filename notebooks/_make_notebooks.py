@@ -283,7 +283,8 @@ nb("06_hybrid_oracle", "Finding 5: the hybrid oracle (Oracle Combine) and how it
    "lowers the bound to **≈4.3x** (paid only where EAGLE wins) or **≈3.85x** (paid every step).\n\n"
    "**This notebook**: *simulated*, every accounting side by side (`ngram-only`, `winner`, `all`), over this "
    "package's measured traces by default. Point `traces=` at the published `combined_instructcoder.jsonl` to "
-   "regenerate the 4.9x case.",
+   "regenerate the 4.9x case. Under `winner`, a position where both proposers accept equally is charged as "
+   "n-gram's (the cheaper drafter wins ties).",
    [(code, LOAD),
     (md, "**Where the numbers come from.** Acceptance is *measured*: the printed trace provenance names the "
          "model, engine, machine and date of each trace (the embedded default is SmolLM2-135M-Instruct decoded "

@@ -476,7 +476,9 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
             # ngram+draft for the Qwen pair); a model with fewer than two of them has nothing to combine
             for mdl in trace.models:
                 tm = trace.select(model=mdl)
-                have = [p for p in proposers if p in tm.proposers]
+                # n-gram first: under the `winner` accounting a tie goes to the first proposer listed, and a tie
+                # should cost the cheap lookup, not a model's drafting ("paid only where EAGLE wins")
+                have = sorted([p for p in proposers if p in tm.proposers], key=lambda p: p != "ngram")
                 if len(have) < 2:
                     continue
                 for dc in draft_costs:

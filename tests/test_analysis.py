@@ -208,3 +208,14 @@ def test_verify_readers():
     assert "GB/s" in src
     rows = A.finding2_rows(A.time_shares(A.gpu_steps()[0]), "s", vc, "v", lim, "l")
     assert any("HBM floor" in r.this_run for r in rows)
+
+
+def test_combine_puts_ngram_first_so_ties_cost_the_cheap_drafter():
+    """SYNTHETIC: both proposers always accept the same; under `winner` a tie must be charged as n-gram, so the
+    result equals `ngram-only` (which charges n-gram's rule) and beats `all` (which also pays EAGLE)."""
+    t = _trace({f"r{i}": {"eagle": [3] * 30, "ngram": [3] * 30} for i in range(4)},
+               draft_lens={f"r{i}": {"eagle": [5] * 30, "ngram": [5] * 30} for i in range(4)}, k_max=5)
+    sim = A.simulate_grid(t, "llama3.1-8b-h100", proposers=["eagle", "ngram"], policies=["oracle-combine"],
+                          batch_sizes=[1], draft_costs=["ngram-only", "winner", "all"]).set_index("draft_cost")
+    assert sim.loc["winner", "speedup"] == pytest.approx(sim.loc["ngram-only", "speedup"])
+    assert sim.loc["all", "speedup"] < sim.loc["winner", "speedup"]
