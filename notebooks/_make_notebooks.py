@@ -49,6 +49,8 @@ def nb(name, title, claim, cells, extra_params="", params=None):
     c.append(p)
     for kind, src in cells:
         c.append(nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src))
+    for i, cell in enumerate(c):  # stable ids: regenerating does not churn the committed files
+        cell["id"] = f"c{name[:2]}-{i:02d}"
     n.cells = c
     nbf.write(n, HERE / f"{name}.ipynb")
 
