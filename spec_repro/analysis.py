@@ -772,7 +772,7 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     if files is None:
         found = [folder / "runs.csv"] if (folder / "runs.csv").exists() else sorted(folder.rglob("results.jsonl"))
     else:
-        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files) if Path(f).exists()]
     recs = []
     for f in found:
         if f.suffix == ".csv":
