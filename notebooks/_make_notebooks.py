@@ -299,7 +299,7 @@ nb("06_hybrid_oracle", "Finding 5: the hybrid oracle (Oracle Combine) and how it
     (code, '''cm, notes = A.cost_model_for(trace, cost_model)
 print(cm.summary()); print(*notes, sep="\\n")
 sim = A.simulate_grid(trace, cm, proposers=props, policies=["oracle", "oracle-combine"], batch_sizes=batch_sizes,
-                      draft_costs=["ngram-only", "winner", "all"])
+                      draft_costs=["ngram-only", "winner", "all"], combine=combine)
 A.hybrid_table(sim).round(3)'''),
     (code, '''fig = P.hybrid_oracle(sim, batch_size=min(batch_sizes),
                       paper_refs={"combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85,
@@ -310,6 +310,7 @@ if figures_dir: P.save(fig, "06_hybrid_oracle", figures_dir)'''),
     (code, '''rows = A.finding5_rows(sim, source=f"simulated over {SOURCE}; cost model {cm.name}")
 A.write_summary(rows, summary_path)'''),
     ],
-   extra_params='cost_model = "llama3.1-8b-h100"\nbatch_sizes = [1, 8, 32]')
+   extra_params='cost_model = "llama3.1-8b-h100"\nbatch_sizes = [1, 8, 32]\n'
+                'combine = None          # proposers Oracle Combine takes per position; None: n-gram + the EAGLE-like one')
 
 print("wrote", sorted(p.name for p in HERE.glob("*.ipynb")))

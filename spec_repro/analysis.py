@@ -458,11 +458,28 @@ def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
     return cm, notes
 
 
+#: Which proposer Oracle Combine pairs with n-gram by default, as the study pairs n-gram with EAGLE.
+COMBINE_PARTNERS = ("eagle", "eagle3", "early-exit", "draft", "mtp")
+
+
+def combine_set(available: Sequence[str], combine: Sequence[str] | None = None) -> list[str]:
+    """The proposers Oracle Combine uses for one model: ``combine`` ∩ available, or by default the study's pair,
+    n-gram + the first of COMBINE_PARTNERS the model has. N-gram first (see ``simulate_grid``)."""
+    if combine is None:
+        partner = next((p for p in COMBINE_PARTNERS if p in available), None)
+        have = ["ngram", partner] if partner and "ngram" in available else []
+    else:
+        have = [p for p in combine if p in available]
+    return sorted(have, key=lambda p: p != "ngram")
+
+
 def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policies: Sequence[str],
-                  batch_sizes: Sequence[int], draft_costs: Sequence[str] = ("ngram-only",), **kw) -> pd.DataFrame:
+                  batch_sizes: Sequence[int], draft_costs: Sequence[str] = ("ngram-only",),
+                  combine: Sequence[str] | None = None, **kw) -> pd.DataFrame:
     """Run ``simulate`` for each single proposer under each policy (``fixed-K``/``oracle``) and, for
-    ``oracle-combine``, for all ``proposers`` together under each drafting-cost accounting. Extra keyword
-    arguments go to ``simulate`` (batching, sample, seed, progress)."""
+    ``oracle-combine``, per model for the proposers ``combine_set`` picks (default: n-gram + the EAGLE-like one,
+    as the study) under each drafting-cost accounting. Extra keyword arguments go to ``simulate`` (batching,
+    sample, seed, progress)."""
     import warnings
 
     warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
@@ -478,7 +495,7 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
                 tm = trace.select(model=mdl)
                 # n-gram first: under the `winner` accounting a tie goes to the first proposer listed, and a tie
                 # should cost the cheap lookup, not a model's drafting ("paid only where EAGLE wins")
-                have = sorted([p for p in proposers if p in tm.proposers], key=lambda p: p != "ngram")
+                have = combine_set([p for p in proposers if p in tm.proposers], combine)
                 if len(have) < 2:
                     continue
                 for dc in draft_costs:
