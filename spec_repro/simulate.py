@@ -15,7 +15,9 @@ tokens (p = 1 right after prefill) reads ``a = a[p - 1]`` and proposes
   all copies of a duplicated request (the released code draws per copy, so its copies drift apart; identical
   prompts would really match identically). Other proposers always propose K.
 - ``oracle`` (one proposer): exactly ``a - 1`` tokens; ``oracle-combine`` (any set): ``a = max_q a_q[p]``, the
-  *winner* is the first proposer (in the order given) reaching that max.
+  *winner* is the proposer reaching that max; on a tie, the one with the cheapest drafter (``combine_order``:
+  drafting time of one drafted token at a reference step), so the accounting never depends on the order the
+  proposers were listed in.
 
 It verifies ``i = proposal + 1`` tokens and produces ``g = min(a, i)``; it is done once p >= L.
 
@@ -225,6 +227,13 @@ class _Steps:
     charges: list      # [(Drafter, active bool array | None, proposal int array, always bool)]
 
 
+def combine_order(cm: CostModel, proposers) -> list[str]:
+    """Oracle Combine's tie-break order: cheapest drafter first, priced for one drafted token at a reference step
+    (one request, 1024 KV tokens); equal costs keep the given order."""
+    kv, F = 1024, float(cm.forward(1024, 2))
+    return sorted(proposers, key=lambda q: float(cm.drafter(q).time(kv, 2, F, 1, 1)))
+
+
 def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: CostModel, dataset: str,
            seed: int, match_prob) -> _Steps:
     a = reqs.acc.max(axis=0) if kind == "oracle-combine" else reqs.acc[0]
@@ -248,8 +257,9 @@ def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: C
     elif draft_cost == "ngram-only":
         charges = [(cm.drafter("ngram"), None, proposal, True)]
     elif draft_cost == "winner":
-        acc_here = reqs.acc[:, idx]
-        winner = np.argmax(acc_here == acc_here.max(axis=0), axis=0)  # first proposer reaching the max
+        rank = np.array([list(proposers).index(q) for q in combine_order(cm, proposers)])
+        acc_here = reqs.acc[rank][:, idx]
+        winner = rank[np.argmax(acc_here == acc_here.max(axis=0), axis=0)]  # cheapest proposer reaching the max
         charges = [(cm.drafter(q), winner == k, proposal, False) for k, q in enumerate(proposers)]
     else:  # all
         charges = [(cm.drafter(q), None, reqs.acc[k, idx] - 1, False) for k, q in enumerate(proposers)]

@@ -59,6 +59,7 @@ class Req:
         self.proposers, self.policy, self.K, self.match = proposers, policy, K, match
         self.L = len(accs[proposers[0]])
         self.p = 0
+        self.tie_order = proposers
 
     def decide(self):
         """(input length i, tokens produced g, [(proposer, proposal, always)] charges input) at the current p."""
@@ -88,9 +89,9 @@ def charges(req, i, cost_key):
         return [(req.proposers[0], i - 1, False)]
     if cost_key == "ngram-only":
         return [("ngram", i - 1, True)]
-    if cost_key == "winner":
+    if cost_key == "winner":  # ties go to the cheapest drafter: req.tie_order
         a = max(req.accs[q][j] for q in req.proposers)
-        for q in req.proposers:
+        for q in req.tie_order:
             if req.accs[q][j] == a:
                 return [(q, i - 1, False)]
     return [(q, req.accs[q][j] - 1, False) for q in req.proposers]
@@ -113,6 +114,8 @@ def duplicate_batch(cm, req_template, B, cost_key, speculative):
     """One batch of B copies, simulated step by step. Returns (mean latency, verify, draft, overhead, steps, gen)."""
     copies = [Req(req_template.rid, req_template.P, req_template.accs, req_template.dls, req_template.proposers,
                   req_template.policy, req_template.K, req_template.match) for _ in range(B)]
+    for c in copies:
+        c.tie_order = req_template.tie_order
     prompt_total = sum(c.P for c in copies)
     prefill = forward(cm, 0, prompt_total)
     lat = {k: prefill + cm.overhead for k in range(B)}
@@ -222,6 +225,10 @@ def reference_simulate(trace, cm, proposers, policy, draft_cost="ngram-only", ba
         table = [by_id[i] for i in ids]
     dataset = trace.requests["dataset"].iloc[0]
     reqs = make_requests(table, proposers, kind, K, dataset, seed, ngram_match_prob)
+    # Oracle Combine's ties go to the cheapest drafter: one drafted token at a 1024-token KV, one request
+    tie_order = sorted(proposers, key=lambda q: drafting_time(cm, q, 1024, 2, forward(cm, 1024, 2), 1, 1))
+    for r in reqs:
+        r.tie_order = tie_order
     tokens = [r.L for r in reqs]
     if batching == "duplicate":
         sd_tp, base_tp, sd_lat, base_lat = [], [], [], []

@@ -18,7 +18,7 @@ from make_fixtures import make_records, write_jsonl  # noqa: E402
 from reference_sim import reference_simulate  # noqa: E402
 
 from spec_repro.costmodel import Drafter, load_cost_model  # noqa: E402
-from spec_repro.simulate import RESULT_COLUMNS, SimulationError, simulate  # noqa: E402
+from spec_repro.simulate import RESULT_COLUMNS, SimulationError, combine_order, simulate  # noqa: E402
 from spec_repro.traces import Trace, TraceError, read_trace, read_traces  # noqa: E402
 
 FIX = HERE / "fixtures" / "published"
@@ -181,6 +181,14 @@ def test_combine_beats_each_single_oracle_and_accountings_order(realistic):
                 assert comb["ngram-only", B] >= s, (ds, q, B)
         for B in bs:  # EAGLE's drafting is dearer than n-gram's: each step that charges it lowers the bound
             assert comb["ngram-only", B] > comb["winner", B] > comb["all", B], (ds, B)
+
+
+def test_winner_ties_go_to_the_cheaper_drafter_whatever_the_order(realistic):
+    t = realistic[sorted(realistic)[0]]
+    a = simulate(t, "llama3.1-8b-h100", "ngram,eagle", "oracle-combine", "winner", [1, 16], progress=False)
+    b = simulate(t, "llama3.1-8b-h100", "eagle,ngram", "oracle-combine", "winner", [1, 16], progress=False)
+    np.testing.assert_allclose(a["speedup"], b["speedup"], rtol=1e-12)
+    assert combine_order(load_cost_model("llama3.1-8b-h100"), ["eagle", "ngram"]) == ["ngram", "eagle"]
 
 
 def test_mixed_with_identical_requests_equals_duplicate(cm):
