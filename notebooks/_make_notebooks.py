@@ -20,6 +20,27 @@ live_max_new_tokens = 64
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
 summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there'''
 
+LOOP_CAVEAT = ("**Caveat on the embedded model.** SmolLM2-135M often falls into repetition loops under greedy "
+               "decoding (7 to 13 of 40 requests per workload have over 30% of positions at full acceptance, "
+               "gsm-symbolic 3): n-gram acceptance on SmolLM2 is partly an artefact of that, so read its n-gram "
+               "numbers as an upper side. The Qwen2.5-Coder pair (1.5B target, 128 output tokens) loops far less.")
+
+WHERE_SIMULATED = ("**Where the numbers come from.** Acceptance is *measured*: the printed trace provenance names the "
+                   "model, engine, machine and date of each trace (the embedded default is SmolLM2-135M-Instruct "
+                   "decoded greedily on CPU by this package's torch engine, every proposer profiled exactly at every "
+                   "output position). Time is *modelled*: the cost model printed above (by default the study's "
+                   "published Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: "
+                   "*what a target with these step costs would gain with this acceptance*. The `early-exit` "
+                   "self-draft and the `draft` model stand in for EAGLE and are charged EAGLE's drafting cost (the "
+                   "cost models have no entry of their own for them). Pass `cost_model=` a fitted JSON (e.g. the "
+                   "H200 fit in `data/gpu`) to price steps on other hardware.\n\n" + LOOP_CAVEAT)
+
+WHERE_MEASURED = ("**Where the numbers come from.** Everything below is *measured* and involves no cost model: "
+                  "acceptance counts from the traces whose provenance is printed above (the embedded default: "
+                  "SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling "
+                  "of each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with "
+                  "vLLM: compare shapes (spread, ordering, overlap dependence), not magnitudes.\n\n" + LOOP_CAVEAT)
+
 LOAD = '''from spec_repro import analysis as A, plots as P
 
 if backend == "embedded":
@@ -66,14 +87,7 @@ nb("01_proposers_vs_batch", "Finding 1: speculative decoding's speedup shrinks a
    "acceptance traces and a step-time cost model (the study's published H100 fit for Llama-3.1-8B by "
    "default); (b) *measured* vLLM throughput on the lent H200, where `data/gpu` holds it.",
    [(code, LOAD),
-    (md, "**Where the numbers come from.** Acceptance is *measured*: the printed trace provenance names the "
-         "model, engine, machine and date of each trace (the embedded default is SmolLM2-135M-Instruct decoded "
-         "greedily on CPU by this package's torch engine, every proposer profiled exactly at every output "
-         "position). Time is *modelled*: the cost model printed above (by default the study's published "
-         "Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: *what a target "
-         "with these step costs would gain with this acceptance*. The `early-exit` self-draft stands in for "
-         "EAGLE and is charged EAGLE's drafting cost. Pass `cost_model=` a fitted JSON (e.g. the H200 fit in "
-         "`data/gpu`) to price steps on other hardware."),
+    (md, WHERE_SIMULATED),
     (code, '''import pandas as pd
 
 cost_models = [cost_model] + ([A.gpu_cost_model_path()] if also_h200_fit and A.gpu_cost_model_path() else [])
@@ -189,11 +203,7 @@ nb("03_acceptance_behavior", "Finding 3: acceptance varies by position, by reque
    "target decode per request, every proposer's acceptance at every output position; see the trace "
    "provenance printed below). No cost model is involved: these are counts.",
    [(code, LOAD),
-    (md, "**Where the numbers come from.** Everything below is *measured* and involves no cost model: "
-         "acceptance counts from the traces whose provenance is printed above (the embedded default: "
-         "SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling of "
-         "each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with vLLM: "
-         "compare shapes (spread, ordering, overlap dependence), not magnitudes."),
+    (md, WHERE_MEASURED),
     (code, '''by_pos = A.acceptance_by_output_position(trace, k=k, bin_size=bin_size, proposers=props, min_requests=5)
 fig = P.acceptance_by_position(by_pos, k=k, source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_acceptance_by_output_position", figures_dir)'''),
@@ -229,11 +239,7 @@ nb("04_ngram_overlap", "Finding 3b: n-gram wins when the output copies the promp
    "on the decoded texts when the trace has them, else on token ids) vs n-gram's tokens per step ÷ the other "
    "proposer's, at the same k, from this package's *measured* acceptance traces.",
    [(code, LOAD),
-    (md, "**Where the numbers come from.** Everything below is *measured* and involves no cost model: "
-         "acceptance counts from the traces whose provenance is printed above (the embedded default: "
-         "SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling of "
-         "each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with vLLM: "
-         "compare shapes (spread, ordering, overlap dependence), not magnitudes."),
+    (md, WHERE_MEASURED),
     (code, '''adv = A.ngram_advantage_by_model(trace, other=other_proposer, k=k)
 other = " / ".join(adv["other"].unique())
 thr, bins = A.overlap_threshold(adv)
@@ -254,14 +260,7 @@ nb("05_oracle_bound", "Finding 4: an oracle proposal length beats every fixed k,
    "via `traces=`), with the cost model named below: fixed k = 1..`max_fixed_k` vs the oracle that proposes "
    "exactly what will be accepted.",
    [(code, LOAD),
-    (md, "**Where the numbers come from.** Acceptance is *measured*: the printed trace provenance names the "
-         "model, engine, machine and date of each trace (the embedded default is SmolLM2-135M-Instruct decoded "
-         "greedily on CPU by this package's torch engine, every proposer profiled exactly at every output "
-         "position). Time is *modelled*: the cost model printed above (by default the study's published "
-         "Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: *what a target "
-         "with these step costs would gain with this acceptance*. The `early-exit` self-draft stands in for "
-         "EAGLE and is charged EAGLE's drafting cost. Pass `cost_model=` a fitted JSON (e.g. the H200 fit in "
-         "`data/gpu`) to price steps on other hardware."),
+    (md, WHERE_SIMULATED),
     (code, '''cm, notes = A.cost_model_for(trace, cost_model)
 print(cm.summary()); print(*notes, sep="\\n")
 policies = [f"fixed-{j}" for j in range(1, max_fixed_k + 1)] + ["oracle"]
@@ -288,14 +287,7 @@ nb("06_hybrid_oracle", "Finding 5: the hybrid oracle (Oracle Combine) and how it
    "regenerate the 4.9x case. Under `winner`, a position where both proposers accept equally is charged as "
    "n-gram's (the cheaper drafter wins ties).",
    [(code, LOAD),
-    (md, "**Where the numbers come from.** Acceptance is *measured*: the printed trace provenance names the "
-         "model, engine, machine and date of each trace (the embedded default is SmolLM2-135M-Instruct decoded "
-         "greedily on CPU by this package's torch engine, every proposer profiled exactly at every output "
-         "position). Time is *modelled*: the cost model printed above (by default the study's published "
-         "Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: *what a target "
-         "with these step costs would gain with this acceptance*. The `early-exit` self-draft stands in for "
-         "EAGLE and is charged EAGLE's drafting cost. Pass `cost_model=` a fitted JSON (e.g. the H200 fit in "
-         "`data/gpu`) to price steps on other hardware."),
+    (md, WHERE_SIMULATED),
     (code, '''cm, notes = A.cost_model_for(trace, cost_model)
 print(cm.summary()); print(*notes, sep="\\n")
 sim = A.simulate_grid(trace, cm, proposers=props, policies=["oracle", "oracle-combine"], batch_sizes=batch_sizes,
