@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+from scipy.optimize import nnls
 import pandas as pd
 
 __all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR", "load_cost_model",
@@ -271,17 +272,21 @@ def _lstsq(X: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
     # scale columns so the rank test is meaningful for kv ~1e5 next to a constant 1
     scale = np.abs(X).max(axis=0)
     scale[scale == 0] = 1.0
-    coef, _, rank, _ = np.linalg.lstsq(X / scale, y, rcond=None)
+    rank = np.linalg.matrix_rank(X / scale)
     if rank < X.shape[1]:
         raise CostModelError(f"fit {what}: the steps do not vary enough to separate the coefficients (rank "
                              f"{rank} < {X.shape[1]}); measure several batch sizes / context lengths")
+    # Non-negative least squares: every term is a time per token or per step, so a negative coefficient would
+    # only fit noise inside the measured range and predict negative times outside it (large KV, large batches).
+    coef, _ = nnls(X / scale, y)
     return coef / scale
 
 
 def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target_model: str | None = None,
         source: str = "", kinds: Mapping[str, str] | None = None, include_reject: bool = True,
         min_steps: int = 3) -> FitResult:
-    """Least-squares cost model from measured step timings (``spec_repro.traces.STEP_COLUMNS``).
+    """Least-squares cost model (non-negative coefficients) from measured step timings
+    (``spec_repro.traces.STEP_COLUMNS``).
 
     - target forward: t_verify ~ c_kv*kv_tokens + c_tok*batched_tokens + c0 over every step;
     - drafting, per ``method`` other than ``none`` (kind from ``kinds`` or ``default_drafter_kind``):
