@@ -31,8 +31,9 @@ WHERE_SIMULATED = ("**Where the numbers come from.** Acceptance is *measured*: t
                    "output position). Time is *modelled*: the cost model printed above (by default the study's "
                    "published Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: "
                    "*what a target with these step costs would gain with this acceptance*. The `early-exit` "
-                   "self-draft and the `draft` model stand in for EAGLE and are charged EAGLE's drafting cost (the "
-                   "cost models have no entry of their own for them). Pass `cost_model=` a fitted JSON (e.g. the "
+                   "self-draft stands in for EAGLE and is charged EAGLE's drafting cost; the `draft` model pays "
+                   "37.5% of a one-token target forward per drafted token (the study's ratio for 8B targets); the "
+                   "printed notes say so whenever a cost model lacks an entry of its own. Pass `cost_model=` a fitted JSON (e.g. the "
                    "H200 fit in `data/gpu`) to price steps on other hardware.\n\n" + LOOP_CAVEAT)
 
 WHERE_MEASURED = ("**Where the numbers come from.** Everything below is *measured* and involves no cost model: "

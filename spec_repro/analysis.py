@@ -431,7 +431,10 @@ def _metas(trace: Trace) -> list[dict]:
 
 #: Drafting-cost stand-ins: a trace proposer with no drafting model in a cost model borrows this one's.
 #: ``early-exit`` is the embedded self-draft that plays EAGLE's role, so it is charged EAGLE's drafting cost.
-DRAFTER_STANDINS = {"early-exit": "eagle", "draft": "eagle"}
+#: Drafting models for proposers a cost model has none for: another proposer's (the early-exit self-draft stands in
+#: for EAGLE), or a draft model priced per drafted token at a share of the target forward (the study: a draft
+#: forward is ≈37.5% of the target's on 8B targets, Qwen3-0.6B for Qwen3-8B; ≈12.5% on 70B).
+DRAFTER_STANDINS = {"early-exit": "eagle", "draft": 0.375}
 
 
 def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
@@ -440,7 +443,7 @@ def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
     notes saying which stand-ins were used, for the notebook to print."""
     import copy
 
-    from .costmodel import load_cost_model
+    from .costmodel import Drafter, load_cost_model
 
     cm = copy.deepcopy(load_cost_model(cost_model))
     standins = {**DRAFTER_STANDINS, **(standins or {})}
@@ -452,6 +455,11 @@ def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
             s = standins.get(p)
             if s is None:
                 raise
+            if isinstance(s, float):
+                cm.drafters[p] = Drafter("per_token", s * cm.c_kv, s * cm.c_tok, s * cm.c0)
+                notes.append(f"proposer {p!r} has no drafting model in {cm.name!r}: charged {s:.1%} of a "
+                             f"one-token target forward per drafted token (the study's draft/target ratio)")
+                continue
             cm.drafters[p] = cm.drafter(s)
             notes.append(f"proposer {p!r} has no drafting model in {cm.name!r}: charged {s!r}'s "
                          f"({cm.drafters[p].kind}) drafting cost")

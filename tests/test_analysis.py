@@ -219,3 +219,16 @@ def test_combine_puts_ngram_first_so_ties_cost_the_cheap_drafter():
                           batch_sizes=[1], draft_costs=["ngram-only", "winner", "all"]).set_index("draft_cost")
     assert sim.loc["winner", "speedup"] == pytest.approx(sim.loc["ngram-only", "speedup"])
     assert sim.loc["all", "speedup"] < sim.loc["winner", "speedup"]
+
+
+def test_cost_model_standins_for_proposers_the_model_lacks():
+    t = _trace({"r": {"ngram": [1, 2, 1], "early-exit": [2, 1, 1], "draft": [3, 1, 1]}})
+    cm, notes = A.cost_model_for(t, "llama3.1-8b-h100")
+    assert cm.drafters["early-exit"] == cm.drafter("eagle")
+    d = cm.drafters["draft"]
+    assert d.kind == "per_token"
+    # one drafted token for one request costs 37.5% of the target's one-token forward at the same KV
+    assert float(d.time(1000, 2, 0.0, 1, 1)) == pytest.approx(0.375 * float(cm.forward(1000, 1)))
+    assert len(notes) == 2 and any("37.5%" in n for n in notes)
+    with pytest.raises(ValueError, match="no drafting model"):
+        A.cost_model_for(_trace({"r": {"medusa": [1, 2]}}), "llama3.1-8b-h100")
