@@ -202,13 +202,18 @@ def _add_collect(sub):
     return p
 
 
+def _set_threads(n):
+    """torch CPU threads for the CPU-bound subcommands (None: torch's default)."""
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def _run_collect(args):
     from .collect import collect
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     try:
         paths = collect(args.model, args.workloads, n=args.n, max_new_tokens=args.max_new_tokens,
                         proposers=args.proposers, out=args.out, k_max=args.k_max, batch_size=args.batch_size,
@@ -247,8 +252,7 @@ def _run_cpu_verify_cost(args):
     from .engines.torch import measure_verify_cost, weight_bytes
     from .provenance import record
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     try:
         model, _ = models.load(args.model, device=args.device)
     except (ValueError, RuntimeError) as e:
