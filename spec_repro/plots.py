@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd

@@ -4,7 +4,6 @@ import json
 import random
 import types
 
-import numpy as np
 import pytest
 
 from spec_repro.engines import vllm_plugin as vp

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -163,7 +162,7 @@ def _append(path: Path, rec: dict) -> None:
 def run_spec(spec: dict, out: Path) -> None:
     from tqdm import tqdm
 
-    from .vllm import VLLMConfig, VLLMEngine, random_prompts, study_prompt
+    from .vllm import VLLMConfig, VLLMEngine, study_prompt
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.jsonl"
@@ -419,7 +418,7 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     from .. import costmodel
     from ..provenance import record
     from .vllm import (add_physical_limits, flag_jit_outliers, limit_table, model_dims, ngram_agreement, overhead_table,
-                       phase_breakdown, request_steps, torch_profiler_predictor, token_agreement)
+                       phase_breakdown, request_steps, torch_profiler_predictor)
 
     raw, out = Path(raw), Path(out)
     out.mkdir(parents=True, exist_ok=True)
