@@ -9,6 +9,7 @@ import pytest
 
 from spec_repro import costmodel
 from spec_repro.engines import vllm as V
+from spec_repro.engines.vllm_plugin import prompt_hash
 from spec_repro.traces import STEP_COLUMNS, read_steps
 
 ROOT = Path(__file__).parents[1]
@@ -40,7 +41,7 @@ def test_recorded_detail_lines_map_requests_by_prompt_hash():
     prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(GPU / "smollm2_prompts.jsonl"))}
     new = {rid: v for r in recs for rid, v in (r.get("new_reqs") or {}).items()}
     assert new, "the first steps admit requests"
-    by_hash = {V._hash(p): k for k, p in prompts.items()}
+    by_hash = {prompt_hash(p): k for k, p in prompts.items()}
     assert all(h in by_hash and len(prompts[by_hash[h]]) == n for n, h in new.values())
     steps = V.request_steps(recs, prompts)
     assert steps and all(pos >= 1 for rows in steps.values() for pos, _, _ in rows)

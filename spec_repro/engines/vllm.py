@@ -17,7 +17,6 @@ make the methods incomparable) and the V1 GPU model runner (0.25 picks its V2 ru
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from .vllm_plugin import prompt_hash
 
 __all__ = [
     "METHODS", "VLLMConfig", "VLLMEngine", "VLLMEngineError", "RunResult", "speculative_config",
@@ -425,30 +426,15 @@ def add_physical_limits(steps, dims: dict, hbm_bytes_per_s: float = H200_HBM_BYT
 
 # ---- n-gram acceptance: vLLM's proposer replayed on recorded outputs -----------------------------------------
 def ngram_propose(context: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int | None = None) -> list[int]:
-    """What vLLM 0.25's n-gram proposer drafts after ``context`` (a plain re-implementation of
-    ``_find_longest_matched_ngram_and_propose_tokens``): the longest suffix n-gram (min_n <= n <= max_n) that
-    occurred before; among equally long matches the EARLIEST occurrence; up to k tokens that followed it."""
-    toks = list(context)
-    T = len(toks)
-    if T < min_n:
-        return []
+    """What vLLM 0.25's n-gram proposer drafts after ``context``: the package's lookup
+    (``spec_repro.proposers.ngram.ngram_lookup``: the longest suffix n-gram, min_n <= n <= max_n, that occurred
+    before; among equally long matches the EARLIEST occurrence; up to k tokens that followed it), with k capped
+    as vLLM caps it at ``max_model_len``."""
+    from ..proposers.ngram import ngram_lookup
+
     if max_model_len is not None:
-        k = min(k, max_model_len - T)
-    if k <= 0:
-        return []
-    best_n, best_start = 0, -1
-    for n in range(min(max_n, T - 1), min_n - 1, -1):
-        suffix = toks[T - n:]
-        for s in range(0, T - n):         # earliest occurrence first; must end before the suffix itself starts
-            if toks[s:s + n] == suffix:
-                best_n, best_start = n, s
-                break
-        if best_n:
-            break
-    if best_n < min_n:
-        return []
-    start = best_start + best_n
-    return toks[start:start + min(k, T - start)]
+        k = min(k, max_model_len - len(context))
+    return ngram_lookup(context, k, min_n, max_n) if k > 0 else []
 
 
 def predict_ngram_steps(prompt: Sequence[int], output: Sequence[int], positions: Iterable[int], *, k: int,
@@ -479,7 +465,7 @@ def load_step_records(path: str | Path) -> list[dict]:
 def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) -> dict[str, list[tuple]]:
     """Per prompt key, the steps vLLM ran for it: (position, drafted, accepted), in order. Requests are matched
     to ``prompts`` through the prompt hash the plugin records for new requests (needs detail on)."""
-    by_hash = {_hash(p): key for key, p in prompts.items()}
+    by_hash = {prompt_hash(p): key for key, p in prompts.items()}
     rid_key: dict[tuple[str, str], str] = {}
     out: dict[str, list[tuple]] = {}
     for r in records:
@@ -494,10 +480,6 @@ def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) ->
                 continue              # prefill chunks and unmatched requests
             out.setdefault(key, []).append((int(pos), int(ndraft), int(acc.get(rid, 0))))
     return out
-
-
-def _hash(ids) -> str:
-    return hashlib.sha1(np.asarray(list(ids), dtype=np.int32).tobytes()).hexdigest()[:12]
 
 
 def ngram_agreement(records: Iterable[dict], prompts: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],
