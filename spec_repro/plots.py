@@ -68,14 +68,16 @@ def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> l
     return paths
 
 
-def _caption(fig, source: str | None):
-    """The data's source under the figure, wrapped to the figure's width."""
+def _finish(fig, source: str | None):
+    """Every figure's last step: the data's source under it, wrapped to its width, then the layout."""
     if source:
         import textwrap
 
         width = int(fig.get_figwidth() * 17)
         text = "\n".join(textwrap.wrap("Source: " + "; ".join(source.splitlines()), width))
         fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
+    fig.tight_layout()
+    return fig
 
 
 def _panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -180,9 +182,7 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
     styles = [] if style is None else ([style] + sorted(sim[style].astype(str).unique()))
     _legend_below(fig, axes, order=["proposers"] + props + styles)
     fig.suptitle(title or "Speedup vs batch size", y=1.02)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 # ---- finding 2 --------------------------------------------------------------------------------------------
@@ -224,9 +224,7 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
         sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
                 f"{paper_verify_range[1]:.0%}, H100, vLLM 0.10)")
     fig.suptitle(sup, y=1.06, fontsize=10)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None):
@@ -249,9 +247,7 @@ def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None
         ax.set_title(f"{mdl} dims", fontsize=9)
     _legend_below(fig, axes)
     fig.suptitle(title or "Verification time vs its memory-bandwidth floor", y=1.03)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: str | None = None,
@@ -267,9 +263,7 @@ def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: 
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.set_title(title or "Verification cost vs draft length")
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 # ---- finding 3 --------------------------------------------------------------------------------------------
@@ -292,9 +286,7 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Acceptance by output position", y=1.03)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None = None):
@@ -313,9 +305,7 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
         ax.set_ylabel("P(i-th draft token accepted)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Per-position acceptance rate", y=1.03)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
@@ -352,9 +342,7 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
     ax.legend(fontsize=8, title="proposer", title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5),
               frameon=False)
     ax.set_title(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 # ---- finding 3b: overlap --------------------------------------------------------------------------------
@@ -378,9 +366,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     ax.set_ylabel(f"tokens/step n-gram ÷ {other} (log)")
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title(title or f"n-gram vs {other}: advantage grows with prompt-output overlap", fontsize=10)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 # ---- findings 4 and 5 -------------------------------------------------------------------------------------
@@ -412,9 +398,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
@@ -466,6 +450,4 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
-    _caption(fig, source)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, source)
