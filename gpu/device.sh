@@ -3,10 +3,16 @@
 #   bash gpu/device.sh setup                # env + the plugin's entry point
 #   bash gpu/device.sh smol                 # assemble the carried SmolLM2 GGUF, install gguf, convert to HF float32
 #   bash gpu/device.sh job NAME SECONDS     # run a job of spec_repro/engines/vllm_jobs.py with a deadline
-# Results accumulate in /root/res/NAME (resumable while the machine stays warm) and are copied to $OUT/NAME.
+#   CUDA_VISIBLE_DEVICES=1 bash gpu/device.sh job NAME SECONDS   # a single-GPU job on the second GPU
+#   bash gpu/device.sh pack TAG             # everything under /root/res as ONE file, $OUT/res_TAG.tgz
+# Results accumulate in /root/res/NAME (resumable while the machine stays warm); `pack` brings them back in one
+# file (a call returns at most 8 files).
 set -u
 export PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+# never NVLink multicast on the lent machines (it can take a shared host's GPUs down): NCCL, torch symmetric
+# memory and vLLM's symmetric-memory all-reduce stay off it
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 case "$1" in
   setup)
     python3 -m spec_repro.engines.vllm_jobs setup --site /root/site
@@ -23,5 +29,7 @@ case "$1" in
     mkdir -p /root/res/$2 $OUT/$2
     timeout $(( ${3:-500} + 30 )) python3 -m spec_repro.engines.vllm_jobs run "$2" --out /root/res/$2 --deadline ${3:-500} \
       2>&1 | tee -a /root/res/$2/log.txt | grep -v -E "^(INFO|DEBUG)|it/s\]$" ; rc=${PIPESTATUS[0]}
-    cp /root/res/$2/* $OUT/$2/ ; echo "job $2 rc=$rc" ;;
+    tail -c 200000 /root/res/$2/log.txt > $OUT/$2/log_tail.txt ; echo "job $2 rc=$rc" ;;
+  pack)
+    tar czf $OUT/res_$2.tgz -C /root/res . && ls -la $OUT/res_$2.tgz ;;
 esac

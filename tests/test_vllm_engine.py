@@ -35,6 +35,11 @@ def test_engine_kwargs_follow_the_study_and_dummy_weights():
     env = V.engine_env(V.VLLMConfig(model="dir", step_log="x.jsonl"))
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["SPEC_REPRO_STEP_LOG"].endswith("x.jsonl")
     assert "async_scheduling" not in V.engine_kwargs(V.VLLMConfig(model="d", async_scheduling=None))
+    assert "SPEC_REPRO_DRAFT_CUDAGRAPHS" not in env
+    env = V.engine_env(V.VLLMConfig(model="dir", method="draft_model", draft="d", draft_cudagraphs=True))
+    assert env["SPEC_REPRO_DRAFT_CUDAGRAPHS"] == "1"
+    with pytest.raises(V.VLLMEngineError, match="draft_cudagraphs"):
+        V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", draft_cudagraphs=True))
 
 
 @pytest.mark.parametrize("cfg, match", [

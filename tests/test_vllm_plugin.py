@@ -115,6 +115,111 @@ def test_register_is_noop_without_env(monkeypatch):
     assert vp._state["registered"] is False
 
 
+def test_register_is_noop_without_env_and_draft_flag(monkeypatch):
+    monkeypatch.delenv(vp.ENV_PATH, raising=False)
+    monkeypatch.setenv(vp.ENV_DRAFT_CG, "0")
+    monkeypatch.setitem(vp._state, "registered", False)
+    vp.register()
+    assert vp._state["registered"] is False
+
+
+class _FakeEvent:
+    """A CUDA event on a fake clock: record() stamps the clock's current time on the given stream."""
+    clock = [0.0]
+
+    def __init__(self, enable_timing=True):
+        self.t, self.stream = None, None
+
+    def record(self, stream=None):
+        assert stream is not None, "v3 records on the step's stream, never a per-event lookup"
+        self.t, self.stream = self.clock[0], stream
+
+    def query(self):
+        return self.t is not None
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3   # ms, like torch
+
+
+def _fake_torch(streams):
+    def current_stream():
+        streams.append("s")
+        return "s"
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent, current_stream=current_stream))
+
+
+def test_recorder_builds_rows_lazily_on_a_fake_clock(tmp_path):
+    """The recorder's whole path (begin, marks, end, drain, flush) with fake CUDA events: one stream lookup per
+    step, the batch shape read when the row is built, and phase times equal to the clock's marks."""
+    streams = []
+    rec = vp.StepRecorder(str(tmp_path / "steps.jsonl"))
+    rec._torch, rec._rank_ok = _fake_torch(streams), True
+    rec.set_context(run_id="r", model="m", method="ngram", k=3, batch_size=2)
+    clock = _FakeEvent.clock
+    for step in range(3):
+        so = _sched(cached=[("a", 10 + step, 3 + step, 4), ("b", 12 + step, 5 + step, 4)],
+                    spec={"a": [1, 2, 3], "b": [4, 5, 6]})
+        clock[0] = 0.0
+        rec.begin(None, so)
+        clock[0] = 0.001
+        rec.mark("fwd0")
+        clock[0] = 0.005
+        rec.mark("fwd1")
+        rec.mark("samp0")
+        clock[0] = 0.0052
+        rec.mark("samp1")
+        rec.drain()
+        clock[0] = 0.006
+        rec.mark("draft0")
+        clock[0] = 0.0065
+        rec.mark("draft1")
+        clock[0] = 0.007
+        out = types.SimpleNamespace(req_ids=["a", "b"], sampled_token_ids=[[1, 2, 3, 4], [7]])
+        rec.end(out)
+    assert len(streams) == 3                       # one lookup per step
+    rec.flush()
+    rows = [json.loads(x) for x in open(tmp_path / "steps.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for i, r in enumerate(rows):
+        assert r["t_verify"] == pytest.approx(0.004) and r["t_reject"] == pytest.approx(0.0002)
+        assert r["t_draft"] == pytest.approx(0.0005)
+        assert r["t_total"] == pytest.approx(0.007 + r["t_sched"])
+        assert r["kv_tokens"] == 22 + 2 * i and r["num_draft_tokens"] == 6 and r["phase"] == "decode"
+        assert r["accepted_per_req"] == {"a": 3, "b": 0} and r["num_accepted_tokens"] == 3
+    validate_steps(pd.DataFrame(rows))
+    assert len(rec._pool) >= 8                     # events return to the pool
+
+
+def test_draft_cudagraph_patch_initializes_keys_for_draft_models_only():
+    calls = []
+
+    class Drafter:
+        def initialize_cudagraph_keys(self, mode):
+            calls.append(mode)
+
+    class Runner:
+        def _check_and_update_cudagraph_mode(self, *a, **k):
+            calls.append("orig")
+
+    def runner(draft_model: bool):
+        r = Runner()
+        r.speculative_config = types.SimpleNamespace(uses_draft_model=lambda: draft_model)
+        r.drafter = Drafter()
+        r.compilation_config = types.SimpleNamespace(cudagraph_mode="FULL_AND_PIECEWISE")
+        return r
+
+    assert vp.patch_draft_cudagraphs(Runner) is True
+    assert vp.patch_draft_cudagraphs(Runner) is False          # idempotent
+    runner(True)._check_and_update_cudagraph_mode()
+    assert calls == ["orig", "FULL_AND_PIECEWISE"]
+    calls.clear()
+    runner(False)._check_and_update_cudagraph_mode()           # EAGLE/MTP: vLLM's own path, untouched
+    assert calls == ["orig"]
+
+
 def _vllm_ngram_kmp(tokens, min_n, max_n, k):
     """vLLM 0.25's _find_longest_matched_ngram_and_propose_tokens, transcribed line by line (KMP on the
     reversed sequence) as an independent reference for ngram_propose."""

@@ -69,6 +69,7 @@ class VLLMConfig:
     async_scheduling: bool | None = False       # None: vLLM's default
     model_runner: str = "v1"                    # "v1" (instrumented) | "default" (vLLM's choice)
     synthetic_acceptance_length: float | None = None   # vLLM's synthetic rejection sampler (dummy weights)
+    draft_cudagraphs: bool = False              # draft_model only: replay its CUDA graphs (vLLM PR #47460, plugin)
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
     seed: int = 0
     name: str | None = None                     # label for results; defaults to the model dir's name
@@ -133,6 +134,11 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if cfg.step_log:
         env["SPEC_REPRO_STEP_LOG"] = str(Path(cfg.step_log).resolve())
+    if cfg.draft_cudagraphs:
+        if cfg.method != "draft_model":
+            raise VLLMEngineError("draft_cudagraphs=True is for method='draft_model' (vLLM already replays "
+                                  f"EAGLE/MTP drafters' graphs), not {cfg.method!r}")
+        env["SPEC_REPRO_DRAFT_CUDAGRAPHS"] = "1"
     return env
 
 
@@ -276,7 +282,11 @@ class VLLMEngine:
     def __init__(self, cfg: VLLMConfig):
         self.cfg = cfg
         engine_kwargs(cfg)                       # validates method/k before the slow imports
-        os.environ.update(engine_env(cfg))
+        env = engine_env(cfg)
+        for key in ("SPEC_REPRO_STEP_LOG", "SPEC_REPRO_DRAFT_CUDAGRAPHS"):
+            if key not in env:
+                os.environ.pop(key, None)       # left by an earlier engine of this process
+        os.environ.update(env)
         vllm = require_vllm()
         self.vllm_version = vllm.__version__
         t0 = time.perf_counter()

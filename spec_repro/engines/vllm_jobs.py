@@ -29,14 +29,17 @@ LLAMA8B = str(CONFIGS / "llama31_8b")
 EAGLE8B = str(CONFIGS / "eagle_llama31_8b")
 QWEN3_8B = str(CONFIGS / "qwen3_8b")
 LLAMA70B = str(CONFIGS / "llama3_70b")
+EAGLE3_8B = str(CONFIGS / "eagle3_llama31_8b")
+MIMO7B = str(CONFIGS / "mimo_7b")
+GLM45AIR = str(CONFIGS / "glm45_air")
 STUDY_BATCHES = [1, 4, 16, 64, 256]
 
 
 def _llama(method, name, **kw):
     cfg = dict(model=LLAMA8B, method=method, k=3, load_format="dummy", max_model_len=4096, max_num_seqs=256,
                name="llama31-8b", gpu_memory_utilization=0.85)
-    if method in ("eagle",):
-        cfg["draft"] = EAGLE8B
+    if method in ("eagle", "eagle3"):
+        cfg["draft"] = EAGLE8B if method == "eagle" else EAGLE3_8B
     cfg.update(kw)
     return {"name": name, "config": cfg}
 
@@ -110,6 +113,36 @@ JOBS: dict[str, list[dict]] = {
     ],
 }
 JOBS["llama8b"] = JOBS["llama8b-base"] + JOBS["llama8b-sd"]
+
+# Session 3 (plugin v3), on nvidia-h200-x2: two single-GPU jobs side by side (CUDA_VISIBLE_DEVICES=0 / 1), then
+# the tensor-parallel job on both GPUs.
+_OVERHEAD3 = {"type": "overhead", "batch_sizes": [1, 64], "repeats": 6, "prompt_len": 512, "max_tokens": 512,
+              "vocab_size": 128256, "order": "abba"}
+JOBS["s3-gpu0"] = [   # finding 2 re-recorded with plugin v3, and its overhead with more repeats
+    {**_llama("none", "llama8b-none-s3"), "tasks": [_OVERHEAD3, _study()]},
+    {**_llama("ngram", "llama8b-ngram-s3"), "tasks": [_study()]},
+    {**_llama("eagle", "llama8b-eagle-s3"), "tasks": [_study()]},
+]
+JOBS["s3-gpu1"] = [   # the methods not run before: draft model with its CUDA graphs replayed, EAGLE-3, MTP
+    {"name": "qwen3-8b-draft-cg", "config": dict(model=QWEN3_8B, method="draft_model", k=3, draft=str(CONFIGS / "qwen3_0_6b"),
+                                                  load_format="dummy", name="qwen3-8b", max_model_len=4096,
+                                                  max_num_seqs=256, draft_cudagraphs=True),
+     "tasks": [_study(vocab=151936)]},
+    {**_llama("eagle3", "llama8b-eagle3"), "tasks": [_study()]},
+    {"name": "mimo7b-mtp", "config": dict(model=MIMO7B, method="mtp", k=3, load_format="dummy", name="mimo-7b",
+                                           max_model_len=4096, max_num_seqs=256),
+     "tasks": [_study(vocab=151680)]},
+]
+JOBS["s3-tp2"] = [    # two GPUs: Llama-3-70B (the study's 95 % verification case is n-gram, 70B, B = 512), GLM-4.5-Air MTP
+    {"name": "llama70b-ngram-tp2", "config": dict(model=LLAMA70B, method="ngram", k=3, load_format="dummy",
+                                                   name="llama3-70b", tensor_parallel_size=2, max_model_len=2048,
+                                                   max_num_seqs=512, gpu_memory_utilization=0.9),
+     "tasks": [_study(batch_sizes=[1, 16, 64, 256, 512], prompt_len=256, max_tokens=128)]},
+    {"name": "glm45air-mtp-tp2", "config": dict(model=GLM45AIR, method="mtp", k=3, load_format="dummy",
+                                                 name="glm-4.5-air", tensor_parallel_size=2, max_model_len=2048,
+                                                 max_num_seqs=256, gpu_memory_utilization=0.95),
+     "tasks": [_study(batch_sizes=[1, 16, 64, 256], prompt_len=256, max_tokens=128, vocab=151552)]},
+]
 
 
 # ---- environment -----------------------------------------------------------------------------------------
@@ -203,10 +236,12 @@ def run_spec(spec: dict, out: Path) -> None:
         elif ty == "overhead":
             # the same engine, instrumentation removed (vLLM's own methods) vs installed and recording,
             # interleaved so drifts hit both
+            # "abba": every other repeat measures on before off, so a drift within a pair cancels out
             prompt = study_prompt(task["prompt_len"], vocab, seed=1)
             for rep in range(task["repeats"]):
                 for b in task["batch_sizes"]:
-                    for on in (False, True):
+                    order = (True, False) if task.get("order") == "abba" and rep % 2 else (False, True)
+                    for on in order:
                         eng.steps("instrument", on=on)
                         r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{'on' if on else 'off'}-{rep}",
                                           label="overhead", record=on)

@@ -11,8 +11,9 @@ import hook, so the model runner is patched in whichever process imports it (the
 
 What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``), with CUDA events taken
 from a pool and resolved lazily: finished steps are turned into rows right after the sampler is launched, while
-the GPU still runs the current forward, so the step gains no synchronize and little host time (measured on the
-H200: 2-4 % of throughput, data/gpu/overhead.csv):
+the GPU still runs the current forward, so the step gains no synchronize and little host time. Version 3 also
+records every event on a stream looked up once per step and reads the batch shape from the SchedulerOutput
+only when the row is built (off the step's critical path). Measured on the H200: data/gpu/overhead.csv.
 
 * ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
 * ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
@@ -26,6 +27,12 @@ idle, so the events fire at host time and measure the CPU work. Each step is wri
 columns of ``spec_repro.traces.STEP_COLUMNS`` plus ``phase`` (prefill/decode/mixed), ``accepted_per_req``
 ({req_id: accepted}) and, with detail on, ``req_info`` ({req_id: [output position before the step, scheduled
 tokens, draft tokens]}) and ``new_reqs`` ({req_id: [prompt_len, sha1(prompt int32 bytes)[:12]]}).
+
+Separately, and only when ``SPEC_REPRO_DRAFT_CUDAGRAPHS=1`` is set (engine option ``draft_cudagraphs=True``),
+the plugin applies the fix of vLLM PR #47460 to 0.25's V1 runner: ``_check_and_update_cudagraph_mode`` initializes
+the drafter's CUDA-graph keys for EAGLE/MTP but not for ``draft_model``, so a draft model's PIECEWISE graphs are
+captured but never replayed and every draft forward runs eagerly (launch-bound). The patch also initializes them
+for ``draft_model``. It changes vLLM's behaviour, so it is opt-in and recorded in the engine's status.
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
@@ -49,6 +56,8 @@ logger = logging.getLogger("spec_repro.vllm_plugin")
 ENV_PATH = "SPEC_REPRO_STEP_LOG"
 ENV_GAP = "SPEC_REPRO_STEP_GAP_S"
 ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported vLLM version anyway
+ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CUDA graphs (vLLM PR #47460)
+PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
@@ -61,15 +70,16 @@ RUNNER_METHODS = {
     "propose_draft_token_ids": ("scheduler_output",),
 }
 
-_state = {"registered": False, "disabled_reason": None, "patched": False}
+_state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False}
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()
 
 
 # ---- registration --------------------------------------------------------------------------------------------
 def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group. Idempotent; a no-op unless SPEC_REPRO_STEP_LOG is set."""
-    if _state["registered"] or not os.environ.get(ENV_PATH):
+    """Entry point of the ``vllm.general_plugins`` group. Idempotent; a no-op unless SPEC_REPRO_STEP_LOG or
+    SPEC_REPRO_DRAFT_CUDAGRAPHS is set."""
+    if _state["registered"] or not (os.environ.get(ENV_PATH) or os.environ.get(ENV_DRAFT_CG) == "1"):
         return
     _state["registered"] = True
     ok, why = check_version()
@@ -122,8 +132,9 @@ def check_layout(runner_cls) -> list[str]:
 
 
 def status() -> dict:
-    return {"registered": _state["registered"], "patched": _state["patched"],
-            "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH)}
+    return {"registered": _state["registered"], "patched": _state["patched"], "version": PLUGIN_VERSION,
+            "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH),
+            "draft_cudagraphs": _state["draft_cudagraphs"]}
 
 
 def _disable(why: str) -> None:
@@ -180,6 +191,10 @@ def _on_import(name: str, module) -> None:
             if problems:
                 _disable("unsupported model-runner layout: " + "; ".join(problems))
                 return
+            if os.environ.get(ENV_DRAFT_CG) == "1":
+                patch_draft_cudagraphs(cls)
+            if not os.environ.get(ENV_PATH):
+                return
             _ORIG["runner_cls"] = cls
             _ORIG["async_out_cls"] = getattr(module, "AsyncGPUModelRunnerOutput", None)
             instrument(True)
@@ -192,6 +207,27 @@ def _on_import(name: str, module) -> None:
 
 
 # ---- patching ------------------------------------------------------------------------------------------------
+def patch_draft_cudagraphs(cls) -> bool:
+    """vLLM PR #47460 on 0.25's V1 runner: after ``_check_and_update_cudagraph_mode`` resolved the mode, also
+    initialize the drafter's CUDA-graph keys when the method is ``draft_model`` (vLLM does it for EAGLE/MTP only)."""
+    orig = getattr(cls, "_check_and_update_cudagraph_mode", None)
+    if orig is None or getattr(orig, "_spec_repro", False):
+        return False
+
+    def _check_and_update_cudagraph_mode(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        sc = getattr(self, "speculative_config", None)
+        drafter = getattr(self, "drafter", None)
+        if sc is not None and sc.uses_draft_model() and hasattr(drafter, "initialize_cudagraph_keys"):
+            drafter.initialize_cudagraph_keys(self.compilation_config.cudagraph_mode)
+            _state["draft_cudagraphs"] = True
+        return out
+
+    _check_and_update_cudagraph_mode._spec_repro = True
+    cls._check_and_update_cudagraph_mode = _check_and_update_cudagraph_mode
+    return True
+
+
 def instrument(on: bool) -> bool:
     """Install (on=True) or remove (on=False) the timing wrappers on the runner class. Returns the new state."""
     cls = _ORIG.get("runner_cls")
@@ -307,11 +343,13 @@ def _worker_rpc(self, op: str = "status", **kw):
 
 # ---- the recorder --------------------------------------------------------------------------------------------
 class _Step:
-    __slots__ = ("meta", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx")
+    __slots__ = ("so", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx", "stream",
+                 "index")
 
-    def __init__(self, meta, host_start, gap, ctx):
-        self.meta, self.marks, self.host_start, self.host_end = meta, [], host_start, None
-        self.gap, self.in_forward, self.outputs, self.ctx = gap, False, None, ctx
+    def __init__(self, so, host_start, gap, ctx, stream):
+        self.so, self.marks, self.host_start, self.host_end = so, [], host_start, None
+        self.gap, self.in_forward, self.outputs, self.ctx, self.stream = gap, False, None, ctx, stream
+        self.index = 0
 
     def set_outputs(self, out) -> None:
         try:
@@ -355,16 +393,9 @@ class StepRecorder:
                 self._rank_ok = True
         return self._rank_ok
 
-    def _event(self):
-        if self._pool:
-            ev = self._pool.pop()
-        else:
-            if self._torch is None:
-                import torch
-
-                self._torch = torch
-            ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record()
+    def _event(self, stream):
+        ev = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
         return ev
 
     def begin(self, runner, so) -> None:
@@ -373,28 +404,36 @@ class StepRecorder:
             return
         if not getattr(so, "total_num_scheduled_tokens", 0):
             return
+        if self._torch is None:
+            import torch
+
+            self._torch = torch
         now = time.perf_counter()
         gap = None if self.last_host_end is None else now - self.last_host_end
-        st = _Step(step_meta(so, detail=bool(self.ctx["detail"])), now, gap, self.ctx)
-        st.marks.append(("start", self._event()))
+        # the batch shape is read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a
+        # new SchedulerOutput every step and does not change it afterwards
+        stream = self._torch.cuda.current_stream()
+        st = _Step(so, now, gap, self.ctx, stream)
+        st.marks.append(("start", self._event(stream)))
         self.cur = st
 
     def mark(self, name: str) -> None:
-        if self.cur is not None:
-            self.cur.marks.append((name, self._event()))
+        st = self.cur
+        if st is not None:
+            st.marks.append((name, self._event(st.stream)))
 
     def end(self, out) -> None:
         st, self.cur = self.cur, None
         if st is None:
             return
-        st.marks.append(("end", self._event()))
+        st.marks.append(("end", self._event(st.stream)))
         st.host_end = self.last_host_end = time.perf_counter()
         if out is not None:
             if hasattr(out, "sampled_token_ids") and not hasattr(out, "get_output"):
                 st.set_outputs(out)
             elif hasattr(out, "get_output"):
                 out._spec_repro_step = st
-        st.meta["step"] = self.step
+        st.index = self.step
         self.step += 1
         self.pending.append(st)
         if len(self.pending) > 1024:      # nothing drained them (no sampling step): resolve here
@@ -441,7 +480,10 @@ class StepRecorder:
         gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
         phases["t_other"] += gap
         phases["t_total"] += gap
-        return build_row(st.ctx, st.meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
+        meta = step_meta(st.so, detail=bool(st.ctx["detail"]))
+        meta["step"] = st.index
+        st.so = None
+        return build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
 
 
 def phase_times(marks: list[tuple[str, float]]) -> dict:
