@@ -747,8 +747,9 @@ def _manifest_line(folder: Path, files: Sequence[Path]) -> str:
 
 def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame | None, str]:
     """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
-    ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) are dropped; with ``run_kind``
-    only those runs (``study``: the study's batching) when the table says.
+    ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) or not ``primary`` (superseded
+    by a later session's re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
+    (``study``: the study's batching) when the table says.
 
     Returns (table or None, a provenance line saying what was read or that nothing was found)."""
     from .traces import read_steps, validate_steps
@@ -767,6 +768,8 @@ def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame 
             d = pd.read_parquet(f)
             if "outlier" in d.columns:
                 d = d[~d["outlier"].astype(bool)]
+            if "primary" in d.columns:   # runs re-made in a later session, or with imposed acceptance
+                d = d[d["primary"].astype(bool)]
             if run_kind and "run_kind" in d.columns:
                 d = d[d["run_kind"].astype(str) == run_kind]
             parts.append(validate_steps(d.reset_index(drop=True), str(f)))
@@ -802,6 +805,8 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     for f in found:
         if f.suffix == ".csv":
             d = pd.read_csv(f)
+            if "primary" in d.columns:   # runs re-made in a later session (data/gpu/README.md)
+                d = d[d["primary"].astype(bool)]
             recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
             continue
         for line in open(f):

@@ -326,7 +326,7 @@ def _add_vllm(sub):
     pr.add_argument("--fit", help="fit spec_repro.costmodel on the profile's steps and write the model here")
     pr.add_argument("--tp", type=int, default=1)
     sm = vs.add_parser("summarize", help="data/gpu tables from device outputs (results_*.jsonl, steps_*.jsonl)")
-    sm.add_argument("--raw", required=True)
+    sm.add_argument("--raw", required=True, nargs="+", help="folder(s) of raw device outputs, searched recursively")
     sm.add_argument("--out", default="data/gpu")
     for q in (r, pr, sm):
         q.set_defaults(func=_run_vllm)
@@ -341,7 +341,8 @@ def _run_vllm(args):
     if args.vllm_cmd == "summarize":
         from .engines.vllm_jobs import summarize
 
-        print(json.dumps(summarize(args.raw, args.out, "spec-repro vllm summarize"), indent=1, default=str))
+        print(json.dumps(summarize(args.raw, args.out,
+                                    "spec-repro vllm summarize --raw " + " ".join(map(str, args.raw))), indent=1, default=str))
         return 0
     try:
         if args.vllm_cmd == "run":

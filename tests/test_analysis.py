@@ -178,7 +178,7 @@ def test_gpu_time_shares_match_the_committed_breakdown():
     assert steps is not None and "H200" in src
     sh = A.time_shares(steps)
     pb = pd.read_csv(A.data_dir() / "gpu" / "phase_breakdown.csv")
-    pb = pb[pb["steps_kind"] == "decode"]
+    pb = pb[(pb["steps_kind"] == "decode") & pb["primary"]]
     m = sh.merge(pb, on=["model", "method", "k", "batch_size"])
     assert len(m) == len(pb) and len(m) >= 20
     assert (m["steps_x"] == m["steps_y"]).all()
@@ -190,7 +190,7 @@ def test_gpu_time_shares_match_the_committed_breakdown():
 def test_gpu_speedups_are_throughput_ratios():
     sp, src = A.gpu_speedups()
     runs = pd.read_csv(A.data_dir() / "gpu" / "runs.csv")
-    runs = runs[runs["task"] == "batches"]
+    runs = runs[(runs["task"] == "batches") & runs["primary"]]
     base = runs[(runs["method"] == "none") & (runs["model"] == "llama31-8b") & (runs["batch_size"] == 16)]
     ng = runs[(runs["method"] == "ngram") & (runs["model"] == "llama31-8b") & (runs["batch_size"] == 16)]
     row = sp[(sp["model"] == "llama31-8b") & (sp["method"] == "ngram") & (sp["batch_size"] == 16)]

@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from spec_repro.engines import vllm as V
@@ -116,6 +118,25 @@ def test_model_dims_and_hbm_floor():
     q = V.model_dims(CONFIGS / "qwen3_8b")
     assert 8.1e9 < q["params"] < 8.3e9
     assert 70e9 < V.model_dims(CONFIGS / "llama3_70b")["params"] < 71e9
+
+
+def test_moe_dims_and_expert_floor():
+    """GLM-4.5-Air: 106B parameters, 12B active (its model card); the floor reads top-k experts per layer."""
+    g = V.model_dims(CONFIGS / "glm45_air")
+    assert 105e9 < g["params"] < 108e9 and g["experts"] == 128 and g["experts_per_tok"] == 8
+    active = V.streamed_bytes(g, [1])[0] / g["bytes_per_param"] + g["vocab"] * g["hidden"]   # + embedding rows
+    assert 11e9 < active < 13.5e9
+    lo = V.streamed_bytes(g, [1, 4, 64, 1024])
+    uni = V.streamed_bytes(g, [1, 4, 64, 1024], routing="uniform")
+    assert (lo == lo[0]).all() and uni[0] == pytest.approx(lo[0]) and (np.diff(uni) > 0).all()
+    assert uni[-1] == pytest.approx(g["streamed_weight_bytes"], rel=1e-3)      # 1024 tokens touch every expert
+    steps = pd.DataFrame({"batched_tokens": [1], "kv_tokens": [0], "t_verify": [0.01]})
+    one, two = V.add_physical_limits(steps, g), V.add_physical_limits(steps, {**g, "gpus": 2})
+    assert two.verify_floor_s[0] == pytest.approx(one.verify_floor_s[0] / 2)   # tensor parallel: shards in parallel
+    with pytest.raises(ValueError, match="routing"):
+        V.streamed_bytes(g, [1], routing="skewed")
+    # the dense MiMo-7B target (its MTP layer is not part of the target forward)
+    assert 7.4e9 < V.model_dims(CONFIGS / "mimo_7b")["params"] < 7.9e9
 
 
 def test_cli_vllm_reports_bad_method_and_missing_vllm():

