@@ -2,4 +2,4 @@
 
 Data flows one way: workload -> engine run -> trace -> cost model / simulator -> figure.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -587,8 +587,8 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
     if measured is not None and len(measured):
         parts.append(("measured vLLM, dummy weights", measured, measured_source))
     for label, df, src in parts:
-        b0, b1 = df["batch_size"].min(), df["batch_size"].max()
         for (ds, mdl), g in df.groupby(["dataset", "model"]):
+            b0, b1 = g["batch_size"].min(), g["batch_size"].max()   # this model's own batch range
             at0 = g[g["batch_size"] == b0].set_index("proposers")["speedup"]
             at1 = g[g["batch_size"] == b1].set_index("proposers")["speedup"]
             best = at0.idxmax()
@@ -627,9 +627,11 @@ def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFra
         for (model, method), g in limits[limits["method"] != "none"].groupby(["model", "method"]):
             g = g.sort_values("batch_size")
             lo, hi = g.iloc[0], g.iloc[-1]
+            ratio = (f"{lo.vs_no_sd:.2f} -> {hi.vs_no_sd:.2f}" if pd.notna(lo.vs_no_sd) and pd.notna(hi.vs_no_sd)
+                     else "no no-SD run of this model")
             rows.append(SummaryRow("2 verification bottleneck", f"{model} dims, {method}: verify forward ÷ no-SD forward "
                                    f"(k+1 vs 1 token per request), bs {int(lo.batch_size)} -> {int(hi.batch_size)}",
-                                   "n/a (not reported)", f"{lo.vs_no_sd:.2f} -> {hi.vs_no_sd:.2f} (HBM floor "
+                                   "n/a (not reported)", f"{ratio} (HBM floor "
                                    f"{lo.floor_ms:.1f} / {hi.floor_ms:.1f} ms, measured {lo.t_verify_ms:.1f} / "
                                    f"{hi.t_verify_ms:.1f} ms)", limits_source, float(hi.vs_no_sd)))
     if vc is not None and len(vc):
@@ -738,6 +740,9 @@ def _manifest_line(folder: Path, files: Sequence[Path]) -> str:
     for v in hits[:1]:
         m = v.get("machine", {}) if isinstance(v.get("machine"), dict) else {}
         gpu = v.get("gpu") or m.get("gpu") or m.get("cpu")
+        if isinstance(gpu, str) and "\n" in gpu:   # one nvidia-smi line per GPU: say it once, with the count
+            lines = [x.strip() for x in gpu.splitlines() if x.strip()]
+            gpu = lines[0] + (f" (x{len(lines)})" if len(set(lines)) == 1 else "; " + "; ".join(lines[1:]))
         ver = v.get("versions", {}) if isinstance(v.get("versions"), dict) else {}
         eng = ", ".join(f"{p} {ver[p]}" for p in ("vllm", "torch") if p in ver)
         bits += [str(x) for x in (gpu, eng, v.get("date")) if x]

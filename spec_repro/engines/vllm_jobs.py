@@ -591,15 +591,22 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     env = engines[0] if engines else {}
     from ..provenance import machine_info, package_versions
 
+    # one GPU model throughout; how many of them each session's machine had
+    counts: dict = {}
+    for e in engines:
+        counts.setdefault(int(e.get("gpu_count") or 1), set()).add(e["session"])
+    smi = (env.get("nvidia_smi") or "").splitlines()[0].strip() if env.get("nvidia_smi") else None
+    per = "; ".join(f"{n} GPU{'s' if n > 1 else ''} in " + ", ".join(sorted(v)) for n, v in sorted(counts.items()))
+    gpu_desc = f"{smi} (per engine: {per})" if smi else None
+
     # where the numbers were measured (the device), not where this summary ran (recorded as summarized_on)
-    dev = {"machine": {"gpu": env.get("gpu"), "gpu_count": env.get("gpu_count"), "cuda": env.get("cuda"),
-                       "nvidia_smi": env.get("nvidia_smi"), "platform": env.get("platform"),
+    dev = {"machine": {"gpu": gpu_desc or env.get("gpu"), "cuda": env.get("cuda"), "platform": env.get("platform"),
                        "python": env.get("python"), "gpu_mem_gib": env.get("gpu_mem_gib")},
            "versions": {"vllm": env.get("vllm"), "torch": env.get("torch"),
                         "spec-repro": package_versions().get("spec-repro")},
            "summarized_on": {"machine": machine_info(), "versions": package_versions()}}
     record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made", **dev,
-           gpu=env.get("nvidia_smi"), device_torch=env.get("torch"), device_vllm=env.get("vllm"),
+           gpu=gpu_desc, device_torch=env.get("torch"), device_vllm=env.get("vllm"),
            device_python=env.get("python"), device_platform=env.get("platform"),
            dates_utc="2026-11-29 19:00-19:26 (sessions 1-2: nvidia-h200, one H200); 2026-11-29 21:10-21:30 "
                      "(session 3: nvidia-h200-x2, two H200s, driver 580.159.04)",
