@@ -36,6 +36,26 @@ def test_recorded_plugin_lines_read_as_step_schema():
     assert (df.loc[df.method == "none", "t_draft"] == 0).all()
 
 
+def test_plugin_v3_lines_are_consistent_step_to_step():
+    """Plugin v3 reads each step's batch shape from vLLM's SchedulerOutput after the step (off the critical path).
+    On the recorded H200 lines (n-gram, EAGLE-3, MTP, draft model; 1 and 2 GPUs) the shapes still agree with the
+    outputs: from one decode step to the next every request's KV grows by 1 + the tokens it accepted."""
+    df = read_steps(FIX / "steps_h200_v3.jsonl")
+    assert set(df["method"]) == {"ngram", "eagle3", "mtp", "draft_model"}
+    dec = df[df["phase"] == "decode"]
+    assert (dec["batched_tokens"] == dec["num_reqs"] + dec["num_draft_tokens"]).all()
+    assert (dec["num_accepted_tokens"] <= dec["num_draft_tokens"]).all()
+    pairs = 0
+    for _, g in df.sort_values("step").groupby("run_id"):
+        g = g.reset_index(drop=True)
+        for i in range(len(g) - 1):
+            a, b = g.iloc[i], g.iloc[i + 1]
+            if a.phase == b.phase == "decode" and b.step == a.step + 1 and a.num_reqs == b.num_reqs:
+                assert b.kv_tokens - a.kv_tokens == a.num_reqs + a.num_accepted_tokens
+                pairs += 1
+    assert pairs > 150
+
+
 def test_recorded_detail_lines_map_requests_by_prompt_hash():
     recs = V.load_step_records(FIX / "steps_smollm2_detail.jsonl")
     prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(GPU / "smollm2_prompts.jsonl"))}
