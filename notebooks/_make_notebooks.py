@@ -154,10 +154,20 @@ print(steps_src)'''),
 else:
     shares = None
     print("No step logs found: the GPU breakdown is not shown (run the vLLM job on a GPU: backend='vllm').")'''),
+    (md, "**Against the paper.** The top of its range, n-gram on Llama-3-70B at batch 512 (95% on four H100s), "
+         "is ~90% here on two H200s (tensor parallel 2). The bottom, the draft model on Qwen3-8B at batch 1 "
+         "(verification 42%, drafting 47%), comes out lower here because vLLM 0.25's draft-model path is slow: "
+         "its V1 runner never replays the draft model's CUDA graphs (fixed upstream in vLLM PR #47460; the "
+         "committed run applies that fix through this package's plugin, `draft_cudagraphs=True`), and even then "
+         "the 0.6B drafter's 28 attention layers run eagerly between graph pieces. 'The rest' is larger than the "
+         "study's 1.2 ms per step: vLLM 0.25's host-side input preparation in synchronous mode. MTP rows are "
+         "MiMo-7B (one GPU) and GLM-4.5-Air (two GPUs), the study's MTP model; with dummy weights their "
+         "acceptance, and so their steps per token, mean nothing, but each step's phase times are real."),
     (md, "### (b) Verification against its physical limit\n\n"
          "A decode step's target forward must at least stream the weights and read the KV cache from HBM. "
          "Below, the measured forward time next to that floor (bytes ÷ the H200's 4.8 TB/s datasheet "
-         "bandwidth). While the measured time tracks the floor, verifying k+1 tokens per request costs about "
+         "bandwidth, times the GPUs a tensor-parallel target spans; for the MoE, the top-k experts per layer "
+         "that a forward reads at least). While the measured time tracks the floor, verifying k+1 tokens per request costs about "
          "as much as decoding 1; once it leaves the floor (large batches × k+1 tokens) verification is "
          "compute-bound and every rejected draft token is paid for."),
     (code, '''limits, limits_src = A.gpu_verify_limits()

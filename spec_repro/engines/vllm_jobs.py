@@ -591,7 +591,7 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     env = engines[0] if engines else {}
     from ..provenance import machine_info, package_versions
 
-    # one GPU model throughout; how many of them each session's machine had
+    # one GPU model throughout; how many GPUs an engine used, per session
     counts: dict = {}
     for e in engines:
         counts.setdefault(int(e.get("gpu_count") or 1), set()).add(e["session"])
