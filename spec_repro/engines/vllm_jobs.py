@@ -123,6 +123,9 @@ JOBS["s3-gpu0"] = [   # finding 2 re-recorded with plugin v3, and its overhead w
     {**_llama("ngram", "llama8b-ngram-s3"), "tasks": [_study()]},
     {**_llama("eagle", "llama8b-eagle-s3"), "tasks": [_study()]},
 ]
+JOBS["s3-overhead"] = [   # the overhead alone, on a one-GPU machine with nothing running beside it
+    {**_llama("none", "llama8b-none-overhead3"), "tasks": [_OVERHEAD3]},
+]
 JOBS["s3-gpu1"] = [   # the methods not run before: draft model with its CUDA graphs replayed, EAGLE-3, MTP
     {"name": "qwen3-8b-draft-cg", "config": dict(model=QWEN3_8B, method="draft_model", k=3, draft=str(CONFIGS / "qwen3_0_6b"),
                                                   load_format="dummy", name="qwen3-8b", max_model_len=4096,
