@@ -622,15 +622,17 @@ def phase_breakdown(steps, *, decode_only: bool = True, by=("model", "method", "
 
 
 def overhead_table(runs):
-    """Throughput with the timer installed and recording vs vLLM's own methods, per (session, batch size):
-    mean and median of the interleaved repeats, and the overhead = 1 - on/off."""
+    """Throughput with the timer installed and recording vs vLLM's own methods, per (session, engine spec, batch
+    size): mean and median of the interleaved repeats, the overhead = 1 - on/off, and the paired estimate."""
     import pandas as pd
 
     r = runs[runs["task"] == "overhead"].copy()
+    if "spec" not in r.columns:
+        r["spec"] = ""
     rows = []
-    for (sess, b), g in r.groupby(["session", "batch_size"]):
+    for (sess, spec, b), g in r.groupby(["session", "spec", "batch_size"]):
         on, off = g[g["instrumented"]]["output_tok_per_s"], g[~g["instrumented"]]["output_tok_per_s"]
-        row = {"session": sess, "batch_size": b, "repeats": len(on),
+        row = {"session": sess, "spec": spec, "batch_size": b, "repeats": len(on),
                "output_tokens_per_req": int(g["output_tokens"].iloc[0] // b),
                "off_mean": off.mean(), "on_mean": on.mean(), "off_median": off.median(), "on_median": on.median(),
                "overhead_mean": 1 - on.mean() / off.mean(), "overhead_median": 1 - on.median() / off.median(),

@@ -612,13 +612,15 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
            gpu=gpu_desc, device_torch=env.get("torch"), device_vllm=env.get("vllm"),
            device_python=env.get("python"), device_platform=env.get("platform"),
            dates_utc="2026-11-29 19:00-19:26 (sessions 1-2: nvidia-h200, one H200); 2026-11-29 21:10-21:30 "
-                     "(session 3: nvidia-h200-x2, two H200s, driver 580.159.04)",
+                     "(session 3: nvidia-h200-x2, two H200s, driver 580.159.04) and 21:48-21:52 (session 3, "
+                     "job s3-overhead: nvidia-h200)",
            device_command="bash gpu/device.sh job <llama8b|smollm2|qwen3-8b|qwen3-8b-draft|llama8b-eagle-synth|"
                           "overhead2> <deadline s>  (sessions 1-2, after ../shared/gpu's install of vLLM 0.25.0 into "
                           "/root/site); session 3: CUDA_VISIBLE_DEVICES=0 bash gpu/device.sh job s3-gpu0 440 & "
                           "CUDA_VISIBLE_DEVICES=1 bash gpu/device.sh job s3-gpu1 440 (side by side, one GPU each; "
                           "resumed with deadline 280), then bash gpu/device.sh job s3-tp2 550, then job s3-tp2-base "
-                          "360 (tensor parallel 2), each followed by bash gpu/device.sh pack",
+                          "360 (tensor parallel 2), each followed by bash gpu/device.sh pack; then, on nvidia-h200 "
+                          "(one GPU, nothing beside it), bash gpu/device.sh job s3-overhead 250",
            jobs="spec_repro/engines/vllm_jobs.py JOBS", summarize_command=command,
            engines=[{"spec": e["spec"], "session": e["session"], "start_s": round(e["start_s"], 1),
                      "instrumented": e["instrumented"], "gpu_count": e.get("gpu_count"),
