@@ -153,8 +153,11 @@ def test_every_device_job_spec_is_a_valid_engine_configuration():
     from spec_repro.engines.vllm_jobs import JOBS
 
     names = set()
+    seen: dict = {}
     for job, specs in JOBS.items():
         for spec in specs:
+            # a spec name keys results, step files and sessions: one name, one configuration, across all jobs
+            assert seen.setdefault(spec["name"], spec) == spec, spec["name"]
             cfg = V.VLLMConfig(**spec["config"])
             kw = V.engine_kwargs(cfg)                      # raises on a bad method / missing draft
             assert (Path(cfg.model) / "config.json").exists() or cfg.model.startswith("/root/"), cfg.model

@@ -101,16 +101,6 @@ JOBS: dict[str, list[dict]] = {
                                                    max_num_seqs=256),
          "tasks": [_study(vocab=151936)]},
     ],
-    "llama70b-tp2": [
-        {"name": "llama70b-none-tp2", "config": dict(model=LLAMA70B, method="none", load_format="dummy",
-                                                      name="llama3-70b", tensor_parallel_size=2, max_model_len=4096,
-                                                      max_num_seqs=256),
-         "tasks": [_study(batch_sizes=[1, 16, 64, 256], max_tokens=128)]},
-        {"name": "llama70b-ngram-tp2", "config": dict(model=LLAMA70B, method="ngram", k=3, load_format="dummy",
-                                                       name="llama3-70b", tensor_parallel_size=2, max_model_len=4096,
-                                                       max_num_seqs=256),
-         "tasks": [_study(batch_sizes=[1, 16, 64, 256], max_tokens=128)]},
-    ],
 }
 JOBS["llama8b"] = JOBS["llama8b-base"] + JOBS["llama8b-sd"]
 
@@ -136,26 +126,29 @@ JOBS["s3-gpu1"] = [   # the methods not run before: draft model with its CUDA gr
                                            max_model_len=4096, max_num_seqs=256),
      "tasks": [_study(vocab=151680)]},
 ]
-JOBS["s3-tp2"] = [    # two GPUs: Llama-3-70B (the study's 95 % verification case is n-gram, 70B, B = 512), GLM-4.5-Air MTP
-    {"name": "llama70b-ngram-tp2", "config": dict(model=LLAMA70B, method="ngram", k=3, load_format="dummy",
-                                                   name="llama3-70b", tensor_parallel_size=2, max_model_len=2048,
-                                                   max_num_seqs=512, gpu_memory_utilization=0.9),
-     "tasks": [_study(batch_sizes=[1, 16, 64, 256, 512], prompt_len=256, max_tokens=128)]},
-    {"name": "glm45air-mtp-tp2", "config": dict(model=GLM45AIR, method="mtp", k=3, load_format="dummy",
-                                                 name="glm-4.5-air", tensor_parallel_size=2, max_model_len=2048,
-                                                 max_num_seqs=256, gpu_memory_utilization=0.95),
-     "tasks": [_study(batch_sizes=[1, 16, 64, 256], prompt_len=256, max_tokens=128, vocab=151552)]},
-]
-JOBS["s3-tp2-base"] = [   # the same two targets without SD: the baselines for speedups and for finding 2
-    {"name": "llama70b-none-tp2", "config": dict(model=LLAMA70B, method="none", load_format="dummy", name="llama3-70b",
-                                                  tensor_parallel_size=2, max_model_len=2048, max_num_seqs=512,
-                                                  gpu_memory_utilization=0.9),
-     "tasks": [_study(batch_sizes=[1, 16, 64, 256, 512], prompt_len=256, max_tokens=128)]},
-    {"name": "glm45air-none-tp2", "config": dict(model=GLM45AIR, method="none", load_format="dummy", name="glm-4.5-air",
-                                                  tensor_parallel_size=2, max_model_len=2048, max_num_seqs=256,
-                                                  gpu_memory_utilization=0.95),
-     "tasks": [_study(batch_sizes=[1, 16, 64, 256], prompt_len=256, max_tokens=128, vocab=151552)]},
-]
+# targets on two GPUs (tensor parallel 2): the study's batching with 256-token prompts and 128 output tokens
+_TWO_GPU_TARGETS = {
+    "llama70b": dict(model=LLAMA70B, name="llama3-70b", vocab=128256, batches=[1, 16, 64, 256, 512], max_num_seqs=512,
+                     gpu_memory_utilization=0.9),
+    "glm45air": dict(model=GLM45AIR, name="glm-4.5-air", vocab=151552, batches=[1, 16, 64, 256], max_num_seqs=256,
+                     gpu_memory_utilization=0.95),
+}
+
+
+def _two_gpus(target: str, method: str) -> dict:
+    t = _TWO_GPU_TARGETS[target]
+    cfg = dict(model=t["model"], method=method, load_format="dummy", name=t["name"], tensor_parallel_size=2,
+               max_model_len=2048, max_num_seqs=t["max_num_seqs"], gpu_memory_utilization=t["gpu_memory_utilization"])
+    if method != "none":
+        cfg["k"] = 3
+    return {"name": f"{target}-{method}-tp2", "config": cfg,
+            "tasks": [_study(batch_sizes=t["batches"], prompt_len=256, max_tokens=128, vocab=t["vocab"])]}
+
+
+# the study's 95 % verification case is n-gram on Llama-3-70B at B = 512; GLM-4.5-Air is its MTP model
+JOBS["s3-tp2"] = [_two_gpus("llama70b", "ngram"), _two_gpus("glm45air", "mtp")]
+# the same two targets without SD: the baselines for speedups and for finding 2
+JOBS["s3-tp2-base"] = [_two_gpus("llama70b", "none"), _two_gpus("glm45air", "none")]
 
 
 # ---- environment -----------------------------------------------------------------------------------------
