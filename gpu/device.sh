@@ -5,6 +5,8 @@
 #   bash gpu/device.sh job NAME SECONDS     # run a job of spec_repro/engines/vllm_jobs.py with a deadline
 #   CUDA_VISIBLE_DEVICES=1 bash gpu/device.sh job NAME SECONDS   # a single-GPU job on the second GPU
 #   bash gpu/device.sh pack TAG             # everything under /root/res as ONE file, $OUT/res_TAG.tgz
+#   bash gpu/device.sh piece pNN            # one piece of gpu/stage_cache.sh's cache stream (carry .carry/pNN)
+#   bash gpu/device.sh cache                # reassemble the pieces under /root/cache, check the GGUFs' sha256
 # Results accumulate in /root/res/NAME (resumable while the machine stays warm); `pack` brings them back in one
 # file (a call returns at most 8 files).
 set -u
@@ -30,6 +32,18 @@ case "$1" in
     timeout $(( ${3:-500} + 30 )) python3 -m spec_repro.engines.vllm_jobs run "$2" --out /root/res/$2 --deadline ${3:-500} \
       2>&1 | tee -a /root/res/$2/log.txt | grep -v -E "^(INFO|DEBUG)|it/s\]$" ; rc=${PIPESTATUS[0]}
     tail -c 200000 /root/res/$2/log.txt > $OUT/$2/log_tail.txt ; echo "job $2 rc=$rc" ;;
+  piece)    # one piece of gpu/stage_cache.sh's stream (carry=[".carry/pNN"])
+    mkdir -p /root/stage && cp .carry/$2/* /root/stage/ && ls /root/stage | wc -l ;;
+  cache)    # reassemble the carried cache under /root/cache, verify, install the carried gguf wheel
+    (cd /root/stage && sha256sum -c --quiet pieces.sha256.flat) || exit 3
+    mkdir -p /root/cache && cat $(ls /root/stage/cache.tar.* | sort) | tar xf - -C /root/cache || exit 4
+    for d in /root/cache/models/*/; do python3 -c "
+import json, hashlib, sys; d='$d'; i=json.load(open(d+'info.json')); h=hashlib.sha256()
+f=open(d+i['gguf_file'],'rb')
+for b in iter(lambda: f.read(1<<24), b''): h.update(b)
+ok = h.hexdigest() == i['gguf_sha256']; print(d, 'sha256 ok' if ok else 'SHA256 MISMATCH'); sys.exit(0 if ok else 5)" || exit 5; done
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .carry/extra/*.whl 2>&1 | tail -2
+    rm -rf /root/stage; ls /root/cache/models /root/cache/workloads ;;
   pack)
     tar czf $OUT/res_$2.tgz -C /root/res . && ls -la $OUT/res_$2.tgz ;;
 esac

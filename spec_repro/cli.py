@@ -184,8 +184,10 @@ def _add_collect(sub):
     p.add_argument("-n", type=int, default=40, help="requests per workload (default 40)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--proposers", nargs="+", default=["ngram", "early-exit"],
-                   help="ngram, early-exit, draft (needs --draft-model)")
+                   help="ngram, early-exit, draft (needs --draft-model), eagle / eagle3 (need --eagle-head)")
     p.add_argument("--draft-model", default=None, help="draft model sharing the target's tokenizer")
+    p.add_argument("--eagle-head", default=None, metavar="DIR",
+                   help="EAGLE/EAGLE-3 head (vLLM's layout; e.g. from `spec-repro train eagle`) for proposer eagle")
     p.add_argument("--early-exit-layers", type=int, default=None, help="exit layer (default: 80%% of depth)")
     p.add_argument("--k-max", type=int, default=16)
     p.add_argument("--min-n", type=int, default=3, help="n-gram prompt_lookup_min (study: 3)")
@@ -219,11 +221,50 @@ def _run_collect(args):
                         proposers=args.proposers, out=args.out, k_max=args.k_max, batch_size=args.batch_size,
                         seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
-                        device=args.device, force=args.force)
+                        device=args.device, force=args.force, eagle_head=args.eagle_head)
     except (ValueError, RuntimeError, MemoryError) as e:
         raise SystemExit(f"error: {e}")
     for p in paths:
         print(p)
+
+
+def _add_train(sub):
+    p = sub.add_parser("train", help="train an EAGLE head on its target's own greedy outputs (self-distillation)")
+    p.add_argument("what", choices=["eagle"])
+    p.add_argument("--target", default="smollm2-135m", help="embedded name, HF id or local directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="head directory (vLLM eagle layout + TRAINING.json)")
+    p.add_argument("--workloads", nargs="+", default=["sharegpt", "code-edit"], metavar="NAME")
+    p.add_argument("--eval-n", type=int, default=300,
+                   help="first N requests of each workload's seeded order are never trained on (collect -n N)")
+    p.add_argument("--train-n", type=int, default=1000, help="training prompts per workload (at most)")
+    p.add_argument("--val-n", type=int, default=32, help="training decodes held out to track acceptance")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=32, help="greedy decodes batched together")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--tokens-per-batch", type=int, default=8192)
+    p.add_argument("--ttt-depth", type=int, default=3, help="chain depths trained (EAGLE-3's training-time test)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=_run_train)
+    return p
+
+
+def _run_train(args):
+    from .train import train_from_workloads
+
+    _set_threads(args.threads)
+    try:
+        _, rec = train_from_workloads(args.target, args.out, workloads=args.workloads, eval_n=args.eval_n,
+                                      train_n=args.train_n, val_n=args.val_n, max_new_tokens=args.max_new_tokens,
+                                      max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
+                                      device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
+                                      tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth)
+    except (ValueError, RuntimeError, MemoryError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"wrote {args.out} (held-out tokens/step {rec['final_held_out_tokens_per_step']})")
 
 
 # ---- cpu-verify-cost (issue 3: the embedded analogue of finding 2) ----------------------------------------
@@ -385,7 +426,8 @@ def _run_vllm(args):
 
 
 # ---- registry ---------------------------------------------------------------------------------------------
-_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_cpu_verify_cost, _add_workloads, _add_vllm]
+_COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_train, _add_cpu_verify_cost, _add_workloads,
+             _add_vllm]
 
 
 def build_parser() -> argparse.ArgumentParser:

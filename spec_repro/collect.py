@@ -35,13 +35,14 @@ def _safe(name: str) -> str:
 
 
 def build_proposers(names: Sequence[str], target, *, draft_model=None, early_exit_layers: int | None = None,
-                    min_n: int = 3, max_n: int = 7) -> dict:
+                    min_n: int = 3, max_n: int = 7, eagle_head=None) -> dict:
     """{trace name: proposer} for the profiler."""
     from .proposers import make_proposer
 
     out = {}
     for n in names:
-        p = make_proposer(n, target, min_n=min_n, max_n=max_n, draft_model=draft_model, layers=early_exit_layers)
+        p = make_proposer(n, target, min_n=min_n, max_n=max_n, draft_model=draft_model, layers=early_exit_layers,
+                          eagle_head=eagle_head)
         out[p.name] = p
     return out
 
@@ -103,7 +104,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             proposers: Sequence[str] = ("ngram", "early-exit"), out: str | Path = "data/traces", k_max: int = 16,
             batch_size: int = 8, seed: int = 0, max_prompt_tokens: int = 1024, draft_model: str | None = None,
             early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
-            force: bool = False, quiet: bool = False) -> list[Path]:
+            force: bool = False, quiet: bool = False, eagle_head: str | None = None) -> list[Path]:
     """Collect one trace file per workload; returns their paths. See the module doc."""
     from tqdm.auto import tqdm
 
@@ -127,6 +128,10 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
         return paths
     if "draft" in proposers and not draft_model:
         raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
+    if any(_trace_name(p).startswith("eagle") for p in proposers):
+        from .proposers.eagle import check_head_dir
+
+        check_head_dir(eagle_head)
     target, tok = models.load(model, device=device)
     drafter = None
     if draft_model:
@@ -134,7 +139,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
         if dtok.get_vocab() != tok.get_vocab():
             raise ValueError(f"draft model {draft_model!r} does not share {model!r}'s tokenizer")
     props = build_proposers(proposers, target, draft_model=drafter, early_exit_layers=early_exit_layers,
-                            min_n=min_n, max_n=max_n)
+                            min_n=min_n, max_n=max_n, eagle_head=eagle_head)
     settings = {"proposers": {p.name: _proposer_settings(p, draft_model) for p in props.values()},
                 "k_max": k_max, "max_new_tokens": max_new_tokens, "n": n, "seed": seed,
                 "max_prompt_tokens": max_prompt_tokens, "batch_size": batch_size, "device": device,
@@ -184,7 +189,8 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
 def _trace_name(proposer: str) -> str:
     key = proposer.lower().replace("_", "-")
     return {"n-gram": "ngram", "prompt-lookup": "ngram", "draft-model": "draft", "earlyexit": "early-exit",
-            "self-spec": "early-exit", "layerskip": "early-exit"}.get(key, key)
+            "self-spec": "early-exit", "layerskip": "early-exit", "eagle1": "eagle", "eagle-1": "eagle",
+            "eagle-3": "eagle3"}.get(key, key)
 
 
 def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = None, provenance: dict | None = None,
@@ -196,8 +202,7 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .profiler import chain_acceptance, model_argmax_after_outputs, ngram_acceptance
-    from .proposers.ngram import NgramProposer
+    from .profiler import proposer_acceptance
     from .traces import Trace
 
     path = Path(path)
@@ -209,11 +214,7 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     for r in tqdm(list(t.requests.itertuples()), desc=f"add {sorted(proposers)} to {path.name}", disable=quiet):
         prompt, o = [int(x) for x in r.prompt_token_ids], [int(x) for x in r.output_token_ids]
         for name, p in proposers.items():
-            if isinstance(p, NgramProposer):
-                acc, dl = ngram_acceptance(prompt, o, k_max, p.min_n, p.max_n)
-            else:
-                acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, o), o, k_max)
-                dl = np.full(len(o), k_max)
+            acc, dl = proposer_acceptance(p, prompt, o, k_max)
             L = int(r.output_len)
             rows.append(pd.DataFrame({
                 "request_id": r.request_id, "dataset": r.dataset, "model": r.model, "proposer": name,
@@ -245,16 +246,37 @@ def _proposer_settings(p, draft_model) -> dict:
     if p.name == "early-exit":
         return {"layers": p.layers, "note": "self-draft from the target's first layers + final norm + LM head "
                                              "(LayerSkip-style stand-in for EAGLE, untrained)"}
+    if p.name in ("eagle", "eagle3"):
+        return _eagle_settings(p)
     return {"draft_model": draft_model}
+
+
+def _eagle_settings(p) -> dict:
+    """An EAGLE head's identity: its checkpoint's sha256 and, for a head trained here, its training record."""
+    from .provenance import sha256_file
+
+    src = getattr(p.head, "source", None)
+    out = {"kind": p.head.kind, "feature_layers": p.features, "head": str(src) if src else None,
+           "note": "trained EAGLE-class head, chained greedy drafting as vLLM 0.25 (spec_repro.proposers.eagle)"}
+    if src:
+        w = sorted(Path(src).glob("*.safetensors")) or sorted(Path(src).glob("*.bin"))
+        out["head_sha256"] = {f.name: sha256_file(f) for f in w}
+        tr = Path(src) / "TRAINING.json"
+        if tr.exists():
+            rec = json.loads(tr.read_text())
+            out["training"] = {"settings": rec.get("settings"), "held_out": rec.get("final_held_out_tokens_per_step"),
+                               "data": rec.get("data")}
+    return out
 
 
 def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit", *, n: int = 4,
                         max_new_tokens: int = 64, methods: Sequence[str] = ("none", "ngram", "early-exit"),
                         batch_sizes: Sequence[int] = (1, 4), k: int = 3, seed: int = 0, device: str = "cpu",
-                        quiet: bool = False):
+                        quiet: bool = False, draft_model: str | None = None, eagle_head: str | None = None):
     """Measured per-step phase timings of the reference engine (``STEP_COLUMNS`` + ``phase``), for the
     verification-bottleneck analysis on this machine. As in the study, a batch of B is ONE prompt copied B
-    times; each of the ``n`` prompts runs once per (method, batch size), methods interleaved."""
+    times; each of the ``n`` prompts runs once per (method, batch size), methods interleaved. Methods ``draft``
+    and ``eagle`` need ``draft_model`` / ``eagle_head``."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -264,12 +286,17 @@ def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit"
     from .proposers import make_proposer
 
     target, tok = models.load(model, device=device)
+    opts = {"draft_model": models.load(draft_model, device=device)[0] if draft_model else None}
+    if eagle_head:
+        from .proposers.eagle import load_head
+
+        opts["eagle_head"] = load_head(eagle_head, target)
     reqs = wl.load(workload, n=n, seed=seed, tokenizer=tok)
     frames = []
     # interleaved (prompt-major), so that background load drifting over time hits every method alike
     combos = [(m, b, r) for r in reqs for b in batch_sizes for m in methods]
     for m, b, r in tqdm(combos, desc="engine steps", disable=quiet):
-        prop = None if m == "none" else make_proposer(m, target)
+        prop = None if m == "none" else make_proposer(m, target, **opts)
         res = generate(target, [r.prompt_token_ids] * b, max_new_tokens=max_new_tokens, proposer=prop, k=k,
                        model_name=model)
         df = res.steps.drop(columns=["accepted_per_req"])

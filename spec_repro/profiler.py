@@ -14,6 +14,9 @@ count is the length of the prefix of the drafts equal to those tokens, so for ev
 * early exit of the target (first N layers + final norm + LM head): the same chain rule; g_j is read out of
   the greedy decode itself (the hidden state after layer N of o_j's pass), since the self-draft's KV cache
   equals the target's first N layers'. No extra pass.
+* EAGLE / EAGLE-3: a head's later drafts depend on its own hidden states, so one teacher-forced pass is not
+  enough; :func:`spec_repro.proposers.eagle.eagle_chain_acceptance` runs every chain depth for every start
+  position at once (one target pass for the features, then k_max passes of the one-layer head).
 
 Accepted counts never run past the end of the output (the last position has acc_len 1). ``acc_len`` = accepted
 + 1, as in the study's traces. Numbers equal a real engine run's up to float ties between the batched decode,
@@ -34,7 +37,7 @@ from .proposers.ngram import NgramProposer, ngram_lookup_all
 from .traces import Trace
 
 __all__ = ["RequestProfile", "ngram_acceptance", "chain_acceptance", "model_argmax_after_outputs",
-           "profile_requests", "profiles_to_trace"]
+           "proposer_acceptance", "profile_requests", "profiles_to_trace"]
 
 
 @dataclass
@@ -98,6 +101,24 @@ def model_argmax_after_outputs(model, prompt: Sequence[int], output: Sequence[in
     return model.get_output_embeddings()(h).argmax(dim=-1).tolist()
 
 
+def proposer_acceptance(p: Proposer, prompt: Sequence[int], output: Sequence[int], k_max: int,
+                        exit_argmax: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(acc_len, draft_len) of one proposer at every output position of one greedy decode (module doc):
+    n-gram by lookup, EAGLE by its chained pass, early exit from ``exit_argmax`` (the decode's read-out) when
+    given, any other drafter by one teacher-forced pass."""
+    from .proposers.eagle import EagleProposer, eagle_chain_acceptance
+
+    if isinstance(p, NgramProposer):
+        return ngram_acceptance(prompt, output, k_max, p.min_n, p.max_n)
+    if isinstance(p, EagleProposer):
+        acc = eagle_chain_acceptance(p.head, prompt, output, k_max)
+    elif exit_argmax is not None:
+        acc = chain_acceptance(exit_argmax, output, k_max)
+    else:
+        acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, output), output, k_max)
+    return acc, np.full(len(output), k_max)
+
+
 def _req_fields(r, i: int, dataset: str | None):
     if isinstance(r, (list, tuple)):
         return str(i), dataset or "unknown", list(r), None
@@ -133,14 +154,8 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
             if tokenizer is not None:
                 prof.output_text = tokenizer.decode(o)
             for name, p in proposers.items():
-                if isinstance(p, NgramProposer):
-                    acc, dl = ngram_acceptance(prompt, o, k_max, p.min_n, p.max_n)
-                elif name in taps:
-                    acc = chain_acceptance(res.meta["exit_argmax"][taps[name]][j], o, k_max)
-                    dl = np.full(len(o), k_max)
-                else:
-                    acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, o), o, k_max)
-                    dl = np.full(len(o), k_max)
+                ex = res.meta["exit_argmax"][taps[name]][j] if name in taps else None
+                acc, dl = proposer_acceptance(p, prompt, o, k_max, ex)
                 prof.acc[name] = acc.astype(int).tolist()
                 prof.draft_len[name] = dl.astype(int).tolist()
             out.append(prof)

@@ -154,6 +154,7 @@ class KVState:
                                   f"or shorter prompts") from e
             raise
         self.last_hidden = {int(n): out.hidden_states[int(n)] for n in hidden_layers}
+        self.last_final = out.last_hidden_state  # (B, m, H) after the final norm: EAGLE-1's feature
         if prep["valid"] is None:
             self._slots += prep["ids"].shape[1]
         else:
@@ -162,6 +163,7 @@ class KVState:
         if logits == "last":
             idx = torch.as_tensor([max(n - 1, 0) for n in prep["lens"]], device=h.device)
             h = h[torch.arange(h.shape[0], device=h.device), idx]
+        self.last_h = h
         res = self.head(h)
         if res.dtype in (torch.float16, torch.bfloat16):
             res = res.float()
@@ -276,7 +278,15 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     if exit_layers:
         final_norm = model.get_decoder().norm
     eos = set(eos_ids_of(model) if eos_token_ids is None else eos_token_ids)
+    # an EAGLE-class proposer drafts from the target's features of every verified position
+    feat = getattr(proposer, "features", None) if proposer is not None else None
+    feat_layers = list(feat) if isinstance(feat, tuple) else []
     state = KVState(model)
+
+    def features_of(counts):
+        f = state.last_final if feat == "final" else torch.cat([state.last_hidden[i] for i in feat_layers], -1)
+        return [f[r, :n] for r, n in enumerate(counts)]
+
     dev = state.device
     B = len(prompts)
     method = "none" if proposer is None else proposer.method
@@ -298,7 +308,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     prep = state.prepare(prompts)
     _sync(dev)
     t1 = time.perf_counter()
-    logits = state.forward(prep, logits="last")
+    logits = state.forward(prep, logits="last", hidden_layers=feat_layers)
     _sync(dev)
     t2 = time.perf_counter()
     first = logits.argmax(dim=-1).tolist()
@@ -306,6 +316,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     outputs = [[int(t)] for t in first]
     if proposer is not None:
         proposer.start([list(p) + o for p, o in zip(prompts, outputs)])
+        if feat:
+            proposer.add_features(features_of(prep["lens"]))
     _sync(dev)
     t4 = time.perf_counter()
     step_row(0, "prefill", B, int(prep["ids"].numel()), 0, t4 - t3, t2 - t1, t3 - t2, t1 - t0, 0, 0, None)
@@ -331,7 +343,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         prep = state.prepare(chunks)
         _sync(dev)
         t2 = time.perf_counter()
-        logits = state.forward(prep, logits="all", hidden_layers=exit_layers)
+        logits = state.forward(prep, logits="all", hidden_layers=exit_layers or feat_layers)
         _sync(dev)
         t3 = time.perf_counter()
         greedy = logits.argmax(dim=-1).tolist()  # (rows, m)
@@ -363,6 +375,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
             keep.append(len(state.tokens[r]) - len(d) + a)  # last token + accepted drafts stay cached
             if not (new[-1] in eos or len(outputs[i]) >= max_new_tokens):
                 still.append(r)
+        if feat:  # the last token and the accepted drafts are verified positions now
+            proposer.add_features(features_of([a + 1 for a in acc_list]))
         t4 = time.perf_counter()
         state.truncate(keep)
         if len(still) < len(active):

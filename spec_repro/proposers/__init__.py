@@ -13,7 +13,8 @@ Model-based proposers also expose ``model`` (a causal LM whose greedy chain they
 uses for its single teacher-forced pass.
 
 ``make_proposer(name, target=None, **options)`` builds one by name: ``ngram`` (``min_n``, ``max_n``),
-``draft`` (``draft_model``), ``early-exit`` (``layers``).
+``draft`` (``draft_model``), ``early-exit`` (``layers``), ``eagle`` / ``eagle3`` (``eagle_head``: a checkpoint
+directory or a loaded :class:`~spec_repro.proposers.eagle.EagleHead`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Sequence
 
 __all__ = ["Proposer", "make_proposer", "PROPOSERS"]
 
-PROPOSERS = ("ngram", "draft", "early-exit")
+PROPOSERS = ("ngram", "draft", "early-exit", "eagle", "eagle3")
 
 
 class Proposer:
@@ -58,4 +59,19 @@ def make_proposer(name: str, target=None, **options) -> Proposer:
         if target is None:
             raise ValueError("proposer 'early-exit' needs the target model")
         return EarlyExitProposer(target, layers=options.get("layers"))
+    if key in ("eagle", "eagle1", "eagle-1", "eagle3", "eagle-3"):
+        from .eagle import EagleHead, EagleProposer, load_head
+
+        head = options.get("eagle_head")
+        if head is None:
+            raise ValueError(f"proposer {name!r} needs an EAGLE head (--eagle-head DIR: a checkpoint in vLLM's "
+                             "eagle/eagle3 layout, e.g. from `spec-repro train eagle`)")
+        if not isinstance(head, EagleHead):
+            if target is None:
+                raise ValueError(f"proposer {name!r} needs the target model to load its head")
+            head = load_head(head, target)
+        want = "eagle3" if "3" in key else "eagle"
+        if head.kind != want:
+            raise ValueError(f"proposer {name!r} got an {head.kind} head")
+        return EagleProposer(head)
     raise ValueError(f"unknown proposer {name!r}; choose from {', '.join(PROPOSERS)}")

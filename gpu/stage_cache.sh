@@ -1,0 +1,24 @@
+#!/bin/bash
+# Stage this machine's spec_repro cache (embedded models' GGUFs + workload data) for the lent GPU machine, which
+# reaches no package index: one tar stream, cut into pieces small enough to ride along one device call each.
+#   bash gpu/stage_cache.sh [MB_PER_PIECE] MODEL...      e.g.  bash gpu/stage_cache.sh 54 smollm2-135m qwen2.5-coder-1.5b
+# Result: .carry/pNN/ and .carry/extra/ (the gguf wheel) (one device call each: carry=[".carry/pNN"], command `bash gpu/device.sh piece pNN`), then
+# `bash gpu/device.sh cache` on the device reassembles the stream, untars it under /root/cache and checks every
+# GGUF against the sha256 the package pins. Run `spec-repro models fetch MODEL` and the workloads once here first.
+set -euo pipefail
+MB=${1:-52}; shift   # 52 MiB + the tracked tree (~11 MB) stays under a call's 64 MiB
+ROOT=$(git rev-parse --show-toplevel); cd "$ROOT"
+grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
+C=${SPEC_REPRO_CACHE:-$HOME/.cache/spec_repro}
+rm -rf .carry/p[0-9]* .carry/parts .carry/extra; mkdir -p .carry/parts .carry/extra
+python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/extra "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+paths=(workloads)
+for m in "$@"; do
+  f=$(python3 -c "from spec_repro import models; print(models.spec('$m').gguf_file)")
+  paths+=("models/$m/$f" "models/$m/info.json")
+done
+tar cf - -C "$C" --exclude='*.lock' --exclude='.build-*' "${paths[@]}" | split -b ${MB}M -d -a 2 - .carry/parts/cache.tar.
+n=0; for f in .carry/parts/cache.tar.*; do d=.carry/p$(printf %02d $n); mkdir -p $d; mv "$f" $d/; n=$((n+1)); done
+rmdir .carry/parts
+(cd .carry && sha256sum p*/cache.tar.* | sed 's| p[0-9]*/| |' > p$(printf %02d $((n-1)))/pieces.sha256.flat)
+du -sh .carry; echo "$n pieces: .carry/p00 .. .carry/p$(printf %02d $((n-1)))"

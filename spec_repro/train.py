@@ -1,0 +1,274 @@
+"""Train an EAGLE head by self-distillation on its target's own greedy outputs (``spec-repro train eagle``).
+
+1. Prompts: each training workload is split ONCE into an evaluation part (the first ``eval_n`` requests of its
+   seeded order: exactly the requests ``spec-repro collect -n eval_n --seed`` profiles) and a training part
+   (the requests after them); a slice of the training part is held out to track acceptance while training.
+   Nothing of the evaluation part is ever decoded, featurised or trained on here.
+2. Data: the target decodes every training prompt greedily (the torch engine, batched); one teacher-forced pass
+   gives its feature at every position (EAGLE-1: last hidden state after the final norm).
+3. Loss, per chain depth d = 1..``ttt_depth`` (the attention pattern of :meth:`EagleHead.chain`, so depth d
+   sees its own earlier drafts exactly as at inference): cross-entropy against the target's full next-token
+   distribution (softmax of its LM head on the next position's feature), weighted 0.8^(d-1), plus EAGLE-1's
+   smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay frozen.
+4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
+   curve): a rerun with the same settings resumes. The head is written in vLLM's layout
+   (:func:`spec_repro.proposers.eagle.save_head`) with ``<out>/TRAINING.json``: data, steps, loss curve,
+   held-out tokens/step at k = 1..5, wall time, hardware.
+
+Seeded and deterministic on CPU (and on CUDA up to the GPU's own nondeterministic kernels).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, new_head, save_head, \
+    target_features
+
+__all__ = ["split_prompts", "distill", "train_eagle", "held_out_tokens_per_step"]
+
+
+def split_prompts(name: str, *, eval_n: int, train_n: int, seed: int, tokenizer, max_prompt_tokens: int | None):
+    """(eval requests, training requests) of one workload, disjoint (see the module doc)."""
+    from . import workloads as wl
+
+    try:
+        reqs = wl.load(name, n=eval_n + train_n, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+    except wl.WorkloadError:
+        reqs = wl.load(name, n=None if name != "gsm-symbolic" else eval_n + train_n, seed=seed, tokenizer=tokenizer,
+                       max_prompt_tokens=max_prompt_tokens)
+        if name != "gsm-symbolic":  # n=None is source order: apply the same seeded order load(n=...) uses
+            reqs = wl.load(name, n=len(reqs), seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+    if len(reqs) <= eval_n:
+        raise ValueError(f"workload {name!r} has {len(reqs)} requests: none left for training after the first "
+                         f"{eval_n} (the evaluation part); lower --eval-n")
+    return reqs[:eval_n], reqs[eval_n:]
+
+
+@torch.no_grad()
+def distill(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int, eos_token_ids=None,
+            desc: str = "greedy") -> list[list[int]]:
+    """The target's greedy outputs for ``prompts`` (batched torch engine, shortest prompts batched together)."""
+    from tqdm.auto import tqdm
+
+    from .engines.torch import generate
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    outs: list = [None] * len(prompts)
+    with tqdm(total=len(prompts), desc=desc, unit="req") as bar:
+        for b in range(0, len(order), batch_size):
+            idx = order[b: b + batch_size]
+            r = generate(target, [prompts[i] for i in idx], max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
+            for i, o in zip(idx, r.output_ids):
+                outs[i] = o
+            bar.update(len(idx))
+    return outs
+
+
+def _soft_ce(head: EagleHead, out, p_feat):
+    """Cross-entropy of the head's logits against the target's distribution at the next position."""
+    with torch.no_grad():
+        p = torch.softmax(head.target.get_output_embeddings()(p_feat).float(), dim=-1)
+    logp = torch.log_softmax(head.logits(out).float(), dim=-1)
+    return -(p * logp).sum(-1)
+
+
+def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float):
+    """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,)."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, N = ids.shape
+    T = N - 1                                      # pairs i = 0..N-2: (ids[i+1], f_i) -> f_{i+1}
+    outs = head.chain(ids[:, 1:], feats[:, :-1], depth)
+    tgt = feats[:, 1:]
+    ii = torch.arange(T, device=ids.device)
+    valid0 = ii[None, :] < (lens[:, None] - 1)
+    total, parts = 0.0, []
+    for d, out in enumerate(outs, start=1):
+        m = valid0 & (ii[None, :] >= d - 1)
+        o, t = out[m], tgt[m]
+        ce = checkpoint(lambda a, b: _soft_ce(head, a, b), o, t, use_reentrant=False).mean()
+        w = 0.8 ** (d - 1)
+        total = total + w * ce
+        parts.append(float(ce.detach()))
+        if d == 1 and reg:
+            total = total + reg * F.smooth_l1_loss(o.float(), t.float())
+    return total / sum(0.8 ** k for k in range(depth)), parts
+
+
+def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Generator) -> list[list[int]]:
+    """Length-sorted buckets of about ``tokens_per_batch`` padded tokens, in a seeded random order."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out, cur, longest = [], [], 0
+    for i in order:
+        if cur and max(longest, lengths[i]) * (len(cur) + 1) > tokens_per_batch:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, lengths[i])
+    if cur:
+        out.append(cur)
+    return [out[j] for j in rng.permutation(len(out))]
+
+
+def _pad(seqs, feats, idx, device):
+    n = max(len(seqs[i]) for i in idx)
+    ids = torch.zeros(len(idx), n, dtype=torch.long, device=device)
+    F_ = torch.zeros(len(idx), n, feats[idx[0]].shape[-1], dtype=feats[idx[0]].dtype, device=device)
+    for r, i in enumerate(idx):
+        ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=device)
+        F_[r, : len(seqs[i])] = feats[i].to(device)
+    lens = torch.as_tensor([len(seqs[i]) for i in idx], device=device)
+    return ids, F_, lens
+
+
+@torch.no_grad()
+def held_out_tokens_per_step(head: EagleHead, pairs, ks=(1, 2, 3, 4, 5)) -> dict[int, float]:
+    """Mean tokens per step at each k over held-out (prompt, output) pairs (exact chained drafting)."""
+    acc = np.concatenate([eagle_chain_acceptance(head, p, o, max(ks)) for p, o in pairs if len(o) > 1])
+    return {k: float(np.minimum(acc, k + 1).mean()) for k in ks}
+
+
+def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
+                lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
+                seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
+                progress: bool = True) -> tuple[EagleHead, dict]:
+    """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
+
+    ``log``: facts about the data to keep in the record (workloads, prompt counts ...)."""
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    dev = next(target.parameters()).device
+    torch.manual_seed(seed)
+    target.requires_grad_(False)                  # embeddings and LM head are shared, frozen
+    head = new_head(target, kind, seed=seed)
+    if dev.type == "cpu":
+        head = head.to(next(target.parameters()).dtype)
+    layers = feature_layers(head)
+    seqs = [list(p) + list(o) for p, o in train_pairs]
+    t_feat = time.time()
+    feats = []
+    for b in range(0, len(seqs), 16):   # one teacher-forced target pass per sequence, kept on the device
+        for s in seqs[b: b + 16]:
+            ids = torch.as_tensor([s], dtype=torch.long, device=dev)
+            feats.append(target_features(target, ids, layers)[0])
+    t_feat = time.time() - t_feat
+    settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
+                "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs))}
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
+                            weight_decay=0.0)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    ck = out.parent / f".{out.name}.ckpt" / "state.pt"
+    step, curve, evals = 0, [], []
+    rng = np.random.default_rng(seed)
+    if ck.exists():
+        st = torch.load(ck, map_location=dev, weights_only=False)
+        if st["settings"] == settings:
+            head.load_state_dict(st["head"], strict=False)
+            opt.load_state_dict(st["opt"])
+            sched.load_state_dict(st["sched"])
+            step, curve, evals = st["step"], st["curve"], st["evals"]
+            rng.bit_generator.state = st["rng"]
+            if progress:
+                print(f"[train] resuming from {ck} at step {step}")
+    lengths = [len(s) for s in seqs]
+    queue: list = []
+    t0 = time.time()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu",
+                                                                                                       enabled=False)
+    head.train()
+    bar = tqdm(total=steps, initial=step, desc=f"train {kind}", disable=not progress)
+    while step < steps:
+        if not queue:
+            queue = _batches(lengths, tokens_per_batch, rng)
+        idx = queue.pop()
+        ids, fb, lens = _pad(seqs, feats, idx, dev)
+        with autocast:
+            loss, parts = _loss(head, ids, fb.to(torch.bfloat16 if dev.type == "cuda" else fb.dtype), lens,
+                                ttt_depth, reg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        opt.step()
+        sched.step()
+        step += 1
+        curve.append([step, round(float(loss), 5), [round(p, 4) for p in parts]])
+        post = {"loss": f"{float(loss):.3f}"}
+        if val_pairs and (step % eval_every == 0 or step == steps):
+            head.eval()
+            tps = held_out_tokens_per_step(head, val_pairs)
+            head.train()
+            evals.append({"step": step, "tokens_per_step": tps})
+            post["heldout_k3"] = f"{tps[3]:.2f}"
+        bar.set_postfix(post)
+        bar.update(1)
+        if step % ckpt_every == 0 and step < steps:
+            ck.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ck.with_suffix(".tmp")
+            torch.save({"settings": settings, "head": head.state_dict(), "opt": opt.state_dict(),
+                        "sched": sched.state_dict(), "step": step, "curve": curve, "evals": evals,
+                        "rng": rng.bit_generator.state}, tmp)
+            os.replace(tmp, ck)
+    bar.close()
+    head.eval()
+    from .provenance import machine_info, package_versions
+
+    record = {"settings": settings, "feature_pass_s": round(t_feat, 1), "train_wall_s": round(time.time() - t0, 1),
+              "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:], "held_out": evals,
+              "final_held_out_tokens_per_step": evals[-1]["tokens_per_step"] if evals else None,
+              "machine": machine_info(), "versions": package_versions(),
+              "target": getattr(target.config, "_name_or_path", None), **(log or {})}
+    save_head(head, out, extra_config={"spec_repro_training": {k: settings[k] for k in ("kind", "steps", "seed")}})
+    tmp = out / "TRAINING.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, out / "TRAINING.json")
+    if ck.exists():
+        ck.unlink()
+        ck.parent.rmdir()
+    return head, record
+
+
+def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("sharegpt", "code-edit"),
+                         eval_n: int = 300, train_n: int = 1000, val_n: int = 32, max_new_tokens: int = 256,
+                         max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
+                         kind: str = "eagle", **train_kw) -> tuple[EagleHead, dict]:
+    """The whole recipe of ``spec-repro train eagle``: split prompts, decode, train, write the head + record."""
+    from . import models
+
+    out = Path(out)
+    if kind != "eagle":
+        raise ValueError("training supports kind 'eagle' (EAGLE-1 layout, chain-trained); EAGLE-3 heads load and "
+                         "draft but are not trained here")
+    t0 = time.time()
+    target, tok = models.load(target_name, device=device)
+    prompts, data = [], {}
+    for w in workloads:
+        ev, tr = split_prompts(w, eval_n=eval_n, train_n=train_n, seed=seed, tokenizer=tok,
+                               max_prompt_tokens=max_prompt_tokens)
+        prompts += [list(r.prompt_token_ids) for r in tr]
+        data[w] = {"eval_requests_excluded": len(ev), "train_requests": len(tr),
+                   "first_train_id": str(tr[0].id), "seed": seed}
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(prompts))
+    prompts = [prompts[i] for i in order]
+    outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    pairs = [(p, o) for p, o in zip(prompts, outs) if len(o) > 1]
+    val, train = pairs[:val_n], pairs[val_n:]
+    log = {"data": {"workloads": data, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
+                    "decode": "greedy, spec_repro.engines.torch", "target": target_name,
+                    "decode_s": round(time.time() - t0, 1)}}
+    head, rec = train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, **train_kw)
+    rec["total_wall_s"] = round(time.time() - t0, 1)
+    (out / "TRAINING.json").write_text(json.dumps(rec, indent=2, sort_keys=True, default=str) + "\n")
+    return head, rec
