@@ -28,7 +28,9 @@ def _add_simulate(sub):
                    help="simulate N requests per dataset chosen like the released code (default: all)")
     p.add_argument("--seed", type=int, default=42, help="sampling and n-gram match draws (default 42)")
     p.add_argument("--dataset", default=None, help="dataset name for published files (default: file stem)")
-    p.add_argument("--model", default="unknown", help="target model name for published files")
+    p.add_argument("--model", default=None,
+                   help="target model name for published files (default: the study's model for its own files, "
+                        "recognized by content; else the file's own 'model' field, else 'unknown')")
     p.add_argument("--ngram-match-prob", type=float, default=None, metavar="P",
                    help="n-gram match probability for fixed-K on traces without draft_len (default: per dataset)")
     p.add_argument("--out", required=True, metavar="OUT.csv")
@@ -38,28 +40,23 @@ def _add_simulate(sub):
 
 
 def _run_simulate(args):
-    from pathlib import Path
+    from .io import atomic_path, check_writable
+    from .simulate import simulate
+    from .traces import Trace, read_trace
 
-    from .costmodel import CostModelError
-    from .simulate import SimulationError, simulate
-    from .traces import Trace, TraceError, read_trace
-
-    try:
-        traces = []
-        for f in args.traces:
-            kw = {"dataset": args.dataset} if args.dataset else {}
-            if not str(f).endswith(".parquet"):
-                kw["model"] = args.model
-            traces.append(read_trace(f, **kw))
-        trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
-        extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
-        df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
-                      args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
-    except (TraceError, SimulationError, CostModelError) as e:
-        raise SystemExit(f"error: {e}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    out = check_writable(args.out, "--out")                    # before any heavy work
+    traces = []
+    for f in args.traces:
+        kw = {"dataset": args.dataset} if args.dataset else {}
+        if not str(f).endswith(".parquet") and args.model:
+            kw["model"] = args.model
+        traces.append(read_trace(f, **kw))
+    trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
+    extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
+    df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
+                  args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
+    with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
+        df.to_csv(tmp, index=False)
     show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",
                "mean_tokens_per_step", "verify_share", "draft_share"]]
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -396,9 +393,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_error(e: BaseException) -> bool:
+    """True for errors whose message is the whole story for a user (bad input, unwritable output, corrupted
+    cache, a held lock): they end the command with one line on stderr and a non-zero exit, never a traceback."""
+    from .costmodel import CostModelError
+    from .io import LockedError
+    from .models import ModelError
+    from .simulate import SimulationError
+    from .traces import TraceError
+    from .workloads import WorkloadError
+
+    return isinstance(e, (TraceError, SimulationError, CostModelError, ModelError, WorkloadError, LockedError,
+                          OSError, MemoryError, UnicodeError))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except Exception as e:
+        if not _user_error(e):
+            raise
+        msg = str(e) or type(e).__name__
+        if isinstance(e, MemoryError):
+            msg = f"out of memory ({msg})"
+        raise SystemExit(f"error: {msg}") from None
 
 
 if __name__ == "__main__":
