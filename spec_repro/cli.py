@@ -201,6 +201,8 @@ def _add_collect(sub):
 
 def _set_threads(n):
     """torch CPU threads for the CPU-bound subcommands (None: torch's default)."""
+    if n is not None and n < 1:
+        raise SystemExit(f"error: --threads must be >= 1, got {n}")
     if n:
         import torch
 
