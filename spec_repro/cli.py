@@ -119,6 +119,17 @@ def _run_reproduce(args):
 
     from .reproduce import reproduce
 
+    from .io import check_writable_dir
+
+    check_writable_dir(args.out, "--out")
+    if args.figures:
+        check_writable_dir(args.figures, "--figures")
+    if args.traces:  # a bad trace file is refused now, not after six notebooks have failed on it
+        from .analysis import trace_files
+        from .traces import read_trace
+
+        for f in trace_files(args.traces):
+            read_trace(f)
     params = {"traces": [str(Path(t).resolve()) for t in args.traces]} if args.traces else None
     results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
                                parameters=params)
@@ -251,7 +262,13 @@ def _run_cpu_verify_cost(args):
     from .engines.torch import measure_verify_cost, weight_bytes
     from .provenance import record
 
+    from .io import atomic_path, check_writable
+
     _set_threads(args.threads)
+    out = check_writable(args.out, "--out")
+    sp = check_writable(args.steps_out, "--steps-out") if args.steps_out else None
+    if args.k_max < 0 or args.repeats < 1 or args.kv_len < 0:
+        raise SystemExit("error: --k-max and --kv-len must be >= 0 and --repeats >= 1")
     try:
         model, _ = models.load(args.model, device=args.device)
     except (ValueError, RuntimeError) as e:
@@ -265,9 +282,8 @@ def _run_cpu_verify_cost(args):
     df["ratio_to_1_token"] = df["median_s"] / base
     # on a shared CPU the low percentile is the steadier estimate of the uncontended cost
     df["p10_ratio_to_1_token"] = df["p10_s"] / float(df.loc[df.k == 0, "p10_s"].iloc[0])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False, float_format="%.6g")
+    with atomic_path(out) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.6g")
     wb = weight_bytes(model)
     record(out.parent / "MANIFEST.json", out.name, file=out.name, model=args.model, kv_len=args.kv_len,
            repeats=args.repeats, device=args.device, dtype=str(model.dtype), torch_threads=torch.get_num_threads(),
@@ -282,9 +298,8 @@ def _run_cpu_verify_cost(args):
         from .collect import engine_step_timings
 
         steps = engine_step_timings(args.model, device=args.device)
-        sp = Path(args.steps_out)
-        sp.parent.mkdir(parents=True, exist_ok=True)
-        steps.to_parquet(sp, index=False)
+        with atomic_path(sp) as tmp:
+            steps.to_parquet(tmp, index=False)
         dec = steps[steps.phase == "decode"]
         share = dec.groupby(["method", "batch_size"])[["t_draft", "t_verify", "t_reject", "t_other"]].sum()
         share = share.div(share.sum(axis=1), axis=0).round(3)

@@ -16,7 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["OutputError", "LockedError", "atomic_path", "atomic_write", "check_writable", "exclusive_lock"]
+__all__ = ["OutputError", "LockedError", "atomic_path", "atomic_write", "write_via", "check_writable",
+           "check_writable_dir", "exclusive_lock"]
 
 
 class OutputError(OSError):
@@ -100,6 +101,14 @@ def atomic_write(path: str | Path, mode: str = "w", **kw):
         with open(tmp, mode, **kw) as f:
             yield f
             f.flush()
+
+
+def write_via(writer, path: str | Path, *args, **kw) -> Path:
+    """``writer(tmp, *args, **kw)`` (e.g. ``df.to_csv``, ``df.to_parquet``) on a temporary name, then renamed
+    over ``path``."""
+    with atomic_path(path) as tmp:
+        writer(tmp, *args, **kw)
+    return Path(path)
 
 
 def _umask() -> int:
