@@ -66,7 +66,7 @@ def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str
             files.append(p)
         else:
             raise TraceError(f"{p}: no such trace file or directory")
-    files = [f for f in files if not f.name.endswith(".tmp")]
+    files = [f for f in files if not f.name.endswith(".tmp") and not f.name.startswith(".")]
     if model:
         files = [f for f in files if model.lower() in f.name.lower()]
     if datasets:

@@ -40,21 +40,28 @@ def _add_simulate(sub):
 
 
 def _run_simulate(args):
+    from pathlib import Path
+
+    from .costmodel import CostModelError
     from .io import atomic_path, check_writable
-    from .simulate import simulate
-    from .traces import Trace, read_trace
+    from .simulate import SimulationError, simulate
+    from .traces import Trace, TraceError, read_trace
 
     out = check_writable(args.out, "--out")                    # before any heavy work
-    traces = []
-    for f in args.traces:
-        kw = {"dataset": args.dataset} if args.dataset else {}
-        if not str(f).endswith(".parquet") and args.model:
-            kw["model"] = args.model
-        traces.append(read_trace(f, **kw))
-    trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
-    extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
-    df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
-                  args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
+    try:
+        traces = []
+        for f in args.traces:
+            kw = {"dataset": args.dataset} if args.dataset else {}
+            if not str(f).endswith(".parquet") and args.model:
+                kw["model"] = args.model
+            traces.append(read_trace(f, **kw))
+        trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
+        extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
+        df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
+                      args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
+    except (TraceError, SimulationError, CostModelError) as e:
+        raise SystemExit(f"error: {e}")
+    out = Path(out)
     with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
         df.to_csv(tmp, index=False)
     show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",

@@ -71,10 +71,11 @@ def check_writable_dir(path: str | Path, what: str = "output folder") -> Path:
 def atomic_path(path: str | Path, suffix: str | None = None):
     """Yield a temporary path next to ``path``; rename it over ``path`` when the block succeeds.
 
-    ``suffix`` (default: ``path``'s own) lets writers that infer the format from the name (savefig) see it."""
+    The temporary name is hidden and ends in ``.tmp`` (``suffix`` is appended for writers that infer a format
+    from the name)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + (suffix or path.suffix))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + (suffix or ""))
     os.close(fd)
     tmp = Path(tmp)
     try:

@@ -360,6 +360,7 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
         raise TraceError(f"{path}: no such trace file")
     if not path.is_file():
         raise TraceError(f"{path}: not a regular file")
+    given_dataset = dataset
     dataset = dataset or dataset_from_path(path)
     digest = hashlib.sha256()
     rec_models: set = set()
@@ -424,6 +425,7 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
     study = STUDY_FILES.get(meta["sha256"])
     if study is not None:
         meta.update(study_file=study[0], provenance=STUDY_SOURCE)
+        dataset = given_dataset or study[1]
     if model is None:
         if study is not None:
             model = STUDY_MODEL
