@@ -74,6 +74,9 @@ def atomic_path(path: str | Path, suffix: str | None = None):
     The temporary name is hidden and ends in ``.tmp`` (``suffix`` is appended for writers that infer a format
     from the name)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        yield path  # a device or a pipe (/dev/stdout, /dev/null): written in place, never replaced
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + (suffix or ""))
     os.close(fd)

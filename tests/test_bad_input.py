@@ -715,3 +715,23 @@ def test_missing_cached_code_is_one_line(tmp_path, monkeypatch):
 def test_matrix_size():
     n = len(MATRIX) + len(COLLECT_ARGS) + 4 + 3 + 7 + 15  # + partial-file, console, kill points, named tests
     assert n >= 60
+
+
+def test_out_on_a_pipe_is_written_not_replaced(tmp_path):
+    """--out on a named pipe (like /dev/stdout): written in place, never renamed over."""
+    import threading
+
+    tr = write_jsonl(tmp_path / "x.jsonl", good_records())
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    code, msg = run(sim(tr, out=fifo, tmp=tmp_path))
+    if not got:  # unblock the reader if nothing opened the pipe for writing
+        fifo_is_pipe = fifo.is_fifo()
+        if fifo_is_pipe:
+            open(fifo, "w").close()
+    reader.join(10)
+    assert code == 0, msg
+    assert fifo.is_fifo() and got and got[0].startswith("dataset,model,proposers")
