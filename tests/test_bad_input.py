@@ -713,8 +713,7 @@ def test_missing_cached_code_is_one_line(tmp_path, monkeypatch):
 
 
 def test_matrix_size():
-    n = len(MATRIX) + len(COLLECT_ARGS) + 4 + 3 + 7 + 15  # + partial-file, console, kill points, named tests
-    assert n >= 60
+    assert len(MATRIX) + len(COLLECT_ARGS) >= 60  # the table alone; the named tests below it add more
 
 
 def test_out_on_a_pipe_is_written_not_replaced(tmp_path):
@@ -735,3 +734,55 @@ def test_out_on_a_pipe_is_written_not_replaced(tmp_path):
     reader.join(10)
     assert code == 0, msg
     assert fifo.is_fifo() and got and got[0].startswith("dataset,model,proposers")
+
+
+def test_cut_workload_cache_is_one_line(tmp_path, monkeypatch):
+    from spec_repro import models
+
+    src = models.cache_root() / "workloads" / "code-edit"
+    if not (src / "records.jsonl").exists():
+        from spec_repro import workloads
+
+        workloads.records("code-edit")
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
+    dst = tmp_path / "cache" / "workloads" / "code-edit"
+    shutil.copytree(src, dst)
+    b = (dst / "records.jsonl").read_bytes()
+    (dst / "records.jsonl").write_bytes(b[: len(b) // 2])  # cut mid-line
+    _check_error(*run(["workloads", "show", "code-edit", "-n", "1"]), r"corrupted cache file.*delete")
+
+
+def test_gguf_changed_on_disk_is_rehashed(tmp_path, monkeypatch):
+    """A GGUF whose size/mtime differ from the record is hashed in full (and a flipped byte fails)."""
+    from spec_repro import models
+    from spec_repro.provenance import sha256_file
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"\x01" * 4096)
+    want = sha256_file(f)
+    rec = tmp_path / "info.json"
+    st = f.stat()
+    rec.write_text(json.dumps({"gguf_sha256": want, "gguf_size": st.st_size, "gguf_mtime": st.st_mtime}))
+    assert models._verified(f, want, rec)
+    with open(f, "r+b") as h:
+        h.seek(100)
+        h.write(b"\x02")
+    os.utime(f, (st.st_atime, st.st_mtime + 5))
+    assert not models._verified(f, want, rec)
+
+
+@pytest.mark.slow
+def test_two_real_collects_on_one_output(tmp_path, reference):
+    """Two console runs started together on the same --out: one writes the trace, the other refuses with one
+    line (the lock is taken before the model loads and held to the end, so their start-up skew cannot matter)."""
+    from spec_repro import collect as C
+
+    procs = [subprocess.Popen([sys.executable, "-m", "spec_repro.cli", *map(str, COLLECT + ["--out", tmp_path])],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes[0] == 0 and codes[1] != 0, errs
+    refused = errs[[p.returncode for p in procs].index(codes[1])]
+    assert "another process is writing" in refused and "Traceback" not in refused, refused
+    assert len(refused.strip().splitlines()) == 1, refused
+    _same_trace(C.trace_path(tmp_path, MODEL, WL), reference)

@@ -342,8 +342,7 @@ def prepare_smollm2_prompts(out: str | Path, workloads=SMOL_WORKLOADS, n: int = 
     eos = sorted({int(x) for x in ([gc.eos_token_id] if isinstance(gc.eos_token_id, int) else gc.eos_token_id or [])}
                  | ({int(tok.eos_token_id)} if tok.eos_token_id is not None else set()))
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w") as f:
+    with atomic_write(out) as f:
         for w in workloads:
             for r in wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens):
                 f.write(json.dumps({"key": f"{w}/{r.id}", "dataset": w, "request_id": str(r.id),
