@@ -184,6 +184,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     from . import workloads as wl
     from .io import check_writable_dir
 
+    workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
                 batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, early_exit_layers=early_exit_layers,
                 min_n=min_n, max_n=max_n)
@@ -193,7 +194,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     with contextlib.ExitStack() as locks:
         from .io import exclusive_lock
 
-        for w in dict.fromkeys(workloads):
+        for w in workloads:
             locks.enter_context(exclusive_lock(partial_path(out, model, w).with_suffix(".lock"),
                                                f"{trace_path(out, model, w)}"))
         return _collect_locked(model, workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, out=out,
