@@ -360,7 +360,18 @@ def _run_vllm(args):
     from .engines import vllm as V
 
     if args.vllm_cmd == "summarize":
+        from pathlib import Path
+
         from .engines.vllm_jobs import summarize
+        from .io import check_writable_dir
+
+        for r in args.raw:
+            if not Path(r).is_dir():
+                raise SystemExit(f"error: --raw {r}: no such folder")
+        if not any(next(Path(r).rglob(pat), None) for r in args.raw for pat in ("results*.jsonl", "steps_*.jsonl")):
+            raise SystemExit(f"error: --raw {' '.join(map(str, args.raw))}: no device outputs (results*.jsonl, "
+                             f"steps_*.jsonl) found")
+        check_writable_dir(args.out, "--out")
 
         print(json.dumps(summarize(args.raw, args.out,
                                     "spec-repro vllm summarize --raw " + " ".join(map(str, args.raw))), indent=1, default=str))

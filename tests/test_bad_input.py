@@ -268,7 +268,27 @@ COLLECT_ARGS = [
     ("collect-unknown-workload", ["--workloads", "nope"], r"unknown workload"),
 ]
 
-MATRIX = TRACES + COST_MODELS + OPTIONS + PATHS
+OTHER_COMMANDS = [
+    ("reproduce-missing-trace", lambda tmp: ["reproduce", "--traces", tmp / "m.jsonl", "--out", tmp / "r"],
+     r"no such trace file"),
+    ("reproduce-bad-trace", lambda tmp: ["reproduce", "--traces", write_jsonl(tmp / "b.jsonl", ["{oops"]),
+                                         "--out", tmp / "r"], r"not JSON"),
+    ("reproduce-out-is-file", lambda tmp: ["reproduce", "--out", (tmp / "f").write_text("x") and tmp / "f"],
+     r"is a file, not a folder"),
+    ("reproduce-unknown-notebook", lambda tmp: ["reproduce", "--only", "99_nope", "--out", tmp / "r"],
+     r"no such notebook"),
+    ("cpu-verify-cost-out-is-dir", lambda tmp: ["cpu-verify-cost", "--out", tmp], r"is a directory"),
+    ("cpu-verify-cost-repeats-0", lambda tmp: ["cpu-verify-cost", "--repeats", "0", "--out", tmp / "v.csv"],
+     r"--repeats >= 1"),
+    ("vllm-summarize-missing-raw", lambda tmp: ["vllm", "summarize", "--raw", tmp / "nope", "--out", tmp / "s"],
+     r"no such folder"),
+    ("vllm-summarize-empty-raw", lambda tmp: ["vllm", "summarize", "--raw", tmp, "--out", tmp / "s"],
+     r"no device outputs"),
+    ("models-unknown", lambda tmp: ["models", "info", "gpt-17"], r"unknown model 'gpt-17'"),
+    ("workloads-negative-n", lambda tmp: ["workloads", "show", "code-edit", "-n", "-1"], r"n must be >= 0"),
+]
+
+MATRIX = TRACES + COST_MODELS + OPTIONS + PATHS + OTHER_COMMANDS
 
 
 def _check_error(code, msg, pattern):
