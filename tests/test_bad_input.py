@@ -806,3 +806,32 @@ def test_two_real_collects_on_one_output(tmp_path, reference):
     assert "another process is writing" in refused and "Traceback" not in refused, refused
     assert len(refused.strip().splitlines()) == 1, refused
     _same_trace(C.trace_path(tmp_path, MODEL, WL), reference)
+
+
+@pytest.mark.slow
+def test_kill_mid_batch_redecodes_the_whole_batch(tmp_path, monkeypatch):
+    """Batches of 2: a kill after the first request of a batch was saved. The resume decodes that batch again
+    whole (each request beside the same neighbour, as in an uninterrupted run) and saves only the missing one."""
+    from spec_repro import collect as C
+
+    args = [a if a != "1" or i != COLLECT.index("--batch-size") + 1 else "2" for i, a in enumerate(COLLECT)]
+    ref_out = tmp_path / "ref"
+    seen = []
+    real = C.profile_requests
+
+    def recording(target, todo, *a, **k):
+        seen.append([str(r.id) for r in todo])
+        yield from real(target, todo, *a, **k)
+
+    monkeypatch.setattr(C, "profile_requests", recording)
+    assert run(args + ["--out", ref_out])[0] == 0
+    uninterrupted, seen[:] = list(seen), []
+    out = tmp_path / "o"
+    with monkeypatch.context() as m:
+        m.setattr(C, "_append", _kill_in_append(1, 40))
+        with pytest.raises(Killed):
+            main([str(a) for a in args + ["--out", out]])
+    seen[:] = []
+    assert run(args + ["--out", out])[0] == 0
+    assert seen == uninterrupted  # the cut batch again whole, then the rest
+    _same_trace(C.trace_path(out, MODEL, WL), C.trace_path(ref_out, MODEL, WL))
