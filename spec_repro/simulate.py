@@ -482,6 +482,13 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             raise SimulationError(str(e)) from e
 
     sub = trace.select(proposers=props)
+    fixed_k = [(name, K) for name, kind, K in policies if kind == "fixed"]
+    if fixed_k and len(sub.acc):
+        k_max = int(sub.acc["k_max"].to_numpy().min())
+        name, K = max(fixed_k, key=lambda x: x[1])
+        if K > k_max:  # acceptance beyond k_max was never measured: a longer draft would be priced blind
+            raise SimulationError(f"policy {name!r} drafts {K} tokens but the trace measured acceptance only up to "
+                                  f"k_max = {k_max} (acc_len <= {k_max + 1}); use K <= {k_max}")
     groups = sub.requests[["dataset", "model"]].drop_duplicates().itertuples(index=False)
     groups = [tuple(g) for g in groups]
     if not groups:

@@ -229,6 +229,8 @@ OPTIONS = [
     ("policy-fixed-huge", _opt_case("--ngram-match-prob", "0.5", policy=("fixed-99999999999999999999",)),
      r"K must be <="),
     ("policy-unknown", _opt_case(policy=("greedy",)), r"unknown policy"),
+    ("policy-fixed-beyond-k-max", _opt_case("--ngram-match-prob", "0.5", policy=("fixed-3", "fixed-9")),
+     r"measured acceptance only up to k_max = 4"),
     ("policy-several-proposers", _opt_case(proposers="ngram,eagle", policy=("oracle",)), r"takes one proposer"),
     ("draft-cost-unknown", _opt_case("--draft-cost", "free", proposers="ngram,eagle",
                                      policy=("oracle-combine",)), r"unknown draft_cost"),
