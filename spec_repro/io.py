@@ -86,7 +86,7 @@ def atomic_path(path: str | Path, suffix: str | None = None):
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         try:  # keep the permissions an existing file had; a new one gets the umask's default
-            mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+            mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK
             os.chmod(tmp, mode)
         except OSError:
             pass
@@ -119,6 +119,9 @@ def _umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+_UMASK = _umask()  # read once, at import (os.umask can only be read by setting it)
 
 
 @contextlib.contextmanager
