@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .traces import Trace, TraceError, read_trace
+from .traces import STUDY_MODEL, Trace, TraceError, read_trace
 
 __all__ = [
     "repo_root", "data_dir", "figures_dir", "trace_files", "load_traces", "walk_steps",
@@ -66,7 +66,7 @@ def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str
             files.append(p)
         else:
             raise TraceError(f"{p}: no such trace file or directory")
-    files = [f for f in files if not f.name.endswith(".tmp")]
+    files = [f for f in files if not f.name.endswith(".tmp") and not f.name.startswith(".")]
     if model:
         files = [f for f in files if model.lower() in f.name.lower()]
     if datasets:
@@ -77,16 +77,24 @@ def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str
 
 
 #: The model the study's published traces were measured with (its JSON lines do not say).
-PUBLISHED_MODEL = "Llama-3.1-8B-Instruct (published trace)"
+PUBLISHED_MODEL = STUDY_MODEL
 
 
 def load_traces(traces=None, *, model: str | None = None, datasets: Sequence[str] | None = None,
                 published_model: str = PUBLISHED_MODEL) -> Trace:
-    """Read and concatenate the trace files ``trace_files`` resolves (parquet or published JSON lines; the
-    latter are labelled with ``published_model``)."""
+    """Read and concatenate the trace files ``trace_files`` resolves (parquet or JSON lines). Labels come from
+    the data: the study's own JSON-lines files, recognized by content, are labelled ``published_model``; any
+    other JSON-lines file by the model its records name (else ``unknown``), never by its extension."""
     files = trace_files(traces, model=model, datasets=datasets)
-    t = Trace.concat(read_trace(f, model=published_model) if f.suffix in (".jsonl", ".json") else read_trace(f)
-                     for f in files)
+
+    def one(f):
+        t = read_trace(f)
+        if t.meta.get("study_file") and published_model != STUDY_MODEL:
+            t.acc["model"], t.requests["model"] = published_model, published_model
+            t = Trace(t.acc, t.requests, t.meta)
+        return t
+
+    t = Trace.concat(one(f) for f in files)
     t.meta["files"] = [str(f) for f in files]
     return t
 
@@ -373,9 +381,10 @@ def write_summary(rows: Iterable[SummaryRow | dict], path: str | Path | None) ->
         if isinstance(r.get("value"), (np.floating, np.integer)):
             r["value"] = float(r["value"])
     if path is not None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(recs, indent=1) + "\n")
+        from .io import atomic_write
+
+        with atomic_write(Path(path)) as f:
+            f.write(json.dumps(recs, indent=1) + "\n")
     return pd.DataFrame(recs, columns=list(SummaryRow.__dataclass_fields__))
 
 
@@ -400,8 +409,10 @@ def describe_source(trace: Trace) -> str:
     """One line naming what a trace is: models, datasets, proposers, request count, and where it came from."""
     n = trace.requests.groupby("dataset", observed=True).size()
     ds = ", ".join(f"{d} ({c})" for d, c in n.items())
-    fmt = "published JSON lines" if any(m.get("format") == "published-jsonl" for m in _metas(trace)) \
-        else "spec_repro parquet"
+    metas = _metas(trace)
+    fmt = "the study's published JSON lines" if any(m.get("study_file") for m in metas) else \
+        ("JSON lines (not the study's published files)" if any(m.get("format") == "published-jsonl" for m in metas)
+         else "spec_repro parquet")
     return (f"model {', '.join(trace.models)}; proposers {', '.join(trace.proposers)}; "
             f"requests per dataset {ds}; {fmt} traces")
 
@@ -409,10 +420,14 @@ def describe_source(trace: Trace) -> str:
 def short_source(trace: Trace) -> str:
     """A one-line source for captions and the summary table: model, requests per dataset, trace kind, engine."""
     metas = _metas(trace)
-    published = any(m.get("format") == "published-jsonl" for m in metas)
+    published = any(m.get("study_file") for m in metas)
+    other_jsonl = any(m.get("format") == "published-jsonl" and not m.get("study_file") for m in metas)
     engines = sorted({f"{m['engine']}" + (f" on {m['device']}" if m.get("device") else "")
                       for m in metas if m.get("engine")})
-    kind = "the study's published traces (vLLM, H100)" if published else "spec_repro traces"
+    kind = "the study's published traces (vLLM, H100)" if published else \
+        ("JSON-lines traces (not the study's published files)" if other_jsonl else "spec_repro traces")
+    if published and other_jsonl:
+        kind += " and other JSON-lines traces"
     eng = f", {'; '.join(engines)}" if engines else ""
     eng += ", collected live just now" if any(m.get("live") for m in metas) else ""
     per_model = []

@@ -28,7 +28,9 @@ def _add_simulate(sub):
                    help="simulate N requests per dataset chosen like the released code (default: all)")
     p.add_argument("--seed", type=int, default=42, help="sampling and n-gram match draws (default 42)")
     p.add_argument("--dataset", default=None, help="dataset name for published files (default: file stem)")
-    p.add_argument("--model", default="unknown", help="target model name for published files")
+    p.add_argument("--model", default=None,
+                   help="target model name for published files (default: the study's model for its own files, "
+                        "recognized by content; else the file's own 'model' field, else 'unknown')")
     p.add_argument("--ngram-match-prob", type=float, default=None, metavar="P",
                    help="n-gram match probability for fixed-K on traces without draft_len (default: per dataset)")
     p.add_argument("--out", required=True, metavar="OUT.csv")
@@ -41,14 +43,16 @@ def _run_simulate(args):
     from pathlib import Path
 
     from .costmodel import CostModelError
+    from .io import atomic_path, check_writable
     from .simulate import SimulationError, simulate
     from .traces import Trace, TraceError, read_trace
 
+    out = check_writable(args.out, "--out")                    # before any heavy work
     try:
         traces = []
         for f in args.traces:
             kw = {"dataset": args.dataset} if args.dataset else {}
-            if not str(f).endswith(".parquet"):
+            if not str(f).endswith(".parquet") and args.model:
                 kw["model"] = args.model
             traces.append(read_trace(f, **kw))
         trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
@@ -57,9 +61,9 @@ def _run_simulate(args):
                       args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
     except (TraceError, SimulationError, CostModelError) as e:
         raise SystemExit(f"error: {e}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    out = Path(out)
+    with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
+        df.to_csv(tmp, index=False)
     show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",
                "mean_tokens_per_step", "verify_share", "draft_share"]]
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -122,6 +126,17 @@ def _run_reproduce(args):
 
     from .reproduce import reproduce
 
+    from .io import check_writable_dir
+
+    check_writable_dir(args.out, "--out")
+    if args.figures:
+        check_writable_dir(args.figures, "--figures")
+    if args.traces:  # a bad trace file is refused now, not after six notebooks have failed on it
+        from .analysis import trace_files
+        from .traces import read_trace
+
+        for f in trace_files(args.traces):
+            read_trace(f)
     params = {"traces": [str(Path(t).resolve()) for t in args.traces]} if args.traces else None
     results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
                                parameters=params)
@@ -206,6 +221,8 @@ def _add_collect(sub):
 
 def _set_threads(n):
     """torch CPU threads for the CPU-bound subcommands (None: torch's default)."""
+    if n is not None and n < 1:
+        raise SystemExit(f"error: --threads must be >= 1, got {n}")
     if n:
         import torch
 
@@ -293,7 +310,13 @@ def _run_cpu_verify_cost(args):
     from .engines.torch import measure_verify_cost, weight_bytes
     from .provenance import record
 
+    from .io import atomic_path, check_writable
+
     _set_threads(args.threads)
+    out = check_writable(args.out, "--out")
+    sp = check_writable(args.steps_out, "--steps-out") if args.steps_out else None
+    if args.k_max < 0 or args.repeats < 1 or args.kv_len < 0:
+        raise SystemExit("error: --k-max and --kv-len must be >= 0 and --repeats >= 1")
     try:
         model, _ = models.load(args.model, device=args.device)
     except (ValueError, RuntimeError) as e:
@@ -307,9 +330,8 @@ def _run_cpu_verify_cost(args):
     df["ratio_to_1_token"] = df["median_s"] / base
     # on a shared CPU the low percentile is the steadier estimate of the uncontended cost
     df["p10_ratio_to_1_token"] = df["p10_s"] / float(df.loc[df.k == 0, "p10_s"].iloc[0])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False, float_format="%.6g")
+    with atomic_path(out) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.6g")
     wb = weight_bytes(model)
     record(out.parent / "MANIFEST.json", out.name, file=out.name, model=args.model, kv_len=args.kv_len,
            repeats=args.repeats, device=args.device, dtype=str(model.dtype), torch_threads=torch.get_num_threads(),
@@ -324,9 +346,8 @@ def _run_cpu_verify_cost(args):
         from .collect import engine_step_timings
 
         steps = engine_step_timings(args.model, device=args.device)
-        sp = Path(args.steps_out)
-        sp.parent.mkdir(parents=True, exist_ok=True)
-        steps.to_parquet(sp, index=False)
+        with atomic_path(sp) as tmp:
+            steps.to_parquet(tmp, index=False)
         dec = steps[steps.phase == "decode"]
         share = dec.groupby(["method", "batch_size"])[["t_draft", "t_verify", "t_reject", "t_other"]].sum()
         share = share.div(share.sum(axis=1), axis=0).round(3)
@@ -380,7 +401,18 @@ def _run_vllm(args):
     from .engines import vllm as V
 
     if args.vllm_cmd == "summarize":
+        from pathlib import Path
+
         from .engines.vllm_jobs import summarize
+        from .io import check_writable_dir
+
+        for r in args.raw:
+            if not Path(r).is_dir():
+                raise SystemExit(f"error: --raw {r}: no such folder")
+        if not any(next(Path(r).rglob(pat), None) for r in args.raw for pat in ("results*.jsonl", "steps_*.jsonl")):
+            raise SystemExit(f"error: --raw {' '.join(map(str, args.raw))}: no device outputs (results*.jsonl, "
+                             f"steps_*.jsonl) found")
+        check_writable_dir(args.out, "--out")
 
         print(json.dumps(summarize(args.raw, args.out,
                                     "spec-repro vllm summarize --raw " + " ".join(map(str, args.raw))), indent=1, default=str))
@@ -438,9 +470,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_error(e: BaseException) -> bool:
+    """True for errors whose message is the whole story for a user (bad input, unwritable output, corrupted
+    cache, a held lock): they end the command with one line on stderr and a non-zero exit, never a traceback."""
+    from .costmodel import CostModelError
+    from .io import LockedError
+    from .models import ModelError
+    from .simulate import SimulationError
+    from .traces import TraceError
+    from .workloads import WorkloadError
+
+    return isinstance(e, (TraceError, SimulationError, CostModelError, ModelError, WorkloadError, LockedError,
+                          OSError, MemoryError, UnicodeError))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except Exception as e:
+        if not _user_error(e):
+            raise
+        msg = str(e) or type(e).__name__
+        if isinstance(e, MemoryError):
+            msg = f"out of memory ({msg})"
+        raise SystemExit(f"error: {msg}") from None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,12 @@ to ``<out>/.partial/<model>__<workload>.jsonl`` as they complete, so an interrup
 when a workload is complete its trace is written atomically to ``<out>/<model>__<workload>.parquet`` (and the
 partial file removed) with an entry in ``<out>/MANIFEST.json`` (model file sha256, workload source, package
 versions, command, machine, date, settings, decode speed).
+
+Resuming is exact and safe: the partial file's first line records the settings that shape the outputs, and a
+resume with other settings is refused (naming the file; ``force=True`` discards it); a last line cut by a kill
+or a full disk is dropped and truncated away before appending; requests are decoded in the same batches as an
+uninterrupted run (a batch cut short is decoded again whole), so a run killed at any moment and resumed writes
+the same trace. One process at a time writes a given output (a lock per trace file, ``LockedError`` otherwise).
 """
 from __future__ import annotations
 
@@ -47,21 +53,89 @@ def build_proposers(names: Sequence[str], target, *, draft_model=None, early_exi
     return out
 
 
-def _read_partial(path: Path) -> dict[str, RequestProfile]:
+_PARTIAL_KEY = "spec_repro_partial"
+
+
+class PartialFileError(ValueError):
+    """A partial file that cannot be resumed (other settings, corrupt); the message names it and ``--force``."""
+
+
+def _norm_settings(settings: dict) -> dict:
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def _read_partial(path: Path, settings: dict | None = None, repair: bool = True) -> dict[str, RequestProfile]:
+    """Profiles of a partial file. Its first line records the settings it was started with: a resume with other
+    ``settings`` is refused. A last line cut by a kill (or a full disk) is dropped and, with ``repair``, truncated
+    away so that new lines are appended after intact ones; any other unreadable line is an error."""
     done: dict[str, RequestProfile] = {}
     if not path.exists():
         return done
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    data = path.read_bytes()
+    lines, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end + 1
+        lines.append((start, data[start:end]))
+        start = end
+    header = None
+    hint = f"rerun with --force to discard it (or delete {path})"
+    for i, (off, raw) in enumerate(lines):
+        last = i == len(lines) - 1
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+            if header is None:
+                if not isinstance(rec, dict) or _PARTIAL_KEY not in rec:
+                    raise PartialFileError(f"{path} records no settings (written by an older version or another "
+                                           f"tool), so it cannot be resumed safely; {hint}")
+                header = rec
+                _check_settings(path, header, settings, hint)
                 continue
-            try:
-                p = RequestProfile.from_json(json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                break  # a line cut by a kill: everything before it is intact
-            done[p.request_id] = p
+            if not raw.endswith(b"\n"):
+                raise ValueError("cut line")  # complete JSON but no newline: the write was cut before it
+            p = RequestProfile.from_json(rec)
+        except PartialFileError:
+            raise
+        except (ValueError, TypeError, RecursionError):
+            if not last:
+                raise PartialFileError(f"{path}: line {i + 1} is corrupt (not a cut last line); {hint}") from None
+            if repair:  # a line cut by a kill: everything before it is intact; drop it before appending
+                with open(path, "r+b") as f:
+                    f.truncate(off)
+                    f.flush()
+                    os.fsync(f.fileno())
+            break
+        done[p.request_id] = p
+    if header is None:
+        if repair:
+            path.unlink()  # killed while the header was written: nothing to resume
+        return {}
     return done
+
+
+def _check_settings(path: Path, header: dict, settings: dict | None, hint: str) -> None:
+    if settings is None or header.get("settings") == _norm_settings(settings):
+        return
+    have = header.get("settings") if isinstance(header.get("settings"), dict) else {}
+    want = _norm_settings(settings)
+    diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+    shown = ", ".join(f"{k} {have.get(k)!r} -> {want.get(k)!r}" for k in diff[:4])
+    raise PartialFileError(f"{path} was started with other settings ({shown}); rerun with the same settings to "
+                           f"resume, or {hint}")
+
+
+def _start_partial(path: Path, settings: dict) -> None:
+    from .io import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(json.dumps({_PARTIAL_KEY: 1, "settings": _norm_settings(settings)}) + "\n")
+
+
+def _resume_settings(model, workload, **kw) -> dict:
+    """What shapes a partial file's outputs (known before the model loads)."""
+    return {"model": model, "workload": workload, **kw}
 
 
 def _append(path: Path, profiles: Sequence[RequestProfile]) -> None:
@@ -106,13 +180,76 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
             force: bool = False, quiet: bool = False, eagle_head: str | None = None) -> list[Path]:
     """Collect one trace file per workload; returns their paths. See the module doc."""
+    import contextlib
+
+    from . import workloads as wl
+    from .io import check_writable_dir
+
+    workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
+    _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
+                batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, early_exit_layers=early_exit_layers,
+                min_n=min_n, max_n=max_n)
+    for w in workloads:
+        wl.describe(w)                                   # unknown workload -> clear error before any work
+    out = check_writable_dir(out, "--out")
+    with contextlib.ExitStack() as locks:
+        from .io import exclusive_lock
+
+        for w in workloads:
+            locks.enter_context(exclusive_lock(partial_path(out, model, w).with_suffix(".lock"),
+                                               f"{trace_path(out, model, w)}"))
+        return _collect_locked(model, workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, out=out,
+                               k_max=k_max, batch_size=batch_size, seed=seed, max_prompt_tokens=max_prompt_tokens,
+                               draft_model=draft_model, early_exit_layers=early_exit_layers, min_n=min_n,
+                               max_n=max_n, device=device, force=force, quiet=quiet)
+
+
+def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
+                early_exit_layers, min_n, max_n) -> None:
+    """Refuse settings that cannot make a trace, before the model loads (one clear line each)."""
+    from .simulate import MAX_K
+
+    def want(name, v, lo, hi=2**31 - 1):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{name} must be an integer in {lo}..{hi:,}, got {v!r}")
+
+    if not list(workloads):
+        raise ValueError("no workloads given")
+    if not list(proposers):
+        raise ValueError("no proposers given")
+    want("-n", n, 1)
+    want("--max-new-tokens", max_new_tokens, 1)
+    want("--k-max", k_max, 1, MAX_K)
+    want("--batch-size", batch_size, 1, 65536)
+    want("--max-prompt-tokens", max_prompt_tokens, 1)
+    want("--min-n", min_n, 1)
+    want("--max-n", max_n, min_n)
+    if early_exit_layers is not None:
+        want("--early-exit-layers", early_exit_layers, 1)
+
+
+def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
+                    max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet):
     from tqdm.auto import tqdm
 
     from . import models
     from . import workloads as wl
 
-    out = Path(out)
-    todo_wl = [w for w in workloads if force or not trace_path(out, model, w).exists()]
+    def resume_settings(w):
+        return _resume_settings(model, w, n=n, max_new_tokens=max_new_tokens, k_max=k_max, seed=seed,
+                                proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
+                                early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
+                                max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device))
+
+    if force:  # --force redoes the workloads from scratch: a partial file of an earlier run goes too
+        for w in workloads:
+            partial_path(out, model, w).unlink(missing_ok=True)
+    # a partial file left next to a finished trace means a run died while finishing (or during a --force redo):
+    # that workload is finished from the partial file again
+    todo_wl = [w for w in workloads if force or not trace_path(out, model, w).exists()
+               or partial_path(out, model, w).exists()]
+    for w in todo_wl:       # refuse a resume with other settings before the model loads
+        _read_partial(partial_path(out, model, w), resume_settings(w))
     paths = [trace_path(out, model, w) for w in workloads]
     wanted = {_trace_name(p) for p in proposers}
     augment = {}
@@ -151,20 +288,32 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     for w in todo_wl:
         final, part = trace_path(out, model, w), partial_path(out, model, w)
         reqs = wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
-        done = _read_partial(part)
+        if not part.exists():
+            _start_partial(part, resume_settings(w))
+        done = _read_partial(part, resume_settings(w))
         ids = {str(r.id) for r in reqs}
-        todo = sorted([r for r in reqs if str(r.id) not in done], key=lambda r: len(r.prompt_token_ids))
+        # the batches of an uninterrupted run (shortest prompts first); a batch cut short by a kill is decoded
+        # again whole, so that every request is decoded beside the same neighbours as without the kill
+        order = sorted(reqs, key=lambda r: len(r.prompt_token_ids))
+        batches = [order[b: b + batch_size] for b in range(0, len(order), batch_size)]
         bar = tqdm(total=len(reqs), initial=len(ids & set(done)), desc=f"{model} {w}", unit="req",
                    disable=quiet)
         t0, toks = time.time(), 0
-        for batch in profile_requests(target, todo, props, k_max=k_max, max_new_tokens=max_new_tokens,
-                                      batch_size=batch_size, tokenizer=tok, dataset=w):
-            _append(part, batch)
-            toks += sum(len(p.output_token_ids) for p in batch)
-            bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{toks / max(time.time() - t0, 1e-9):.1f}")
+        for todo in batches:
+            if all(str(r.id) in done for r in todo):
+                continue
+            for batch in profile_requests(target, todo, props, k_max=k_max, max_new_tokens=max_new_tokens,
+                                          batch_size=len(todo), tokenizer=tok, dataset=w):
+                batch = [p for p in batch if p.request_id not in done]
+                _append(part, batch)
+                toks += sum(len(p.output_token_ids) for p in batch)
+                bar.update(len(batch))
+                bar.set_postfix(tok_s=f"{toks / max(time.time() - t0, 1e-9):.1f}")
         bar.close()
-        done = _read_partial(part)
+        done = _read_partial(part, resume_settings(w))
+        missing = [str(r.id) for r in reqs if str(r.id) not in done]
+        if missing:
+            raise RuntimeError(f"{part}: {len(missing)} request(s) missing after collection (e.g. {missing[0]!r})")
         profiles = [done[str(r.id)] for r in reqs if str(r.id) in done]
         decode_s = sum(p.decode_s for p in profiles)
         out_toks = sum(len(p.output_token_ids) for p in profiles)

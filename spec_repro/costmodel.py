@@ -150,7 +150,7 @@ class CostModel:
             t = d["target"]
             drafters = {}
             for k, v in dict(d.get("drafters", {})).items():
-                kind = v.get("kind")
+                kind = v.get("kind") if isinstance(v, Mapping) else None
                 if kind not in DRAFTER_KINDS:
                     raise CostModelError(f"{where}: drafter {k!r} has kind {kind!r}; expected one of {DRAFTER_KINDS}")
                 drafters[k] = Drafter(kind, **{x: float(v[x]) for x in ("c_kv", "c_tok", "c0", "fraction") if x in v})
@@ -165,16 +165,34 @@ class CostModel:
             if isinstance(e, CostModelError):
                 raise
             raise CostModelError(f"{where}: malformed value ({e})") from e
-        vals = [m.c_kv, m.c_tok, m.c0, m.overhead] + [x for dr in drafters.values()
-                                                       for x in (dr.c_kv, dr.c_tok, dr.c0, dr.fraction)]
-        if not all(np.isfinite(vals)):
-            raise CostModelError(f"{where}: coefficients must be finite numbers")
-        return m
+        return m.validate(where)
+
+    def validate(self, where: str | None = None) -> "CostModel":
+        """Refuse coefficients that would price a step at a negative, zero or non-finite time (they give
+        negative speedups or NaN): every coefficient finite and >= 0, and a one-token forward > 0."""
+        where = where or f"cost model {self.name!r}"
+        named = [("target.c_kv", self.c_kv), ("target.c_tok", self.c_tok), ("target.c0", self.c0),
+                 ("overhead", self.overhead)]
+        named += [(f"drafters.{k}.{x}", getattr(dr, x)) for k, dr in self.drafters.items()
+                  for x in ("c_kv", "c_tok", "c0", "fraction")]
+        for key, v in named:
+            if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
+                raise CostModelError(f"{where}: {key} must be a number, got {v!r}")
+            if not np.isfinite(v):
+                raise CostModelError(f"{where}: coefficients must be finite numbers ({key} = {v})")
+            if v < 0:
+                raise CostModelError(f"{where}: {key} = {v} is negative; step times must be >= 0")
+        if not self.c_tok + self.c0 > 0:
+            raise CostModelError(f"{where}: a one-token target forward costs c_tok + c0 = {self.c_tok + self.c0}"
+                                 f" s; it must be > 0")
+        return self
 
     def to_json(self, path: str | Path) -> Path:
+        from .io import atomic_write
+
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        with atomic_write(path) as f:
+            f.write(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     @classmethod
@@ -184,8 +202,8 @@ class CostModel:
             d = json.loads(path.read_text())
         except OSError as e:
             raise CostModelError(f"{path}: cannot read cost model ({e})") from e
-        except json.JSONDecodeError as e:
-            raise CostModelError(f"{path}: not JSON ({e.msg})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise CostModelError(f"{path}: not JSON ({getattr(e, 'msg', type(e).__name__)})") from e
         if not isinstance(d, dict):
             raise CostModelError(f"{path}: expected a JSON object")
         return cls.from_dict(d, str(path))

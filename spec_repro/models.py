@@ -315,16 +315,59 @@ def converted_dir(name: str) -> Path:
     return model_dir(name) / "hf"
 
 
-def convert(name: str, quiet: bool = False) -> Path:
-    """De-quantize the GGUF once and save safetensors + tokenizer (with chat template) to ``converted_dir``."""
+def _converted_ok(name: str) -> bool:
+    """True if the converted files are the ones conversion recorded: same names, and per file the recorded size
+    and mtime (cheap) or, where those differ, the recorded sha256 (a full read)."""
     out = converted_dir(name)
-    if (out / "config.json").exists():
+    rec = _read_json(model_dir(name) / "info.json").get("converted_files")
+    if not isinstance(rec, dict) or not rec or not (out / "config.json").exists():
+        return False
+    present = {p.name for p in out.iterdir()}
+    if present != set(rec):
+        return False
+    for fn, r in rec.items():
+        st = (out / fn).stat()
+        if st.st_size == r.get("size") and st.st_mtime == r.get("mtime"):
+            continue
+        if st.st_size != r.get("size") or sha256_file(out / fn) != r.get("sha256"):
+            return False
+    return True
+
+
+def _record_converted(name: str, files: dict) -> None:
+    out = converted_dir(name)
+    rec = {}
+    for fn, sha in files.items():
+        st = (out / fn).stat()
+        rec[fn] = {"sha256": sha, "size": st.st_size, "mtime": st.st_mtime}
+    d = model_dir(name)
+    _write_json(d / "info.json", {**_read_json(d / "info.json"), "converted_files": rec})
+
+
+def convert(name: str, quiet: bool = False) -> Path:
+    """De-quantize the GGUF once and save safetensors + tokenizer (with chat template) to ``converted_dir``.
+
+    The sha256 of every converted file is recorded in ``info.json`` and checked on every later use (size + mtime
+    as a fast path, the full hash when they differ); converted files that do not match (a flipped byte, a
+    truncated file, a conversion by a version that recorded no hashes) are converted again from the verified
+    GGUF."""
+    out = converted_dir(name)
+    if _converted_ok(name):
         return out
     gguf = fetch(name, quiet=quiet)
     d = model_dir(name)
     with lock(out):
-        if (out / "config.json").exists():
+        if _converted_ok(name):
             return out
+        if out.exists():
+            if not quiet:
+                print(f"[{name}] converted weights in {out} do not match their recorded sha256 (or none was "
+                      f"recorded): converting again from the verified GGUF", file=sys.stderr, flush=True)
+            stale = d / f".stale-{os.getpid()}-{time.time_ns()}"
+            os.replace(out, stale)
+            import shutil
+
+            shutil.rmtree(stale, ignore_errors=True)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -345,7 +388,9 @@ def convert(name: str, quiet: bool = False) -> Path:
             tmp = Path(tmp) / "hf"
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
+            hashes = {p.name: sha256_file(p) for p in tmp.iterdir() if p.is_file()}
             os.replace(tmp, out)
+        _record_converted(name, hashes)
         del model
         _write_json(d / "info.json", {**_read_json(d / "info.json"),
                                       "gguf_load_seconds": round(gguf_load_s, 1),
@@ -425,6 +470,7 @@ def info(name: str) -> dict:
         "gguf_path": str(gguf) if gguf.exists() else None,
         "gguf_bytes": gguf.stat().st_size if gguf.exists() else None,
         "converted_dir": str(converted_dir(name)) if (converted_dir(name) / "config.json").exists() else None,
+        "converted_sha256": {k: v.get("sha256") for k, v in rec.get("converted_files", {}).items()} or None,
         **{k: rec[k] for k in ("fetch_seconds", "gguf_load_seconds", "convert_seconds", "converted_bytes")
            if k in rec},
     }

@@ -61,10 +61,14 @@ def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> l
         out_dir = figures_dir()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from .io import atomic_path
+
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight")
+    with atomic_path(paths[0]) as tmp:                  # a failure never leaves a cut figure
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
     # Fixed metadata so an unchanged figure is byte-stable across runs.
-    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None})
+    with atomic_path(paths[1]) as tmp:
+        fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None, "ModDate": None})
     return paths
 
 

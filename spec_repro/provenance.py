@@ -49,14 +49,27 @@ def machine_info() -> dict:
 
 def record(manifest: str | Path, name: str, **fields) -> dict:
     """Add or replace entry ``name`` in a JSON manifest (a dict of entries), with machine/versions/date."""
+    from filelock import FileLock
+
     manifest = Path(manifest)
-    data = json.loads(manifest.read_text()) if manifest.exists() else {}
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(manifest.parent / f".{manifest.name}.lock")):  # two writers never lose each other's entry
+        return _record_locked(manifest, name, fields)
+
+
+def _record_locked(manifest: Path, name: str, fields: dict) -> dict:
+    from .io import atomic_write
+
+    try:
+        data = json.loads(manifest.read_text()) if manifest.exists() else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{manifest}: not JSON ({e.msg}); fix or remove it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{manifest}: expected a JSON object of entries; fix or remove it")
     entry = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              "machine": machine_info(), "versions": package_versions(),
              "command": " ".join(sys.argv), **fields}
     data[name] = entry
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(manifest)
+    with atomic_write(manifest) as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     return entry

@@ -123,7 +123,10 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     ran = {r.name for r in results}
     kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json").exists()]
     table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
-    table.to_csv(out / "summary.csv", index=False)
+    from .io import atomic_path, atomic_write
+
+    with atomic_path(out / "summary.csv") as tmp:
+        table.to_csv(tmp, index=False)
     head = f"Profile `{profile}`"
     if parameters:
         head += "; parameters " + ", ".join(
@@ -133,8 +136,11 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     failed = [r for r in results if not r.ok]
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
-    (out / "summary.md").write_text(md)
+    with atomic_write(out / "summary.md") as f:
+        f.write(md)
     # A copy next to the figures, so the committed figures/ folder carries the table that goes with them.
-    (fig_dir / "SUMMARY.md").write_text(md)
-    table.to_csv(fig_dir / "summary.csv", index=False)
+    with atomic_write(fig_dir / "SUMMARY.md") as f:
+        f.write(md)
+    with atomic_path(fig_dir / "summary.csv") as tmp:
+        table.to_csv(tmp, index=False)
     return results, table

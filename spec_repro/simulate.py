@@ -93,6 +93,8 @@ RESULT_COLUMNS = ["dataset", "model", "proposers", "policy", "draft_cost", "batc
                   "speedup", "sd_tokens_per_s", "base_tokens_per_s", "mean_tokens_per_step", "verify_share",
                   "draft_share", "overhead_share", "sd_time_s", "base_time_s", "n_tokens"]
 _KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
+MAX_K = 32767                 # int16, the schema's k_max
+MAX_BATCH = 1_000_000         # far above any engine's batch; keeps B * tokens exact in int64 and float64
 
 
 class SimulationError(ValueError):
@@ -109,6 +111,8 @@ def parse_policy(policy: str) -> tuple[str, int]:
         k = int(m.group(1))
         if k < 1:
             raise SimulationError(f"policy {policy!r}: K must be >= 1")
+        if k > MAX_K:
+            raise SimulationError(f"policy {policy!r}: K must be <= {MAX_K} (the largest k_max a trace holds)")
         return "fixed", k
     raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle or "
                           f"oracle-combine")
@@ -396,8 +400,10 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
             proposal[c] = prop
             kind[c], dk[c], dt[c], d0[c], frac[c], always[c] = (_KIND_CODE[dr.kind], dr.c_kv, dr.c_tok, dr.c0,
                                                                 dr.fraction, alw)
+        # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
         return _mixed_run(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
-                          proposal, kind, dk, dt, d0, frac, always, cm.c_kv, cm.c_tok, cm.c0, cm.overhead, int(B))
+                          proposal, kind, dk, dt, d0, frac, always, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
+                          int(min(B, n)))
 
     tokens = float(reqs.L.sum())
     out = []
@@ -437,7 +443,11 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     if unknown:
         raise SimulationError(f"unknown option(s) {sorted(unknown)}; the only option is ngram_match_prob")
     match_prob = options.get("ngram_match_prob")
-    cm = load_cost_model(cost_model)
+    cm = load_cost_model(cost_model).validate()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SimulationError(f"seed must be an integer >= 0, got {seed!r}")
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, (int, np.integer))):
+        raise SimulationError(f"sample must be an integer >= 1, got {sample!r}")
     props = trace.check_proposers(_as_list(proposers, "proposers"))
     if len(set(props)) != len(props):
         raise SimulationError(f"proposer listed twice in {props}")
@@ -454,14 +464,17 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
         Bs = np.array([int(b) for b in _as_list(batch_sizes, "batch sizes")], dtype=np.int64)
     except (TypeError, ValueError) as e:
         raise SimulationError(f"batch sizes must be integers >= 1, got {batch_sizes!r}") from e
-    if (Bs < 1).any():
-        raise SimulationError(f"batch sizes must be >= 1, got {Bs.tolist()}")
+    if (Bs < 1).any() or (Bs > MAX_BATCH).any():
+        raise SimulationError(f"batch sizes must be >= 1 and <= {MAX_BATCH:,}, got {Bs.tolist()}")
     for name, kind, K in policies:
         if kind != "oracle-combine" and len(props) > 1:
             raise SimulationError(f"policy {name!r} takes one proposer, got {props}; use oracle-combine to "
                                   f"combine several")
-    needed = set(props) | ({"ngram"} if any(k == "oracle-combine" for _, k, _ in policies) and
-                           "ngram-only" in accountings else set())
+    combine = any(k == "oracle-combine" for _, k, _ in policies)
+    if combine and "ngram-only" in accountings and not any(_is_ngram(q) for q in props):
+        raise SimulationError(f"draft_cost 'ngram-only' charges n-gram's drafting cost at every step, but the "
+                              f"proposers {props} include no n-gram proposer; use --draft-cost winner or all")
+    needed = set(props) | ({"ngram"} if combine and "ngram-only" in accountings else set())
     for q in sorted(needed):
         try:
             cm.drafter(q)
@@ -469,6 +482,13 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             raise SimulationError(str(e)) from e
 
     sub = trace.select(proposers=props)
+    fixed_k = [(name, K) for name, kind, K in policies if kind == "fixed"]
+    if fixed_k and len(sub.acc):
+        k_max = int(sub.acc["k_max"].to_numpy().min())
+        name, K = max(fixed_k, key=lambda x: x[1])
+        if K > k_max:  # acceptance beyond k_max was never measured: a longer draft would be priced blind
+            raise SimulationError(f"policy {name!r} drafts {K} tokens but the trace measured acceptance only up to "
+                                  f"k_max = {k_max} (acc_len <= {k_max + 1}); use K <= {k_max}")
     groups = sub.requests[["dataset", "model"]].drop_duplicates().itertuples(index=False)
     groups = [tuple(g) for g in groups]
     if not groups:

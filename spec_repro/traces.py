@@ -87,6 +87,19 @@ STEP_OPTIONAL = ("accepted_per_req", "phase", "run_kind", "outlier", "t_sched", 
                  "verify_bytes", "verify_floor_s", "achieved_GBps", "bw_util")
 _TIME_COLS = ("t_draft", "t_verify", "t_reject", "t_other", "t_total")
 
+#: The study's published trace files (SpecDecode-Bench/simulator, data/llama3.1-8B/, commit 2fdccbd), recognized
+#: by content (sha256 of the file), never by name: sha256 -> (file, dataset, requests).
+STUDY_FILES: dict[str, tuple[str, str, int]] = {
+    "90637b8cb4c410b3de6cdf2898ef1104d41b0fc5bff5e8692a6bfc836101899b": ("combined_cnn.jsonl", "cnn", 300),
+    "6d6bfb9993f4a540ff73cb330bdd4348dc3e6a6c77a111d3e35b96caf83c26f1": ("combined_gsm8k.jsonl", "gsm8k", 300),
+    "cfd6b6b156076a704f7aff0f060920bb7c5e4c3b80ef32efbe858b62d85cd910":
+        ("combined_instructcoder.jsonl", "instructcoder", 500),
+    "748df2df1e89b986009aad1a42fee604b1fe57558b690aef0da7d9c7b9708b75": ("combined_sharegpt.jsonl", "sharegpt", 310),
+}
+#: The model and hardware of those files (their JSON lines do not say; the study's paper and repository do).
+STUDY_MODEL = "Llama-3.1-8B-Instruct (published trace)"
+STUDY_SOURCE = "the study's published traces (Llama-3.1-8B-Instruct, vLLM, H100)"
+
 _PUBLISHED_ACC = re.compile(r"^acc(?:_(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*))?$")
 
 
@@ -245,9 +258,10 @@ class Trace:
         md[b"spec_repro.requests"] = self.requests.to_json(orient="records").encode()
         md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
         md[b"spec_repro.schema"] = b"acc-v1"
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        pq.write_table(table.replace_schema_metadata(md), tmp, compression="zstd")
-        tmp.replace(path)  # atomic: a reader never sees half a file
+        from .io import atomic_path
+
+        with atomic_path(path) as tmp:  # atomic: a reader never sees half a file, a failure keeps the old one
+            pq.write_table(table.replace_schema_metadata(md), tmp, compression="zstd")
         return path
 
     @classmethod
@@ -266,29 +280,37 @@ class Trace:
         missing = [c for c in ACC_COLUMNS if c not in acc.columns]
         if missing:
             raise TraceError(f"{path}: not an acceptance trace, missing columns {missing}")
-        if b"spec_repro.requests" in md:
-            requests = pd.DataFrame(json.loads(md[b"spec_repro.requests"]))
-        else:
-            requests = (acc.groupby(["request_id", "dataset", "model"], observed=True, as_index=False)
-                        [["prompt_len", "output_len"]].first())
-        meta = json.loads(md.get(b"spec_repro.meta", b"{}"))
         try:
-            return cls(acc, requests, meta)
+            if b"spec_repro.requests" in md:
+                requests = pd.DataFrame(json.loads(md[b"spec_repro.requests"]))
+            else:
+                requests = (acc.groupby(["request_id", "dataset", "model"], observed=True, as_index=False)
+                            [["prompt_len", "output_len"]].first())
+            meta = json.loads(md.get(b"spec_repro.meta", b"{}"))
+        except (ValueError, TypeError, RecursionError) as e:
+            raise TraceError(f"{path}: unreadable spec_repro metadata ({type(e).__name__})") from e
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: spec_repro metadata is not a JSON object")
+        try:
+            t = cls(acc, requests, meta)
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from e
+        _check_requests_match(t, path)
+        return t
 
     def to_published_jsonl(self, path: str | Path) -> Path:
         """Write the study's JSON-lines format (``acc_<proposer>`` objects with ``acc_len`` lists).
 
         One-proposer traces use the single key ``acc``. Token ids are written when the trace has them."""
+        from .io import atomic_write
+
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         props = self.proposers
         req = self.requests.set_index(["dataset", "model", "request_id"])
-        with open(path, "w") as f:
+        with atomic_write(path) as f:
             for (ds, mdl, rid), g in self.acc.groupby(["dataset", "model", "request_id"], sort=True, observed=True):
                 r = req.loc[(ds, mdl, rid)]
-                rec = {"id": rid,
+                rec = {"id": rid, "model": mdl,
                        "prompt_token_ids": _as_list(r.get("prompt_token_ids")),
                        "generated_token_ids": _as_list(r.get("output_token_ids"))}
                 for p, gp in g.groupby("proposer", observed=True):
@@ -313,7 +335,7 @@ class Trace:
 
 
 # ---- published JSON-lines reader -------------------------------------------------------------------------
-def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model: str = "unknown",
+def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model: str | None = None,
                          proposer: str | None = None, k_max: int | None = None, strict: bool = False) -> Trace:
     """Read the study's published trace format (one JSON object per line).
 
@@ -325,26 +347,47 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
     In the released files, ``acc_ngram`` has one entry per generated token but ``acc_eagle`` often has more or
     fewer (EAGLE's own run generated a different output): L is the shortest array, as the study takes it. Such
     requests are counted in ``meta['length_mismatch']``; ``strict=True`` makes any array whose length differs
-    from ``generated_token_ids`` by more than one an error instead."""
+    from ``generated_token_ids`` by more than one an error instead.
+
+    Provenance comes from the data, never from the file name: the study's own files are recognized by their
+    sha256 (``STUDY_FILES``; ``meta['study_file']``, model ``STUDY_MODEL``); any other file is labelled with
+    ``model=`` if given, else the ``model`` field its records carry (``Trace.to_published_jsonl`` writes one),
+    else ``unknown``."""
+    import hashlib
+
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such trace file")
+    if not path.is_file():
+        raise TraceError(f"{path}: not a regular file")
+    given_dataset = dataset
     dataset = dataset or dataset_from_path(path)
+    digest = hashlib.sha256()
+    rec_models: set = set()
     arrays: dict[str, dict[str, list[int]]] = {}
     prompt_lens: dict[str, int] = {}
     info: dict[str, dict] = {}
     mismatched = 0
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            digest.update(raw)
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TraceError(f"{where}: not UTF-8 text (a binary file?)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg})") from e
+            except RecursionError:
+                raise TraceError(f"{where}: JSON nested too deeply") from None
             if not isinstance(rec, dict):
                 raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            if isinstance(rec.get("model"), str):
+                rec_models.add(rec["model"])
             rid = str(rec.get("id", lineno - 1))
             if rid in arrays:
                 raise TraceError(f"{where}: duplicate request id {rid!r}")
@@ -377,10 +420,24 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             info[rid] = {"prompt_token_ids": prompt, "output_token_ids": gen if isinstance(gen, list) else None}
     if not arrays:
         raise TraceError(f"{path}: empty trace file")
+    meta = {"source": str(path), "format": "published-jsonl", "length_mismatch": mismatched,
+            "sha256": digest.hexdigest()}
+    study = STUDY_FILES.get(meta["sha256"])
+    if study is not None:
+        meta.update(study_file=study[0], provenance=STUDY_SOURCE)
+        dataset = given_dataset or study[1]
+    if model is None:
+        if study is not None:
+            model = STUDY_MODEL
+        elif len(rec_models) == 1:
+            model = rec_models.pop()
+            meta["provenance"] = f"model named by the file's records ({path.name})"
+        else:
+            model = "unknown"
+            meta["provenance"] = f"JSON lines {path.name}: not one of the study's published files; no model field"
     try:
         return Trace.from_arrays(arrays, prompt_lens=prompt_lens, dataset=dataset, model=model, k_max=k_max,
-                                 request_info=info, meta={"source": str(path), "format": "published-jsonl",
-                                                          "length_mismatch": mismatched})
+                                 request_info=info, meta=meta)
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from e
 
@@ -388,6 +445,8 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
 def read_trace(path: str | Path, **kw) -> Trace:
     """Read one trace file: the package's parquet, or the study's JSON lines (``.jsonl``/``.json``)."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise TraceError(f"{p}: not a regular file")
     if p.suffix == ".parquet":
         if kw.get("dataset"):
             t = Trace.from_parquet(p)
@@ -452,6 +511,7 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
         raise TraceError(f"{where}: missing columns {missing}")
     out = df[list(schema) + [c for c in extra if c not in schema]].copy()
     for c, dt in schema.items():
+        _check_int_range(out[c], dt, where, c)
         try:
             out[c] = out[c].astype(dt)
         except (TypeError, ValueError) as e:
@@ -475,6 +535,51 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
     return out.reset_index(drop=True)
 
 
+def _check_requests_match(t: "Trace", where) -> None:
+    """Every request of ``acc`` has exactly one row in ``requests`` with the same prompt and output lengths."""
+    key = ["dataset", "model", "request_id"]
+    if t.requests.duplicated(key).any():
+        r = t.requests[t.requests.duplicated(key)].iloc[0]
+        raise TraceError(f"{where}: request {r.request_id!r} listed twice in the request table")
+    per = t.acc.drop_duplicates(key)[key + ["prompt_len", "output_len"]]
+    m = per.merge(t.requests[key + ["prompt_len", "output_len"]], on=key, how="left", suffixes=("", "_req"),
+                  indicator=True)
+    if (m["_merge"] != "both").any():
+        r = m[m["_merge"] != "both"].iloc[0]
+        raise TraceError(f"{where}: request {r.request_id!r} has acceptance rows but no entry in the request table")
+    bad = (m["prompt_len"] != m["prompt_len_req"]) | (m["output_len"] != m["output_len_req"])
+    if bad.any():
+        r = m[bad].iloc[0]
+        raise TraceError(f"{where}: request {r.request_id!r}: prompt/output lengths differ between the acceptance "
+                         f"rows and the request table")
+
+
+def _check_int_range(col: pd.Series, dt: str, where: str, name: str) -> None:
+    """Refuse values an integer column's dtype cannot hold (astype would wrap them silently) and non-integral
+    floats (astype would truncate them). O(n) numpy; a column already of the target dtype is skipped."""
+    if dt.lower() not in ("int16", "int32", "int64") or str(col.dtype) == dt:
+        return
+    kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else getattr(col.dtype, "kind", "O")
+    if kind not in "iuf":
+        return  # strings / objects: astype raises (a TraceError below) or parses them
+    v = col.to_numpy(dtype="float64", na_value=np.nan) if kind == "f" or not isinstance(col.dtype, np.dtype) \
+        else col.to_numpy()
+    if kind == "f" or v.dtype.kind == "f":
+        fin = v[~np.isnan(v)] if dt[0] == "I" else v
+        if not np.isfinite(fin).all():
+            raise TraceError(f"{where}: column {name!r} holds non-finite values (NaN or inf)")
+        if (fin != np.round(fin)).any():
+            raise TraceError(f"{where}: column {name!r} holds non-integral values")
+        v = fin
+    if len(v):
+        info = np.iinfo(dt.lower())
+        lo, hi = v.min(), v.max()
+        if lo < info.min or hi > info.max:
+            bad = hi if hi > info.max else lo
+            raise TraceError(f"{where}: column {name!r} holds {bad:.0f}, outside what the schema's {dt} can hold "
+                             f"({info.min}..{info.max})")
+
+
 def _check_acc_array(a, where: str, allow_empty: bool = False) -> np.ndarray:
     if not isinstance(a, (list, tuple, np.ndarray)):
         raise TraceError(f"{where}: acc_len must be a list of ints, got {type(a).__name__}")
@@ -487,11 +592,17 @@ def _check_acc_array(a, where: str, allow_empty: bool = False) -> np.ndarray:
     except Exception as e:
         raise TraceError(f"{where}: acc_len is not a flat list of ints") from e
     if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or
-                             (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))):
-        raise TraceError(f"{where}: acc_len must be a flat list of ints")
+                             (np.issubdtype(arr.dtype, np.floating) and np.isfinite(arr).all()
+                              and np.all(arr == np.round(arr)))):
+        raise TraceError(f"{where}: acc_len must be a flat list of finite ints")
     if (arr < 1).any():
         i = int(np.flatnonzero(arr < 1)[0])
         raise TraceError(f"{where}: acc_len[{i}] = {arr[i]} < 1 (it counts accepted + 1)")
+    hi = np.iinfo(np.int16).max
+    if (arr > hi).any():
+        i = int(np.flatnonzero(arr > hi)[0])
+        raise TraceError(f"{where}: acc_len[{i}] = {arr[i]:.0f} exceeds {hi}, the largest acc_len the schema "
+                         f"holds (int16; no step accepts that many tokens)")
     return arr.astype(np.int16)
 
 

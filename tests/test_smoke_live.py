@@ -26,7 +26,7 @@ def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         collect_mod.collect("smollm2-135m", ["code-edit"], **kw)
     part = collect_mod.partial_path(tmp_path, "smollm2-135m", "code-edit")
-    assert len(part.read_text().splitlines()) == 1
+    assert len(part.read_text().splitlines()) == 2  # the settings header + one finished request
     assert not collect_mod.trace_path(tmp_path, "smollm2-135m", "code-edit").exists()
 
     def counting(target, todo, *a, **kw):

@@ -23,6 +23,8 @@ import time
 import traceback
 from pathlib import Path
 
+from ..io import atomic_write, write_via
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "data" / "gpu" / "configs"
 LLAMA8B = str(CONFIGS / "llama31_8b")
@@ -340,8 +342,7 @@ def prepare_smollm2_prompts(out: str | Path, workloads=SMOL_WORKLOADS, n: int = 
     eos = sorted({int(x) for x in ([gc.eos_token_id] if isinstance(gc.eos_token_id, int) else gc.eos_token_id or [])}
                  | ({int(tok.eos_token_id)} if tok.eos_token_id is not None else set()))
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w") as f:
+    with atomic_write(out) as f:
         for w in workloads:
             for r in wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens):
                 f.write(json.dumps({"key": f"{w}/{r.id}", "dataset": w, "request_id": str(r.id),
@@ -507,11 +508,11 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     llm = pd.concat([add_physical_limits(g, dims[m]) if m in dims else g for m, g in llm.groupby("model")])
     llm = llm.sort_index()
     keep = [c for c in llm.columns if c not in ("accepted_per_req",)]
-    llm[keep].to_parquet(out / "steps.parquet", compression="zstd", index=False)
-    runs.to_csv(out / "runs.csv", index=False)
+    write_via(llm[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
+    write_via(runs.to_csv, out / "runs.csv", index=False)
     # the device's own result records, all sessions in one file (generated token ids left out; the SmolLM2
     # outputs are in smollm2_vllm_outputs.jsonl): what analysis.gpu_speedups reads
-    with open(out / "results.jsonl", "w") as f:
+    with atomic_write(out / "results.jsonl") as f:
         for src in _raw_files(raws, "results*.jsonl"):
             for line in open(src):
                 d = json.loads(line)
@@ -522,11 +523,11 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     by = ("session", "spec", "primary", "model", "method", "k", "batch_size")
     pb = pd.concat([phase_breakdown(study, decode_only=True, by=by).assign(steps_kind="decode"),
                     phase_breakdown(study, decode_only=False, by=by).assign(steps_kind="all")], ignore_index=True)
-    pb.to_csv(out / "phase_breakdown.csv", index=False, float_format="%.6g")
+    write_via(pb.to_csv, out / "phase_breakdown.csv", index=False, float_format="%.6g")
     ov = overhead_table(runs)
-    ov.to_csv(out / "overhead.csv", index=False, float_format="%.6g")
+    write_via(ov.to_csv, out / "overhead.csv", index=False, float_format="%.6g")
     lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"]) & llm["primary"]], dims)
-    lim.to_csv(out / "verify_limits.csv", index=False, float_format="%.6g")
+    write_via(lim.to_csv, out / "verify_limits.csv", index=False, float_format="%.6g")
 
     # cost model of the target forward on the H200 (Llama-3.1-8B dims, every timed step but JIT outliers)
     fits = {}
@@ -548,7 +549,7 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
                       [{"fit": f"H200 {k} steps", "c_kv": f.model.c_kv, "c_tok": f.model.c_tok, "c0": f.model.c0,
                         "overhead": f.model.overhead, "r2_target": f.r2["target"], "steps": f.n_steps["target"]}
                        for k, f in fits.items()])
-    cm.to_csv(out / "costmodel_compare.csv", index=False, float_format="%.6g")
+    write_via(cm.to_csv, out / "costmodel_compare.csv", index=False, float_format="%.6g")
 
     # SmolLM2-135M, real weights: vLLM's per-step acceptance vs predictions from the same greedy outputs
     smol = {}
@@ -563,18 +564,19 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
             if d["kind"] == "run":
                 outputs.update(dict(zip(d["keys"], d["outputs"])))
                 k = d["config"]["k"]
-        with open(out / "smollm2_vllm_outputs.jsonl", "w") as f:
+        with atomic_write(out / "smollm2_vllm_outputs.jsonl") as f:
             for key, o in outputs.items():
                 f.write(json.dumps({"key": key, "output_token_ids": o}) + "\n")
         recs = [json.loads(x) for x in open(sres.parent / "steps_smollm2-ngram.jsonl") if x.strip()]
         per = request_steps(recs, prompts)
-        pd.DataFrame([{"key": key, "position": p, "drafted": d, "accepted": a} for key, rows in per.items()
-                      for p, d, a in rows]).to_csv(out / "smollm2_vllm_steps.csv", index=False)
+        write_via(pd.DataFrame([{"key": key, "position": p, "drafted": d, "accepted": a} for key, rows in per.items()
+                                for p, d, a in rows]).to_csv, out / "smollm2_vllm_steps.csv", index=False)
         smol["k"] = k
         smol["vs_replica"] = ngram_agreement(recs, prompts, outputs, k=k)
         smol["vs_torch_profiler"] = ngram_agreement(recs, prompts, outputs, k=k, predictor=torch_profiler_predictor)
         smol["vs_torch_traces"] = compare_torch_traces(outputs, prompts, per, k)
-        (out / "smollm2_agreement.json").write_text(json.dumps(smol, indent=1, default=float) + "\n")
+        with atomic_write(out / "smollm2_agreement.json") as f:
+            f.write(json.dumps(smol, indent=1, default=float) + "\n")
 
     head = {"phase_breakdown_decode": pb[(pb.steps_kind == "decode") & pb.primary][["model", "method", "batch_size", "total_ms",
                                                                       "verify_share", "draft_share", "reject_share",

@@ -44,8 +44,12 @@ def workload_dir(name: str) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (ValueError, RecursionError) as e:  # a cut or corrupted cache file
+        raise WorkloadError(f"{path}: corrupted cache file ({type(e).__name__}); delete {path.parent} to build it "
+                            f"again") from None
 
 
 def cached_records(name: str, source: WheelSource,

@@ -9,7 +9,7 @@ import re
 from functools import lru_cache
 from random import Random
 
-from ._base import WheelSource, cached_members, user_message
+from ._base import WheelSource, WorkloadError, cached_members, user_message, workload_dir
 
 _DIR = "reasoning_gym/arithmetic/gsm_symbolic/"
 SOURCE = WheelSource(
@@ -20,13 +20,29 @@ SOURCE = WheelSource(
     members=("reasoning_gym/utils.py", _DIR + "gsm_symbolic.py", _DIR + "generators_00_49.py",
              _DIR + "generators_50_99.py"),
 )
+#: sha256 of each member as read out of the pinned wheel: cached copies are checked against these (pinned here, not
+#: in the cache's own manifest, which whoever can write the cache could rewrite too) before any of them is run.
+MEMBER_SHA256 = {
+    "reasoning_gym/utils.py": "25fe815ebfce019dad92aa79e61528e0418a04edbce2aa86d019a5a3f186e9d1",
+    _DIR + "gsm_symbolic.py": "511e30a979511719c65019082ea298e215f4fbfab7d7660b384fa51c0fd03ee1",
+    _DIR + "generators_00_49.py": "78b85da5a9225fec76d7fc27e1bad207b0dfb58b386d5e3c1089b9542c04b1e7",
+    _DIR + "generators_50_99.py": "29e28c60ac623defb0acabdbf568771b4f43abb75027d2432c368d670ff4889e",
+}
 DEFAULT_SIZE = 500                       # the study's GSM8K run size
 SUFFIX = " Give the result as your final answer. Do not include units."   # as reasoning-gym appends
 
 
 @lru_cache(maxsize=1)
 def _generators():
-    files = {m: b.decode() for m, b in cached_members("gsm-symbolic", SOURCE).items()}
+    import hashlib
+
+    raw = cached_members("gsm-symbolic", SOURCE)
+    for m, b in raw.items():  # never run cached code that is not byte for byte the pinned wheel's
+        if hashlib.sha256(b).hexdigest() != MEMBER_SHA256[m]:
+            raise WorkloadError(f"cached file {workload_dir('gsm-symbolic') / 'files' / m} does not match the "
+                                f"sha256 pinned for reasoning-gym 0.1.25 (modified or corrupted cache); it was not "
+                                f"run. Delete {workload_dir('gsm-symbolic')} to fetch it again")
+    files = {m: b.decode() for m, b in raw.items()}
     utils: dict = {"__name__": "reasoning_gym_utils"}
     exec(compile(files["reasoning_gym/utils.py"], "reasoning_gym/utils.py", "exec"), utils)  # noqa: S102 (pinned wheel)
     gens = {}
