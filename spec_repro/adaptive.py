@@ -58,6 +58,7 @@ draft_len of model proposers is not read).
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -418,11 +419,13 @@ def _fit_trees(X, Y, groups, folds, prm: RuleParams, seed: int):
     return feat, thr, left, right, act
 
 
-def fold_of_requests(n: int, folds: int, seed: int) -> np.ndarray:
-    """Request-level fold assignment: a seeded permutation dealt round-robin into ``folds`` groups."""
-    perm = np.random.default_rng([seed, 14]).permutation(n)
-    out = np.empty(n, np.int64)
-    out[perm] = np.arange(n) % folds
+def fold_of_requests(ids, folds: int, seed: int) -> np.ndarray:
+    """Request-level fold assignment: requests ordered by a seeded hash of their id and dealt round-robin into
+    ``folds`` groups (the same request gets the same fold whatever the file order)."""
+    key = np.array([zlib.crc32(f"{seed}:{rid}".encode()) for rid in ids], np.int64)
+    order = np.lexsort((np.arange(len(key)), key))
+    out = np.empty(len(key), np.int64)
+    out[order] = np.arange(len(key)) % folds
     return out
 
 
@@ -457,7 +460,7 @@ def adaptive_steps(reqs, requests, proposers, policy: str, B: int, cm, kmax: int
     if n < max(MIN_LEARNED_REQUESTS, prm.folds):
         raise SimulationError(f"adaptive-learned needs at least {max(MIN_LEARNED_REQUESTS, prm.folds)} requests "
                               f"per (dataset, model) for {prm.folds}-fold request-level cross-validation; got {n}")
-    folds = fold_of_requests(n, prm.folds, seed)
+    folds = fold_of_requests(reqs.ids, prm.folds, seed)
     req, p, idx, *_, X = _run(reqs, inp, B, prm, 0, record=True)
     Y = _labels(reqs, inp, B, req, p, idx)
     trees = _fit_trees(X, Y, folds[req], prm.folds, prm, seed)
