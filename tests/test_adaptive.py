@@ -240,3 +240,38 @@ def test_clear_errors(cm):
         simulate(small, cm, "ngram,mtp", "adaptive-rule", progress=False)
     with pytest.raises(SimulationError, match="adaptive-rule"):
         simulate(small, cm, "ngram", "adaptive", progress=False)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "spec_repro.cli", "simulate", *args, "--no-progress"],
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_cli_adaptive_and_bad_input(tmp_path):
+    """`--policy adaptive-rule adaptive-learned --draft-cost ran` on a committed trace; a missing proposer and
+    adaptive-learned on too few requests fail with one line, exit code != 0, no traceback."""
+    trace = ROOT / "data" / "traces" / "smollm2-135m__code-edit.parquet"
+    out = tmp_path / "o.csv"
+    cm = copy.deepcopy(load_cost_model("llama3.1-8b-h100"))
+    cm.drafters["early-exit"] = cm.drafter("eagle")
+    cm.to_json(tmp_path / "cm.json")
+    r = _cli("--traces", str(trace), "--proposers", "ngram,early-exit", "--policy", "adaptive-rule",
+             "adaptive-learned", "oracle-combine", "--draft-cost", "all", "ran", "--cost-model",
+             str(tmp_path / "cm.json"), "--batch-sizes", "1", "64", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out)
+    assert len(df) == 2 * 2 + 2 * 2
+    assert set(df[df.policy.str.startswith("adaptive")].draft_cost) == {"ran"}
+    bad = _cli("--traces", str(trace), "--proposers", "ngram,eagle", "--policy", "adaptive-rule",
+               "--draft-cost", "ran", "--out", str(out))
+    few = structured_trace(2, n=6).to_parquet(tmp_path / "few.parquet")
+    few_r = _cli("--traces", str(few), "--proposers", "ngram,eagle", "--policy", "adaptive-learned",
+                 "--out", str(out))
+    for res, msg in ((bad, "unknown proposer(s) ['eagle']"), (few_r, "at least 10 requests")):
+        assert res.returncode != 0
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], res.stderr
+        assert "Traceback" not in res.stderr
