@@ -84,8 +84,8 @@ class RuleParams:
     """Thresholds of ``adaptive-rule`` (and of the signals both policies read)."""
 
     copy_run: int = 2        # ng_run at or above this: n-gram is in a copy region (its "copy" estimate applies)
-    decay: float = 0.7       # weight of older revealed outcomes per new one
-    prior_a: float = 0.5     # prior per-token acceptance ...
+    decay: float = 0.9       # weight of older revealed outcomes per new one
+    prior_a: float = 0.8     # prior per-token acceptance (optimistic: a proposer is tried before it is judged) ...
     prior_w: float = 1.0     # ... worth this many observed tokens
     probe: int = 16          # verify a model proposer after this many steps without it
     folds: int = 5           # adaptive-learned: request-level cross-validation folds
@@ -181,9 +181,15 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, prm, m
                         break
             bucket = 1 if ng_run >= copy_run else 0
             for q in range(Q):
-                b = bucket if q == ng else 0
-                alpha1[q] = (cnt[q, b, 0] + prior_a * prior_w) / (cnt[q, b, 0] + cnt[q, b, 1] + prior_w)
-                alpha2[q] = (cnt[q, b, 2] + prior_a * prior_w) / (cnt[q, b, 2] + cnt[q, b, 3] + prior_w)
+                if q == ng:   # n-gram: first token and the rest apart (its whole proposal is always observed)
+                    alpha1[q] = (cnt[q, bucket, 0] + prior_a * prior_w) / (cnt[q, bucket, 0] + cnt[q, bucket, 1]
+                                                                            + prior_w)
+                    alpha2[q] = (cnt[q, bucket, 2] + prior_a * prior_w) / (cnt[q, bucket, 2] + cnt[q, bucket, 3]
+                                                                            + prior_w)
+                else:         # a model proposer: one pooled rate (short proposals reveal little about later tokens)
+                    acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
+                    alpha1[q] = (acc_n + prior_a * prior_w) / (acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + prior_w)
+                    alpha2[q] = alpha1[q]
             x[0] = ng_dl
             x[1] = ng_run
             x[2] = np.log2(P[r] + 1.0)
