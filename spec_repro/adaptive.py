@@ -91,6 +91,7 @@ class RuleParams:
     folds: int = 5           # adaptive-learned: request-level cross-validation folds
     max_depth: int = 6       # adaptive-learned: tree depth
     min_leaf: int = 20       # adaptive-learned: samples per leaf
+    max_train: int = 6000    # adaptive-learned: training states per fold (a seeded subsample beyond this)
 
     def array(self) -> np.ndarray:
         return np.array([self.copy_run, self.decay, self.prior_a, self.prior_w, self.probe], np.float64)
@@ -404,8 +405,11 @@ def _fit_trees(X, Y, groups, folds, prm: RuleParams, seed: int):
     from sklearn.tree import DecisionTreeRegressor
 
     trees = []
+    rng = np.random.default_rng([seed, 14])
     for f in range(folds):
-        m = groups != f
+        m = np.flatnonzero(groups != f)
+        if len(m) > prm.max_train:
+            m = np.sort(rng.choice(m, prm.max_train, replace=False))
         t = DecisionTreeRegressor(max_depth=prm.max_depth, min_samples_leaf=prm.min_leaf, random_state=seed)
         t.fit(X[m].astype(np.float32), Y[m])
         trees.append(t.tree_)

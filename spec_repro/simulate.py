@@ -422,14 +422,16 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
 
 # ---- adaptive policies (spec_repro.adaptive): the step sequence depends on the batch size ----------------------
 def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: CostModel, Bs: np.ndarray, modes,
-                   seed: int, params) -> list[dict]:
+                   seed: int, params, cache: dict) -> list[dict]:
     from . import adaptive
 
     ds, model = key
     grp = (sub.acc["dataset"] == ds) & (sub.acc["model"] == model)
     kmax = int(sub.acc.loc[grp, "k_max"].max())
     req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
-    inputs = adaptive._inputs(reqs, req, list(props), cm, kmax)
+    if key not in cache:  # the n-gram match signal (recomputed from token ids on published traces) once per group
+        cache[key] = adaptive._inputs(reqs, req, list(props), cm, kmax)
+    inputs = cache[key]
     rows = []
     for mode in modes:
         for B in Bs:
@@ -516,6 +518,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
 
     bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config", disable=not progress)
     cache: dict = {}
+    acache: dict = {}
     for (ds, model), (pname, kind, K), acct in units:
         key = (ds, model)
         if key not in cache:
@@ -530,7 +533,8 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             cache[key] = _group_arrays(acc, req, props, ids)
         reqs = cache[key]
         if kind in _ADAPTIVE:
-            rows += _adaptive_rows(reqs, sub, key, props, pname, cm, Bs, modes, seed, options.get("adaptive_params"))
+            rows += _adaptive_rows(reqs, sub, key, props, pname, cm, Bs, modes, seed, options.get("adaptive_params"),
+                                   acache)
             bar.update(len(modes))
             continue
         st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob)
