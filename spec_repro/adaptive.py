@@ -89,8 +89,8 @@ class RuleParams:
     prior_w: float = 1.0     # ... worth this many observed tokens
     probe: int = 16          # verify a model proposer after this many steps without it
     folds: int = 5           # adaptive-learned: request-level cross-validation folds
-    max_depth: int = 6       # adaptive-learned: tree depth
-    min_leaf: int = 20       # adaptive-learned: samples per leaf
+    max_depth: int = 3       # adaptive-learned: tree depth
+    min_leaf: int = 30       # adaptive-learned: samples per leaf
     max_train: int = 6000    # adaptive-learned: training states per fold (a seeded subsample beyond this)
 
     def array(self) -> np.ndarray:

@@ -536,11 +536,13 @@ def adaptive_sets(available: Sequence[str], sets: Sequence[Sequence[str]] | None
 
 
 def adaptive_grid(trace: Trace, cost_model, *, proposer_sets: Sequence[Sequence[str]] | None = None,
-                  batch_sizes: Sequence[int] = ADAPTIVE_BATCH_SIZES, max_fixed_k: int = 7, **kw) -> pd.DataFrame:
+                  batch_sizes: Sequence[int] = ADAPTIVE_BATCH_SIZES, max_fixed_k: int = 7,
+                  proposers: Sequence[str] | None = None, **kw) -> pd.DataFrame:
     """Per model and proposer set (``adaptive_sets``): fixed-1..``max_fixed_k`` and the oracle of each proposer of
     the set (its own drafting cost), Oracle Combine under ``ngram-only``/``winner``/``all``, and ``adaptive-rule``
     / ``adaptive-learned`` (charged ``ran``). Column ``set`` names the proposer set each row belongs to. Extra
-    keyword arguments go to ``simulate`` (batching, seed, adaptive_params ...)."""
+    keyword arguments go to ``simulate`` (batching, seed, adaptive_params ...). ``proposers``: consider only
+    these."""
     import warnings
 
     warnings.filterwarnings("ignore", message="IProgress not found")
@@ -553,7 +555,7 @@ def adaptive_grid(trace: Trace, cost_model, *, proposer_sets: Sequence[Sequence[
     for mdl in trace.models:
         tm = trace.select(model=mdl)
         singles: dict = {}
-        for props in adaptive_sets(tm.proposers, proposer_sets):
+        for props in adaptive_sets([p for p in tm.proposers if proposers is None or p in proposers], proposer_sets):
             name = "+".join(props)
             tp = tm.select(proposers=props)
             for p in props:
@@ -571,13 +573,16 @@ def adaptive_summary(sim: pd.DataFrame) -> pd.DataFrame:
     """From ``adaptive_grid`` rows, per dataset, model, proposer set and adaptive policy: at the smallest batch
     size the best single-proposer fixed k (own drafting cost), Oracle Combine (``all``), the policy and the share
     of the gap between the two it closes ((policy - best fixed) / (combine - best fixed); NaN where combine does
-    not beat the best fixed k); over every batch size the policy's worst ratio to that batch size's best fixed k."""
+    not beat the best fixed k) and, for reference, Oracle Combine (``winner``: drafting paid only where a
+    proposer wins, the bound for a policy that runs one drafter per step); over every batch size the policy's
+    worst ratio to that batch size's best fixed k."""
     key = ["dataset", "model", "set"]
     out = []
     for (ds, mdl, st), g in sim.groupby(key, sort=True):
         fx = g[g["policy"].str.startswith("fixed-")]
         best = fx.loc[fx.groupby("batch_size")["speedup"].idxmax()].set_index("batch_size")
         comb = g[(g["policy"] == "oracle-combine") & (g["draft_cost"] == "all")].set_index("batch_size")["speedup"]
+        win = g[(g["policy"] == "oracle-combine") & (g["draft_cost"] == "winner")].set_index("batch_size")["speedup"]
         b0 = int(g["batch_size"].min())
         for pol, a in g[g["policy"].str.startswith("adaptive")].groupby("policy"):
             a = a.set_index("batch_size")["speedup"]
@@ -587,6 +592,7 @@ def adaptive_summary(sim: pd.DataFrame) -> pd.DataFrame:
                             best_fixed_config=f"{best.loc[b0, 'proposers']} {best.loc[b0, 'policy']}",
                             combine_all=oc, adaptive=ad,
                             gap_closed=(ad - bf) / (oc - bf) if oc > bf else np.nan,
+                            combine_winner=float(win.get(b0, np.nan)),
                             worst_ratio=float(ratio.min()), worst_ratio_batch=int(ratio.idxmin()),
                             batch_sizes=f"{int(a.index.min())}-{int(a.index.max())}"))
     return pd.DataFrame(out)

@@ -105,7 +105,7 @@ def _run_models(args):
 
 # ---- reproduce (issue 5: notebooks) -----------------------------------------------------------------------
 def _add_reproduce(sub):
-    p = sub.add_parser("reproduce", help="run the six finding notebooks headless: figures + summary table")
+    p = sub.add_parser("reproduce", help="run the seven notebooks headless: figures + summary table")
     p.add_argument("--profile", choices=["embedded", "gpu"], default="embedded",
                    help="embedded: committed traces and measurements (default); gpu: live vLLM where possible")
     p.add_argument("--out", default="out/reproduce", help="directory for executed notebooks and the summary")
