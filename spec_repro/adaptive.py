@@ -51,6 +51,10 @@ Request-level cross-validation: requests are split into ``folds`` groups (seeded
 from the tree fitted on the other groups only. Needs at least ``MIN_LEARNED_REQUESTS`` requests per (dataset,
 model).
 
+Parameters (``RuleParams``): the rule's thresholds (copy_run, decay, prior, probe) and the tree's size (depth 3, 30
+states per leaf) were chosen on the committed traces (small grids, judged by the worst ratio to the best fixed k
+over all committed workloads): in-sample choices, whereas each tree's fit is cross-validated.
+
 Drafting charged (``draft_cost``): adaptive rows are always ``ran``: every proposer the policy ran at a step pays
 its rule with its proposal (n-gram: its fraction of F where it found a match; a linear drafter every step it ran;
 a per-token drafter per drafted token). A model proposer's proposal is k tokens (the trace's per-position

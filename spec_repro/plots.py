@@ -478,7 +478,7 @@ def adaptive_vs_batch(sim: pd.DataFrame, *, title: str = "", source: str | None 
             g = g.sort_values("batch_size")
             ax.plot(g["batch_size"], g["speedup"], color="0.55", ls=_ACCOUNTING_LS.get(acct, "-"), lw=1.2,
                     label=f"Oracle Combine ({acct})")
-        for pol, mk, c in (("adaptive-rule", "o", _CB[4]), ("adaptive-learned", "D", _CB[8])):
+        for pol, mk, c in (("adaptive-rule", "o", _CB[4]), ("adaptive-learned", "D", (0.55, 0.05, 0.1))):
             g = d[d["policy"] == pol].sort_values("batch_size")
             if len(g):
                 ax.plot(g["batch_size"], g["speedup"], color=c, lw=2, marker=mk, ms=4, label=f"{pol} (ran)")
