@@ -39,7 +39,8 @@ every step (free of drafting cost where it finds no match, as the study's n-gram
 each k in 1..k_q (k_q = ng_dl for n-gram, k_max otherwise) the expected tokens of a geometric acceptance with
 ``alpha`` (n-gram: the copy estimate when ``ng_run >= copy_run``, else the cold one), ``1 + alpha + ... +
 alpha^k``, is divided by the step's cost (target forward of B*(k+1) tokens at kv = B*(P+p), q's drafting of k
-tokens, the n-gram lookup, the overhead); k = 0 (no speculation) competes too. The best (q, k) is verified and only
+tokens, the n-gram lookup, the overhead: the duplicated batch's step, an approximation under ``mixed`` batching);
+k = 0 (no speculation) competes too. The best (q, k) is verified and only
 q (and the n-gram lookup) runs: a step that verifies n-gram skips the model drafters' cost. A model proposer not
 verified for ``probe`` steps is verified once at its best k so its estimate does not go stale.
 
