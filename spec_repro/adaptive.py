@@ -9,43 +9,48 @@ Positions
 ---------
 A request that has produced p tokens starts a step at output position ``j = p - 1`` (the simulator's array index:
 the context is the prompt + output tokens ``0..j``; ``acc[j]`` counts how many proposed tokens match output
-tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index.
+tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The issue's rule "acc[q] capped at
+p - q" (p = tokens produced so far = j + 1) is ``min(acc[q], j - q + 1)``: the j - q tokens emitted after q show
+how many of q's proposed tokens matched, and whether one failed.
 
 Causal signals (exactly what a decision at position j reads; nothing else from the trace)
 -----------------------------------------------------------------------------------------
-1. The prompt length P, the position j, the batch size B and the cost model (all known to a running engine).
+1. The prompt length P, the tokens produced p = j + 1, the batch size B, the trace's k_max and the cost model.
+   (Not the output length L.)
 2. ``ng_dl``: n-gram's proposal length at j (0 = no match), from the tokens up to j: the trace's ``draft_len``
    for n-gram (recorded from the context) or, for the study's published files, recomputed from the token ids with
-   ``spec_repro.proposers.ngram.ngram_lookup_all`` (prompt_lookup_min 3, max 7).
-3. ``ng_run``: the largest m in 2..k_max+1 with ``min(acc_ngram[j - m], m) = m``, i.e. the n-gram proposal made m
-   positions ago has matched every output token emitted since (0 if none). Any earlier n-gram proposal can be
-   recomputed from the tokens, so its acc at q < j may be read, capped at j - q.
-4. Per proposer, decayed counts of accepted tokens and observed rejections over its *revealed* outcomes: at each
-   earlier step start q where the proposer ran (and was paid for) with proposal length d, the value
-   ``min(acc[q], d + 1, j_next - q)`` seen at the next step start j_next (the tokens emitted since q); n-gram's
-   proposal is always observable (its lookup runs every step), bucketed by whether ``ng_run`` >= ``copy_run`` at q
-   (a "copy" and a "cold" estimate). From the counts: ``alpha`` = (accepted + prior_a * prior_w) /
-   (accepted + rejections + prior_w), a per-token acceptance estimate; ``last`` = the last revealed value; ``since``
-   = steps since the proposer was last verified.
+   ``spec_repro.proposers.ngram.ngram_lookup_all`` (prompt_lookup_min 3, max 7, k_max tokens).
+3. ``ng_run``: the largest m in 1..min(k_max, j) with ``min(acc_ngram[j - m], ng_dl[j - m] + 1) >= m + 1``: the
+   n-gram proposal made m positions ago matched all m tokens emitted since (0 if none). Any earlier n-gram proposal
+   can be recomputed from the tokens, so its acc at q < j may be read, capped at j - q + 1 (here: at m + 1).
+4. Per proposer, decayed counts (factor ``decay`` per update) over its *revealed* outcomes: at each step start q
+   where the proposer ran (and was paid for) with proposal length d, the value ``v = min(acc[q], d + 1, j' - q +
+   1)`` read at the next step start j' (so within the cap above), and whether a rejection was seen (acc[q] below
+   that cap). n-gram's proposal is always observable (its lookup runs every step, d = ng_dl[q]); its counts are
+   kept apart for "copy" steps (``ng_run >= copy_run`` at q) and "cold" ones. From the counts: ``alpha1``, the
+   estimated chance that the first proposed token is accepted, and ``alpha2``, that a later one is, given the
+   previous one was (n-gram: each from its own counts; a model proposer: one pooled rate for both), each =
+   (accepted + prior_a * prior_w) / (accepted + rejected + prior_w); ``last`` = the last revealed v; ``since`` =
+   steps since the proposer was last verified.
 
-A test (tests/test_adaptive.py) perturbs every value a decision may not see (all acc and draft_len at positions
->= j, acc at earlier positions where the proposer did not run, the uncapped part of revealed values) and checks
-that no decision changes.
+A test (tests/test_adaptive.py) perturbs every value a decision may not see (all acc at positions >= j and n-gram's
+draft_len after j, acc at earlier positions where a model proposer did not run, the part of revealed values above
+their cap, the output length) and checks that no decision changes.
 
 Policies
 --------
 ``adaptive-rule`` (thresholds on the signals, costed with the simulator's own cost model): the n-gram lookup runs
 every step (free of drafting cost where it finds no match, as the study's n-gram rule). For each proposer q and
-each k in 1..k_q (k_q = ng_dl for n-gram, k_max otherwise) the expected tokens of a geometric acceptance with
-``alpha`` (n-gram: the copy estimate when ``ng_run >= copy_run``, else the cold one), ``1 + alpha + ... +
-alpha^k``, is divided by the step's cost (target forward of B*(k+1) tokens at kv = B*(P+p), q's drafting of k
+each k in 1..k_q (k_q = ng_dl for n-gram, k_max otherwise) the expected tokens ``1 + alpha1 * (1 + alpha2 + ... +
+alpha2^(k-1))`` (n-gram: the copy estimates when ``ng_run >= copy_run``, else the cold ones) is divided by the
+step's cost (target forward of B*(k+1) tokens at kv = B*(P+p), q's drafting of k
 tokens, the n-gram lookup, the overhead: the duplicated batch's step, an approximation under ``mixed`` batching);
 k = 0 (no speculation) competes too. The best (q, k) is verified and only
 q (and the n-gram lookup) runs: a step that verifies n-gram skips the model drafters' cost. A model proposer not
 verified for ``probe`` steps is verified once at its best k so its estimate does not go stale.
 
 ``adaptive-learned``: a scikit-learn ``DecisionTreeRegressor`` (multi-output) maps the signal vector (ng_dl,
-ng_run, log2 P, log2 p, and per proposer alpha, last, since) to the expected tokens-per-second of every action
+ng_run, log2 P, log2 p, and per proposer alpha1, alpha2, last, since) to the expected tokens-per-second of every action
 (proposer, k in ``K_GRID``, or no speculation); the policy takes the best predicted action. Training states are
 the steps ``adaptive-rule`` visits at the same batch size, labelled with each action's realised tokens ÷ step cost.
 Request-level cross-validation: requests are split into ``folds`` groups (seeded); each request's decisions come
