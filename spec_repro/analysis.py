@@ -531,6 +531,111 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
     return pd.concat(parts, ignore_index=True)
 
 
+# ---- adaptive proposer-and-length selectors (spec_repro.adaptive) ------------------------------------------
+
+ADAPTIVE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def adaptive_sets(available: Sequence[str], sets: Sequence[Sequence[str]] | None = None) -> list[list[str]]:
+    """Proposer sets the adaptive policies are run on for one model: ``sets`` (those the model has), or by default
+    n-gram paired with each other proposer (n-gram + EAGLE, n-gram + draft, ...), as the study pairs them."""
+    if sets is not None:
+        return [list(s) for s in sets if all(p in available for p in s)]
+    if "ngram" not in available:
+        return [sorted(available)] if len(available) > 1 else []
+    others = [p for p in available if p != "ngram"]
+    out = [["ngram", p] for p in sorted(others, key=lambda p: (p not in COMBINE_PARTNERS,
+                                                               COMBINE_PARTNERS.index(p) if p in COMBINE_PARTNERS
+                                                               else 0, p))]
+    return out
+
+
+def adaptive_grid(trace: Trace, cost_model, *, proposer_sets: Sequence[Sequence[str]] | None = None,
+                  batch_sizes: Sequence[int] = ADAPTIVE_BATCH_SIZES, max_fixed_k: int = 7,
+                  proposers: Sequence[str] | None = None, long_fixed_k: bool = True, **kw) -> pd.DataFrame:
+    """Per model and proposer set (``adaptive_sets``): fixed-1..``max_fixed_k`` and the oracle of each proposer of
+    the set (its own drafting cost), Oracle Combine under ``ngram-only``/``winner``/``all``, and ``adaptive-rule``
+    / ``adaptive-learned`` (charged ``ran``). Column ``set`` names the proposer set each row belongs to. Extra
+    keyword arguments go to ``simulate`` (batching, seed, adaptive_params ...). ``proposers``: consider only
+    these. ``long_fixed_k``: also fixed k = ``max_fixed_k`` + 1 .. the trace's k_max (the adaptive policies may
+    propose up to k_max, so the summary also names the best fixed k over that whole range)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="IProgress not found")
+    from .simulate import simulate
+
+    kw.setdefault("progress", False)
+    Bs = tuple(int(b) for b in batch_sizes)
+    parts = []
+    for mdl in trace.models:
+        tm = trace.select(model=mdl)
+        kmax = int(tm.acc["k_max"].max()) if long_fixed_k else max_fixed_k
+        fixed = [f"fixed-{k}" for k in range(1, max(kmax, max_fixed_k) + 1)] + ["oracle"]
+        singles: dict = {}
+        for props in adaptive_sets([p for p in tm.proposers if proposers is None or p in proposers], proposer_sets):
+            name = "+".join(props)
+            tp = tm.select(proposers=props)
+            for p in props:
+                if p not in singles:
+                    singles[p] = simulate(tm.select(proposers=[p]), cost_model, [p], fixed, batch_sizes=Bs, **kw)
+                parts.append(singles[p].assign(set=name))
+            parts.append(simulate(tp, cost_model, props, "oracle-combine", ["ngram-only", "winner", "all"]
+                                  if "ngram" in props else ["winner", "all"], batch_sizes=Bs, **kw).assign(set=name))
+            parts.append(simulate(tp, cost_model, props, ["adaptive-rule", "adaptive-learned"], batch_sizes=Bs,
+                                  **kw).assign(set=name))
+    return pd.concat(parts, ignore_index=True)
+
+
+def adaptive_summary(sim: pd.DataFrame, max_fixed_k: int = 7) -> pd.DataFrame:
+    """From ``adaptive_grid`` rows, per dataset, model, proposer set and adaptive policy: at the smallest batch
+    size the best single-proposer fixed k (own drafting cost), Oracle Combine (``all``), the policy and the share
+    of the gap between the two it closes ((policy - best fixed) / (combine - best fixed); NaN where combine does
+    not beat the best fixed k) and, for reference, Oracle Combine (``winner``: drafting paid only where a
+    proposer wins, the bound for a policy that runs one drafter per step); over every batch size the policy's
+    worst ratio to that batch size's best fixed k. "Best fixed k" takes k = 1..``max_fixed_k``; the ``*_any``
+    columns take every fixed k the rows hold (up to the trace's k_max with ``adaptive_grid(long_fixed_k=True)``)."""
+    key = ["dataset", "model", "set"]
+    out = []
+    for (ds, mdl, st), g in sim.groupby(key, sort=True):
+        fx_all = g[g["policy"].str.startswith("fixed-")]
+        fx = fx_all[fx_all["policy"].str[6:].astype(int) <= max_fixed_k]
+        best = fx.loc[fx.groupby("batch_size")["speedup"].idxmax()].set_index("batch_size")
+        best_any = fx_all.loc[fx_all.groupby("batch_size")["speedup"].idxmax()].set_index("batch_size")
+        comb = g[(g["policy"] == "oracle-combine") & (g["draft_cost"] == "all")].set_index("batch_size")["speedup"]
+        win = g[(g["policy"] == "oracle-combine") & (g["draft_cost"] == "winner")].set_index("batch_size")["speedup"]
+        b0 = int(g["batch_size"].min())
+        for pol, a in g[g["policy"].str.startswith("adaptive")].groupby("policy"):
+            a = a.set_index("batch_size")["speedup"]
+            ratio = a / best["speedup"].reindex(a.index)
+            ratio_any = a / best_any["speedup"].reindex(a.index)
+            bf, oc, ad = float(best.loc[b0, "speedup"]), float(comb.get(b0, np.nan)), float(a[b0])
+            bfa = float(best_any.loc[b0, "speedup"])
+            out.append(dict(dataset=ds, model=mdl, set=st, policy=pol, batch_size=b0, best_fixed=bf,
+                            best_fixed_config=f"{best.loc[b0, 'proposers']} {best.loc[b0, 'policy']}",
+                            combine_all=oc, adaptive=ad,
+                            gap_closed=(ad - bf) / (oc - bf) if oc > bf else np.nan,
+                            combine_winner=float(win.get(b0, np.nan)),
+                            worst_ratio=float(ratio.min()), worst_ratio_batch=int(ratio.idxmin()),
+                            best_fixed_any=bfa,
+                            best_fixed_any_config=f"{best_any.loc[b0, 'proposers']} {best_any.loc[b0, 'policy']}",
+                            gap_closed_any=(ad - bfa) / (oc - bfa) if oc > bfa else np.nan,
+                            worst_ratio_any=float(ratio_any.min()), worst_ratio_any_batch=int(ratio_any.idxmin()),
+                            batch_sizes=f"{int(a.index.min())}-{int(a.index.max())}"))
+    return pd.DataFrame(out)
+
+
+def adaptive_report(traces=None, cost_model="llama3.1-8b-h100", *, model: str | None = None,
+                    datasets: Sequence[str] | None = None, proposer_sets: Sequence[Sequence[str]] | None = None,
+                    batch_sizes: Sequence[int] = ADAPTIVE_BATCH_SIZES, **kw) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The adaptive-selector report in one call: load the traces (``load_traces``: default the committed ones),
+    give every proposer a drafting model as notebooks 05/06 do (``cost_model_for``), run ``adaptive_grid`` and
+    summarise it (``adaptive_summary``). Returns (rows, summary)."""
+    trace = load_traces(traces, model=model, datasets=datasets)
+    cm, _ = cost_model_for(trace, cost_model)
+    sim = adaptive_grid(trace, cm, proposer_sets=proposer_sets, batch_sizes=batch_sizes, **kw)
+    return sim, adaptive_summary(sim)
+
+
 # ---- provenance -------------------------------------------------------------------------------------------
 
 _PROV_KEYS = ("engine", "device", "machine", "hardware", "model_file_sha256", "command", "date", "k_max")
@@ -735,6 +840,25 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
         rows.append(SummaryRow("5 hybrid oracle", f"{where}, bs {b0}: Oracle Combine ({r.proposers}), drafting cost "
                                f"{r.draft_cost}", _PAPER_COMBINE.get(r.draft_cost, "n/a"), _x(r.speedup), source,
                                float(r.speedup)))
+    return rows
+
+
+def adaptive_rows(summary: pd.DataFrame, *, source: str) -> list[SummaryRow]:
+    """Summary rows of notebook 07: per dataset, model and proposer set, the better adaptive policy at the smallest
+    batch size against the best fixed k and Oracle Combine (``all``), and its worst ratio to the best fixed k."""
+    rows = []
+    for (ds, mdl, st), g in summary.groupby(["dataset", "model", "set"], sort=True):
+        r = g.loc[g["adaptive"].idxmax()]
+        closed = f"{r.gap_closed:.0%} of the gap closed" if np.isfinite(r.gap_closed) else \
+            "no gap (Oracle Combine, all <= best fixed k)"
+        rows.append(SummaryRow("6b adaptive selector", f"{ds} ({mdl}), {st}, bs {r.batch_size}: best causal policy "
+                               f"vs best fixed k and Oracle Combine (all); worst ratio to best fixed k, bs "
+                               f"{r.batch_sizes}", "n/a (the study stops at oracles)",
+                               f"{r.policy} {_x(r.adaptive)} vs {_x(r.best_fixed)} ({r.best_fixed_config}) and "
+                               f"{_x(r.combine_all)}: {closed}; worst {r.worst_ratio:.3f} (bs {r.worst_ratio_batch}). "
+                               f"Against any fixed k up to k_max: {_x(r.best_fixed_any)} ({r.best_fixed_any_config}), "
+                               f"worst ratio {r.worst_ratio_any:.3f} (bs {r.worst_ratio_any_batch})",
+                               source, float(r.gap_closed) if np.isfinite(r.gap_closed) else None))
     return rows
 
 

@@ -8,7 +8,7 @@ import sys
 
 # ---- simulate (issue: foundation) ------------------------------------------------------------------------
 def _add_simulate(sub):
-    p = sub.add_parser("simulate", help="oracle / fixed-k speedup simulation over acceptance traces",
+    p = sub.add_parser("simulate", help="oracle / fixed-k / adaptive speedup simulation over acceptance traces",
                        description="Simulate speculative-decoding speedups over acceptance traces with a step cost "
                                    "model (the study's oracle simulator, fast). One CSV row per (dataset, "
                                    "proposers, policy, draft_cost, batch_size, batching).")
@@ -18,9 +18,11 @@ def _add_simulate(sub):
                    help="preset name or preset JSON file (default: llama3.1-8b-h100, the published fit)")
     p.add_argument("--proposers", required=True, help="comma-separated, e.g. ngram or ngram,eagle")
     p.add_argument("--policy", nargs="+", required=True, metavar="POLICY",
-                   help="fixed-K (K >= 1), oracle, oracle-combine; several allowed")
+                   help="fixed-K (K >= 1), oracle, oracle-combine, adaptive-rule, adaptive-learned (causal "
+                        "selectors of proposer and length, any proposer set); several allowed")
     p.add_argument("--draft-cost", nargs="+", default=["ngram-only"], metavar="ACCOUNTING",
-                   help="oracle-combine drafting accounting: ngram-only (released code), winner, all")
+                   help="oracle-combine drafting accounting: ngram-only (released code), winner, all, ran (every "
+                        "proposer that ran pays; = all for oracle-combine; adaptive policies are always charged ran)")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1], metavar="B")
     p.add_argument("--batching", nargs="+", default=["duplicate"], metavar="MODE",
                    help="duplicate (the study's: one request copied B times) or mixed (continuous batching)")
@@ -107,7 +109,7 @@ def _run_models(args):
 
 # ---- reproduce (issue 5: notebooks) -----------------------------------------------------------------------
 def _add_reproduce(sub):
-    p = sub.add_parser("reproduce", help="run the six finding notebooks headless: figures + summary table")
+    p = sub.add_parser("reproduce", help="run the seven notebooks headless: figures + summary table")
     p.add_argument("--profile", choices=["embedded", "gpu"], default="embedded",
                    help="embedded: committed traces and measurements (default); gpu: live vLLM where possible")
     p.add_argument("--out", default="out/reproduce", help="directory for executed notebooks and the summary")

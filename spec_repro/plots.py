@@ -17,7 +17,7 @@ import seaborn as sns
 __all__ = [
     "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "time_breakdown",
     "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
-    "overlap_vs_advantage", "oracle_gap", "hybrid_oracle",
+    "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
 ]
 
 _CB = sns.color_palette("colorblind", 10)
@@ -454,4 +454,48 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
+    return _finish(fig, source)
+
+
+# ---- beyond the study: adaptive selectors -------------------------------------------------------------------
+
+_ACCOUNTING_LS = {"ngram-only": ":", "winner": "-.", "all": "--"}
+
+
+def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "", source: str | None = None):
+    """``analysis.adaptive_grid`` rows: a panel per dataset (and model) and proposer set, speedup by batch size:
+    the best fixed k (any proposer of the set, k = 1..``max_fixed_k``, and over every k the rows hold), each
+    proposer's oracle, Oracle Combine under each accounting and the two causal policies (``ran`` accounting)."""
+    sim = _panels(sim)
+    panels = [(ds, st) for ds, st in sim[["dataset", "set"]].drop_duplicates().itertuples(index=False)]
+    panels.sort()
+    fig, axes = _facets(len(panels), ncols=4, w=3.6)
+    for ax, (ds, st) in zip(axes, panels):
+        d = sim[(sim["dataset"] == ds) & (sim["set"] == st)]
+        fx = d[d["policy"].str.startswith("fixed-")]
+        kk = fx["policy"].str[6:].astype(int)
+        best = fx[kk <= max_fixed_k].groupby("batch_size")["speedup"].max()
+        ax.plot(best.index, best.values, color="0.15", ls="--", marker="s", ms=3,
+                label=f"best fixed k (1-{max_fixed_k})")
+        if (kk > max_fixed_k).any():
+            best = fx.groupby("batch_size")["speedup"].max()
+            ax.plot(best.index, best.values, color="0.15", ls=":", marker="s", ms=2, mfc="white",
+                    label="best fixed k (1-k_max)")
+        for p, g in d[d["policy"] == "oracle"].groupby("proposers"):
+            g = g.sort_values("batch_size")
+            ax.plot(g["batch_size"], g["speedup"], color=color(p), lw=1, alpha=0.8, label=f"{p} oracle")
+        for acct, g in d[d["policy"] == "oracle-combine"].groupby("draft_cost"):
+            g = g.sort_values("batch_size")
+            ax.plot(g["batch_size"], g["speedup"], color="0.55", ls=_ACCOUNTING_LS.get(acct, "-"), lw=1.2,
+                    label=f"Oracle Combine ({acct})")
+        for pol, mk, c in (("adaptive-rule", "o", _CB[4]), ("adaptive-learned", "D", (0.55, 0.05, 0.1))):
+            g = d[d["policy"] == pol].sort_values("batch_size")
+            if len(g):
+                ax.plot(g["batch_size"], g["speedup"], color=c, lw=2, marker=mk, ms=4, label=f"{pol} (ran)")
+        ax.axhline(1.0, color="0.2", lw=1, ls=":")
+        _batch_axis(ax, d["batch_size"])
+        ax.set_title(f"{ds}\n{st}", fontsize=8.5)
+        ax.set_ylabel("speedup over no SD (×)")
+    _legend_below(fig, axes)
+    fig.suptitle(title or "Causal selectors vs fixed k and the oracles", y=1.02)
     return _finish(fig, source)

@@ -1,4 +1,5 @@
-"""``spec-repro reproduce``: run the six finding notebooks headless (papermill), collect their figures and
+"""``spec-repro reproduce``: run the notebooks headless (papermill: the six on the study's findings and 07, a causal
+selector measured against its oracle bound), collect their figures and
 summary rows, and write the summary table (finding, paper value, this run's value, source).
 
 A notebook that fails is reported with its failing cell; the others still run. Each notebook receives
@@ -24,6 +25,7 @@ NOTEBOOKS = [
     "04_ngram_overlap",
     "05_oracle_bound",
     "06_hybrid_oracle",
+    "07_adaptive",
 ]
 
 # Parameters each profile passes to every notebook (a notebook ignores what it does not declare).

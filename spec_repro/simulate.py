@@ -29,7 +29,15 @@ drafter pays per drafted token). ``oracle-combine`` accounting (``draft_cost``):
 - ``ngram-only``: what the released simulator charges: the ``ngram`` drafter's rule at EVERY step (also where
   nothing is proposed), whichever proposer wins;
 - ``winner``: only the winner's rule, with the step's proposal;
-- ``all``: every proposer in the set ran: the sum of their rules, each with its own oracle proposal a_q - 1.
+- ``all``: every proposer in the set ran: the sum of their rules, each with its own oracle proposal a_q - 1;
+- ``ran``: every proposer the policy ran pays, at each step, its rule with its proposal. For ``oracle-combine``
+  every proposer runs at every step, so ``ran`` is ``all``; fixed-K and oracle pay their one proposer's rule under
+  every accounting.
+
+``adaptive-rule`` / ``adaptive-learned`` (any proposer set): causal selectors of the proposers to run, the proposal
+to verify and its length, see :mod:`spec_repro.adaptive`; they are always charged ``ran`` (their rows say so,
+whatever accountings were asked for) and, since batch size is one of their signals, their step sequence is computed
+per batch size.
 
 Batching (``batching``):
 
@@ -83,8 +91,9 @@ except ImportError:  # pragma: no cover - numba is a dependency; plain Python st
 __all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
            "parse_policy", "ngram_match_prob_for", "RESULT_COLUMNS"]
 
-POLICIES = ("fixed-K", "oracle", "oracle-combine")
-DRAFT_COSTS = ("ngram-only", "winner", "all")
+POLICIES = ("fixed-K", "oracle", "oracle-combine", "adaptive-rule", "adaptive-learned")
+DRAFT_COSTS = ("ngram-only", "winner", "all", "ran")
+_ADAPTIVE = ("adaptive-rule", "adaptive-learned")
 BATCHING = ("duplicate", "mixed")
 #: the released code's n-gram match probabilities at positions with acc_len = 1 (fixed-K, no recorded draft_len)
 NGRAM_MATCH_PROB = {"sharegpt": 0.2, "cnn": 0.4, "cnndailymail": 0.4, "cnndm": 0.4, "gsm8k": 0.2,
@@ -102,9 +111,10 @@ class SimulationError(ValueError):
 
 
 def parse_policy(policy: str) -> tuple[str, int]:
-    """'fixed-3' -> ('fixed', 3); 'oracle' -> ('oracle', 0); 'oracle-combine' -> ('oracle-combine', 0)."""
+    """'fixed-3' -> ('fixed', 3); 'oracle' -> ('oracle', 0); 'oracle-combine' -> ('oracle-combine', 0);
+    'adaptive-rule' / 'adaptive-learned' -> (that name, 0)."""
     p = str(policy).strip().lower()
-    if p in ("oracle", "oracle-combine"):
+    if p in ("oracle", "oracle-combine") + _ADAPTIVE:
         return p, 0
     m = re.fullmatch(r"fixed-?(-?\d+)", p)
     if m:
@@ -114,8 +124,8 @@ def parse_policy(policy: str) -> tuple[str, int]:
         if k > MAX_K:
             raise SimulationError(f"policy {policy!r}: K must be <= {MAX_K} (the largest k_max a trace holds)")
         return "fixed", k
-    raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle or "
-                          f"oracle-combine")
+    raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle, "
+                          f"oracle-combine, adaptive-rule or adaptive-learned")
 
 
 def _norm(name: str) -> str:
@@ -416,6 +426,32 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
     return out
 
 
+# ---- adaptive policies (spec_repro.adaptive): the step sequence depends on the batch size ----------------------
+def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: CostModel, Bs: np.ndarray, modes,
+                   seed: int, params, cache: dict) -> list[dict]:
+    from . import adaptive
+
+    ds, model = key
+    grp = (sub.acc["dataset"] == ds) & (sub.acc["model"] == model)
+    kmax = int(sub.acc.loc[grp, "k_max"].max())
+    req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
+    if key not in cache:  # the n-gram match signal (recomputed from token ids on published traces) once per group
+        cache[key] = adaptive._inputs(reqs, req, list(props), cm, kmax)
+    inputs = cache[key]
+    rows = []
+    for mode in modes:
+        for B in Bs:
+            a = adaptive.adaptive_steps(reqs, req, props, pname, int(B), cm, kmax, params, seed=seed, inputs=inputs)
+            charges = [(cm.drafter(q), a.ran[c], a.proposal[c], False) for c, q in enumerate(props)]
+            st = _Steps(a.req, a.p, a.inp, a.gen, charges)
+            res = _duplicate(reqs, st, cm, np.array([B])) if mode == "duplicate" else _mixed(reqs, st, cm,
+                                                                                             np.array([B]))
+            rows += [dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost="ran",
+                          n_requests=len(reqs.ids), mean_tokens_per_step=float(a.gen.sum() / max(len(a.gen), 1)),
+                          n_tokens=int(reqs.L.sum()), batching=mode, **r) for r in res]
+    return rows
+
+
 # ---- public entry ------------------------------------------------------------------------------------------------
 def _as_list(x, what) -> list:
     if isinstance(x, str):
@@ -438,10 +474,12 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     'winner' / 'all' (or a list; it only changes ``oracle-combine``). batching: 'duplicate' / 'mixed' (or a list).
     sample=N: N requests per group chosen as the released code does, ``random.Random(seed).sample(ids, N)`` over
     the eligible request ids in file order; default: every eligible request. Options: ``ngram_match_prob`` (a
-    float, or {dataset: prob}) for fixed-K n-gram on traces without ``draft_len``."""
-    unknown = set(options) - {"ngram_match_prob"}
+    float, or {dataset: prob}) for fixed-K n-gram on traces without ``draft_len``; ``adaptive_params`` (a
+    ``spec_repro.adaptive.RuleParams``) for the adaptive policies."""
+    unknown = set(options) - {"ngram_match_prob", "adaptive_params"}
     if unknown:
-        raise SimulationError(f"unknown option(s) {sorted(unknown)}; the only option is ngram_match_prob")
+        raise SimulationError(f"unknown option(s) {sorted(unknown)}; the options are ngram_match_prob and "
+                              f"adaptive_params")
     match_prob = options.get("ngram_match_prob")
     cm = load_cost_model(cost_model).validate()
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -467,7 +505,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     if (Bs < 1).any() or (Bs > MAX_BATCH).any():
         raise SimulationError(f"batch sizes must be >= 1 and <= {MAX_BATCH:,}, got {Bs.tolist()}")
     for name, kind, K in policies:
-        if kind != "oracle-combine" and len(props) > 1:
+        if kind not in ("oracle-combine",) + _ADAPTIVE and len(props) > 1:
             raise SimulationError(f"policy {name!r} takes one proposer, got {props}; use oracle-combine to "
                                   f"combine several")
     combine = any(k == "oracle-combine" for _, k, _ in policies)
@@ -493,12 +531,14 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     groups = [tuple(g) for g in groups]
     if not groups:
         raise TraceError(f"no request has every proposer of {props}")
-    units = [(g, pol, acct) for g in groups for pol in policies for acct in accountings]
+    units = [(g, pol, acct) for g in groups for pol in policies if pol[1] not in _ADAPTIVE for acct in accountings]
+    units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE]
     rows = []
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config", disable=not progress)
     cache: dict = {}
+    acache: dict = {}
     for (ds, model), (pname, kind, K), acct in units:
         key = (ds, model)
         if key not in cache:
@@ -512,6 +552,11 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
             cache[key] = _group_arrays(acc, req, props, ids)
         reqs = cache[key]
+        if kind in _ADAPTIVE:
+            rows += _adaptive_rows(reqs, sub, key, props, pname, cm, Bs, modes, seed, options.get("adaptive_params"),
+                                   acache)
+            bar.update(len(modes))
+            continue
         st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob)
         common = dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost=acct,
                       n_requests=len(reqs.ids),

@@ -1,0 +1,500 @@
+"""Causal proposer-and-length selectors for the simulator: ``adaptive-rule`` and ``adaptive-learned``.
+
+The oracles of :mod:`spec_repro.simulate` read the future (``acc_len`` at the step's own position). A policy here
+runs: at each step it reads only *causal signals*, chooses which proposers run, which proposal is verified and
+its length k (<= the trace's k_max), and the simulator produces ``min(a_v, k + 1)`` tokens, ``a_v`` = the verified
+proposer's acc_len at the position (k = 0: nothing is verified beyond the target's own token, one token).
+
+Positions
+---------
+A request that has produced p tokens starts a step at output position ``j = p - 1`` (the simulator's array index:
+the context is the prompt + output tokens ``0..j``; ``acc[j]`` counts how many proposed tokens match output
+tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The issue's rule "acc[q] capped at
+p - q" (p = tokens produced so far = j + 1) is ``min(acc[q], j - q + 1)``: the j - q tokens emitted after q show
+how many of q's proposed tokens matched, and whether one failed.
+
+Causal signals (exactly what a decision at position j reads; nothing else from the trace)
+-----------------------------------------------------------------------------------------
+1. The prompt length P, the tokens produced p = j + 1, the batch size B, the trace's k_max and the cost model.
+   (Not the output length L.)
+2. ``ng_dl``: n-gram's proposal length at j (0 = no match), from the tokens up to j: the trace's ``draft_len``
+   for n-gram (recorded from the context) or, for the study's published files, recomputed from the token ids with
+   ``spec_repro.proposers.ngram.ngram_lookup_all`` (prompt_lookup_min 3, max 7, k_max tokens).
+3. ``ng_run``: the largest m in 1..min(k_max, j) with ``min(acc_ngram[j - m], ng_dl[j - m] + 1) >= m + 1``: the
+   n-gram proposal made m positions ago matched all m tokens emitted since (0 if none). Any earlier n-gram proposal
+   can be recomputed from the tokens, so its acc at q < j may be read, capped at j - q + 1 (here: at m + 1).
+4. Per proposer, decayed counts (factor ``decay`` per update) over its *revealed* outcomes: at each step start q
+   where the proposer ran (and was paid for) with proposal length d, the value ``v = min(acc[q], d + 1, j' - q +
+   1)`` read at the next step start j' (so within the cap above), and whether a rejection was seen (acc[q] below
+   that cap). n-gram's proposal is always observable (its lookup runs every step, d = ng_dl[q]); its counts are
+   kept apart for "copy" steps (``ng_run >= copy_run`` at q) and "cold" ones. From the counts: ``alpha1``, the
+   estimated chance that the first proposed token is accepted, and ``alpha2``, that a later one is, given the
+   previous one was (n-gram: each from its own counts; a model proposer: one pooled rate for both), each =
+   (accepted + prior_a * prior_w) / (accepted + rejected + prior_w); ``last`` = the last revealed v; ``since`` =
+   steps since the proposer was last verified.
+
+A test (tests/test_adaptive.py) perturbs every value a decision may not see (all acc at positions >= j and n-gram's
+draft_len after j, acc at earlier positions where a model proposer did not run, the part of revealed values above
+their cap, the output length) and checks that no decision changes.
+
+Policies
+--------
+``adaptive-rule`` (thresholds on the signals, costed with the simulator's own cost model): the n-gram lookup runs
+every step (free of drafting cost where it finds no match, as the study's n-gram rule). For each proposer q and
+each k in 1..k_q (k_q = ng_dl for n-gram, k_max otherwise) the expected tokens ``1 + alpha1 * (1 + alpha2 + ... +
+alpha2^(k-1))`` (n-gram: the copy estimates when ``ng_run >= copy_run``, else the cold ones) is divided by the
+step's cost (target forward of B*(k+1) tokens at kv = B*(P+p), q's drafting of k
+tokens, the n-gram lookup, the overhead: the duplicated batch's step, an approximation under ``mixed`` batching);
+k = 0 (no speculation) competes too. The best (q, k) is verified and only
+q (and the n-gram lookup) runs: a step that verifies n-gram skips the model drafters' cost. A model proposer not
+verified for ``probe`` steps is verified once at its best k so its estimate does not go stale.
+
+``adaptive-learned``: a scikit-learn ``DecisionTreeRegressor`` (multi-output) maps the signal vector (ng_dl,
+ng_run, log2 P, log2 p, and per proposer alpha1, alpha2, last, since) to the expected tokens-per-second of every action
+(proposer, k in ``K_GRID``, or no speculation); the policy takes the best predicted action. Training states are
+the steps ``adaptive-rule`` visits at the same batch size, labelled with each action's realised tokens ÷ step cost.
+Request-level cross-validation: requests are split into ``folds`` groups (seeded); each request's decisions come
+from the tree fitted on the other groups only. Needs at least ``MIN_LEARNED_REQUESTS`` requests per (dataset,
+model).
+
+Parameters (``RuleParams``): the rule's thresholds (copy_run, decay, prior, probe) and the tree's size (depth 3, 30
+states per leaf) were chosen on the committed traces (small grids, judged by the worst ratio to the best fixed k
+over all committed workloads): in-sample choices, whereas each tree's fit is cross-validated.
+
+Drafting charged (``draft_cost``): adaptive rows are always ``ran``: every proposer the policy ran at a step pays
+its rule with its proposal (n-gram: its fraction of F where it found a match; a linear drafter every step it ran;
+a per-token drafter per drafted token). A model proposer's proposal is k tokens (the trace's per-position
+draft_len of model proposers is not read).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    from numba import njit
+except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
+    def njit(*a, **k):
+        return a[0] if a and callable(a[0]) else (lambda f: f)
+
+__all__ = ["ADAPTIVE_POLICIES", "RuleParams", "K_GRID", "MIN_LEARNED_REQUESTS", "adaptive_steps",
+           "ngram_draft_lens", "decisions"]
+
+ADAPTIVE_POLICIES = ("adaptive-rule", "adaptive-learned")
+#: proposal lengths the learned policy chooses among (capped at the trace's k_max; n-gram also at ng_dl)
+K_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+MIN_LEARNED_REQUESTS = 10
+_KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """Thresholds of ``adaptive-rule`` (and of the signals both policies read)."""
+
+    copy_run: int = 2        # ng_run at or above this: n-gram is in a copy region (its "copy" estimate applies)
+    decay: float = 0.9       # weight of older revealed outcomes per new one
+    prior_a: float = 0.8     # prior per-token acceptance (optimistic: a proposer is tried before it is judged) ...
+    prior_w: float = 1.0     # ... worth this many observed tokens
+    probe: int = 16          # verify a model proposer after this many steps without it
+    folds: int = 5           # adaptive-learned: request-level cross-validation folds
+    max_depth: int = 3       # adaptive-learned: tree depth
+    min_leaf: int = 30       # adaptive-learned: samples per leaf
+    max_train: int = 6000    # adaptive-learned: training states per fold (a seeded subsample beyond this)
+
+    def array(self) -> np.ndarray:
+        return np.array([self.copy_run, self.decay, self.prior_a, self.prior_w, self.probe], np.float64)
+
+
+# ---- the step walk ---------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _draft_time(kind, dk, dt, d0, frac, kv, inp, F, B, d):
+    if kind == 0:
+        return dk * kv + dt * inp + d0
+    if kind == 1:
+        return frac * F if d > 0 else 0.0
+    return d * (dk * kv + dt * B + d0)
+
+
+@njit(cache=True)
+def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, prm, mode,
+          t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record):
+    """Walk every request under the policy (mode 0: rule, 1: tree). Returns per step: request, p before the step,
+    array index, input length, tokens produced, verified proposer (-1: none), ran (Q, S), proposal (Q, S), and the
+    signal vectors (S, 4 + 3Q) when ``record``."""
+    Q = acc.shape[0]
+    n = len(P)
+    total = off[n]
+    nfeat = 4 + 4 * Q
+    c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
+    copy_run, decay, prior_a, prior_w, probe = prm[0], prm[1], prm[2], prm[3], prm[4]
+    req = np.empty(total, np.int64)
+    pb = np.empty(total, np.int64)
+    idx = np.empty(total, np.int64)
+    inp = np.empty(total, np.int64)
+    gen = np.empty(total, np.int64)
+    ver = np.empty(total, np.int64)
+    ran = np.zeros((Q, total), np.bool_)
+    prop = np.zeros((Q, total), np.int64)
+    feats = np.zeros((total if record else 0, nfeat), np.float64)
+    x = np.zeros(nfeat, np.float64)
+    cnt = np.zeros((Q, 2, 4), np.float64)  # per proposer and bucket: first token accepted/rejected, later ones
+    last = np.zeros(Q, np.float64)
+    since = np.zeros(Q, np.int64)
+    prev_ran = np.zeros(Q, np.bool_)
+    prev_d = np.zeros(Q, np.int64)
+    alpha1 = np.zeros(Q, np.float64)
+    alpha2 = np.zeros(Q, np.float64)
+    s = 0
+    for r in range(n):
+        o = off[r]
+        L = off[r + 1] - o
+        cnt[:, :, :] = 0.0
+        last[:] = 0.0
+        since[:] = 0
+        prev_ran[:] = False
+        prev_d[:] = 0
+        prev_j = -1
+        prev_bucket = 0
+        p = 1
+        while p < L:
+            j = p - 1
+            # 1. what the tokens emitted since the previous step start reveal about the proposals made there
+            if prev_j >= 0:
+                cap = j - prev_j + 1      # p - q: the tokens emitted after position prev_j, plus one
+                for q in range(Q):
+                    if prev_ran[q] and prev_d[q] > 0:
+                        a = acc[q, o + prev_j]
+                        lim = min(prev_d[q] + 1, cap)
+                        v = min(a, lim)   # revealed: acc exactly if below lim, else "at least lim"
+                        rej = a < lim
+                        b = prev_bucket if q == ng else 0
+                        for c in range(4):
+                            cnt[q, b, c] *= decay
+                        if v >= 2:
+                            cnt[q, b, 0] += 1.0
+                            cnt[q, b, 2] += v - 2
+                            if rej:
+                                cnt[q, b, 3] += 1.0
+                        elif rej:
+                            cnt[q, b, 1] += 1.0
+                        last[q] = v
+            # 2. n-gram signals from the tokens
+            ng_dl = 0
+            ng_run = 0
+            if ng >= 0:
+                ng_dl = min(ngdl[o + j], kmax)
+                for m in range(min(kmax, j), 0, -1):
+                    # the proposal at j - m (recomputable from the tokens) matched all m tokens emitted since
+                    if min(acc[ng, o + j - m], ngdl[o + j - m] + 1) >= m + 1:
+                        ng_run = m
+                        break
+            bucket = 1 if ng_run >= copy_run else 0
+            for q in range(Q):
+                if q == ng:   # n-gram: first token and the rest apart (its whole proposal is always observed)
+                    alpha1[q] = (cnt[q, bucket, 0] + prior_a * prior_w) / (cnt[q, bucket, 0] + cnt[q, bucket, 1]
+                                                                            + prior_w)
+                    alpha2[q] = (cnt[q, bucket, 2] + prior_a * prior_w) / (cnt[q, bucket, 2] + cnt[q, bucket, 3]
+                                                                            + prior_w)
+                else:         # a model proposer: one pooled rate (short proposals reveal little about later tokens)
+                    acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
+                    alpha1[q] = (acc_n + prior_a * prior_w) / (acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + prior_w)
+                    alpha2[q] = alpha1[q]
+            x[0] = ng_dl
+            x[1] = ng_run
+            x[2] = np.log2(P[r] + 1.0)
+            x[3] = np.log2(p + 1.0)
+            for q in range(Q):
+                x[4 + 4 * q] = alpha1[q]
+                x[5 + 4 * q] = alpha2[q]
+                x[6 + 4 * q] = last[q]
+                x[7 + 4 * q] = min(since[q], 64)
+            if record:
+                for f in range(nfeat):
+                    feats[s, f] = x[f]
+            # 3. decide: verified proposer v (-1: none) and k
+            kv = B * (P[r] + p)
+            v = -1
+            k = 0
+            if mode == 0:
+                F = c_kv * kv + c_tok * B + c0
+                lk = _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, 1, F, B, ng_dl) if ng >= 0 else 0.0
+                best = 1.0 / (F + lk + over)
+                force = -1
+                fk = 0
+                for q in range(Q):
+                    kq = ng_dl if q == ng else kmax
+                    e = 1.0
+                    term = alpha1[q]
+                    qbest = -1.0
+                    qk = 0
+                    for kk in range(1, kq + 1):
+                        e += term
+                        term *= alpha2[q]
+                        F = c_kv * kv + c_tok * B * (kk + 1) + c0
+                        t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk)
+                        if ng >= 0 and q != ng:
+                            t += _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, kk + 1, F, B, ng_dl)
+                        g = e / t
+                        if g > qbest:
+                            qbest = g
+                            qk = kk
+                    if qbest > best:
+                        best = qbest
+                        v = q
+                        k = qk
+                    if q != ng and since[q] >= probe and qk > 0 and force < 0:
+                        force = q
+                        fk = qk
+                if force >= 0 and v != force:
+                    v = force
+                    k = fk
+            else:
+                t_i = tree_of_req[r]
+                node = 0
+                while t_left[t_i, node] >= 0:
+                    if np.float32(x[t_feat[t_i, node]]) <= t_thr[t_i, node]:
+                        node = t_left[t_i, node]
+                    else:
+                        node = t_right[t_i, node]
+                a_i = t_act[t_i, node]
+                v = act_q[a_i]
+                k = act_k[a_i]
+                if v >= 0:
+                    k = min(k, kmax)
+                    if v == ng:
+                        k = min(k, ng_dl)
+                    if k <= 0:
+                        v = -1
+                        k = 0
+            # 4. the step
+            i = k + 1
+            g = min(acc[v, o + j], i) if v >= 0 else 1
+            req[s] = r
+            pb[s] = p
+            idx[s] = o + j
+            inp[s] = i
+            gen[s] = g
+            ver[s] = v
+            for q in range(Q):
+                prev_ran[q] = False
+                prev_d[q] = 0
+                since[q] += 1
+            if v >= 0:
+                ran[v, s] = True
+                prop[v, s] = k
+                prev_ran[v] = True
+                prev_d[v] = k
+                since[v] = 0
+            if ng >= 0 and ng_dl > 0:   # the lookup ran; its whole proposal is recomputable from the tokens
+                ran[ng, s] = True
+                if v != ng:
+                    prop[ng, s] = ng_dl
+                prev_ran[ng] = True
+                prev_d[ng] = ng_dl
+            prev_j = j
+            prev_bucket = bucket
+            s += 1
+            p += g
+    return (req[:s], pb[:s], idx[:s], inp[:s], gen[:s], ver[:s], ran[:, :s], prop[:, :s],
+            feats[:s] if record else feats)
+
+
+# ---- inputs ----------------------------------------------------------------------------------------------------
+def ngram_draft_lens(reqs, requests, kmax: int, min_n: int = 3, max_n: int = 7) -> np.ndarray:
+    """n-gram's proposal length at every position of ``reqs`` (a ``simulate._Requests``), recomputed from the
+    prompt and output token ids in ``requests`` (one row per request id)."""
+    from .proposers.ngram import ngram_lookup_all
+    from .simulate import SimulationError
+
+    by_id = requests.drop_duplicates("request_id").set_index("request_id")
+    out = np.zeros(int(reqs.off[-1]), np.int64)
+    for r, rid in enumerate(reqs.ids):
+        row = by_id.loc[rid] if rid in by_id.index else None
+        pr = row.get("prompt_token_ids") if row is not None else None
+        ou = row.get("output_token_ids") if row is not None else None
+        if not isinstance(pr, (list, np.ndarray)) or not isinstance(ou, (list, np.ndarray)) or \
+                len(ou) < int(reqs.L[r]):
+            raise SimulationError(
+                f"adaptive policies need n-gram's match at each position: request {rid!r} records no draft_len "
+                f"and lacks the prompt/output token ids to recompute it")
+        toks = np.concatenate([np.asarray(pr, np.int64), np.asarray(ou, np.int64)])
+        _, lens = ngram_lookup_all(toks, len(pr), kmax, min_n, max_n)
+        out[reqs.off[r]:reqs.off[r + 1]] = lens[:int(reqs.L[r])]
+    return out
+
+
+@dataclass
+class _Inputs:
+    acc: np.ndarray
+    ngdl: np.ndarray
+    ng: int
+    kmax: int
+    tcost: np.ndarray
+    dkind: np.ndarray
+    dk: np.ndarray
+    dt: np.ndarray
+    d0: np.ndarray
+    frac: np.ndarray
+    acts: np.ndarray   # (A, 2): proposer (-1: none), k
+
+
+def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
+    from .simulate import _is_ngram
+
+    Q = len(proposers)
+    ngs = [i for i, q in enumerate(proposers) if _is_ngram(q)]
+    ng = ngs[0] if ngs else -1
+    ngdl = np.zeros(int(reqs.off[-1]), np.int64)
+    if ng >= 0:
+        dl = reqs.dlen[ng]
+        ngdl = dl.copy() if (dl >= 0).all() else ngram_draft_lens(reqs, requests, kmax)
+    drs = [cm.drafter(q) for q in proposers]
+    acts = [(-1, 0)] + [(q, k) for q in range(Q) for k in K_GRID if k <= kmax]
+    return _Inputs(acc=np.ascontiguousarray(reqs.acc, dtype=np.int64), ngdl=ngdl, ng=ng, kmax=int(kmax),
+                   tcost=np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead], float),
+                   dkind=np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
+                   dk=np.array([d.c_kv for d in drs], float), dt=np.array([d.c_tok for d in drs], float),
+                   d0=np.array([d.c0 for d in drs], float), frac=np.array([d.fraction for d in drs], float),
+                   acts=np.array(acts, np.int64).reshape(-1, 2))
+
+
+_NO_TREE = (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float64), np.full((1, 1), -1, np.int64),
+            np.full((1, 1), -1, np.int64), np.zeros((1, 1), np.int64))
+
+
+def _run(reqs, inp: _Inputs, B: int, prm: RuleParams, mode: int, trees=_NO_TREE, tree_of_req=None,
+         record=False):
+    tor = np.zeros(len(reqs.L), np.int64) if tree_of_req is None else tree_of_req
+    ng = inp.ng
+    return _walk(inp.acc, inp.ngdl, ng, reqs.P.astype(np.int64), reqs.off, inp.kmax, int(B), inp.tcost,
+                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, prm.array(), mode, *trees, tor,
+                 inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record)
+
+
+# ---- adaptive-learned -------------------------------------------------------------------------------------------
+def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx) -> np.ndarray:
+    """Realised tokens ÷ step cost of every action at the given step states (S, A)."""
+    c_kv, c_tok, c0, over = inp.tcost
+    kv = B * (reqs.P[step_req] + step_p).astype(float)
+    ng = inp.ng
+    ngdl = np.minimum(inp.ngdl[step_idx], inp.kmax) if ng >= 0 else np.zeros(len(step_idx), np.int64)
+    out = np.empty((len(step_idx), len(inp.acts)))
+
+    def dtime(q, inp_len, F, d):
+        kind = inp.dkind[q]
+        if kind == 0:
+            return inp.dk[q] * kv + inp.dt[q] * inp_len + inp.d0[q]
+        if kind == 1:
+            return np.where(d > 0, inp.frac[q] * F, 0.0)
+        return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q])
+
+    for a, (q, k) in enumerate(inp.acts):
+        if q < 0:
+            kk = np.zeros(len(step_idx), np.int64)
+        else:
+            kk = np.full(len(step_idx), min(int(k), inp.kmax), np.int64)
+            if q == ng:
+                kk = np.minimum(kk, ngdl)
+        F = c_kv * kv + c_tok * B * (kk + 1) + c0
+        t = F + over
+        tok = np.ones(len(step_idx))
+        on = kk > 0
+        if q >= 0:
+            tok = np.where(on, np.minimum(inp.acc[q, step_idx], kk + 1), 1.0)
+            t = t + np.where(on, dtime(q, kk + 1, F, kk), 0.0)
+        if ng >= 0:  # the lookup ran (charged where it matched), unless n-gram itself is verified (counted above)
+            t = t + np.where((q == ng) & on, 0.0, dtime(ng, kk + 1, F, ngdl))
+        out[:, a] = tok / t
+    return out
+
+
+def _fit_trees(X, Y, groups, folds, prm: RuleParams, seed: int):
+    """One tree per fold, each fitted on the states of the requests outside that fold; packed as arrays."""
+    from sklearn.tree import DecisionTreeRegressor
+
+    trees = []
+    rng = np.random.default_rng([seed, 14])
+    for f in range(folds):
+        m = np.flatnonzero(groups != f)
+        if len(m) > prm.max_train:
+            m = np.sort(rng.choice(m, prm.max_train, replace=False))
+        t = DecisionTreeRegressor(max_depth=prm.max_depth, min_samples_leaf=prm.min_leaf, random_state=seed)
+        t.fit(X[m].astype(np.float32), Y[m])
+        trees.append(t.tree_)
+    N = max(t.node_count for t in trees)
+    feat = np.zeros((folds, N), np.int64)
+    thr = np.zeros((folds, N), np.float64)
+    left = np.full((folds, N), -1, np.int64)
+    right = np.full((folds, N), -1, np.int64)
+    act = np.zeros((folds, N), np.int64)
+    for f, t in enumerate(trees):
+        n = t.node_count
+        feat[f, :n] = np.maximum(t.feature, 0)
+        thr[f, :n] = t.threshold
+        left[f, :n] = t.children_left
+        right[f, :n] = t.children_right
+        act[f, :n] = np.argmax(t.value[:, :, 0], axis=1)
+    return feat, thr, left, right, act
+
+
+def fold_of_requests(ids, folds: int, seed: int) -> np.ndarray:
+    """Request-level fold assignment: requests ordered by a seeded hash of their id and dealt round-robin into
+    ``folds`` groups (the same request gets the same fold whatever the file order)."""
+    key = np.array([zlib.crc32(f"{seed}:{rid}".encode()) for rid in ids], np.int64)
+    order = np.lexsort((np.arange(len(key)), key))
+    out = np.empty(len(key), np.int64)
+    out[order] = np.arange(len(key)) % folds
+    return out
+
+
+# ---- public ------------------------------------------------------------------------------------------------------
+@dataclass
+class AdaptiveSteps:
+    req: np.ndarray
+    p: np.ndarray
+    idx: np.ndarray
+    inp: np.ndarray
+    gen: np.ndarray
+    verified: np.ndarray
+    ran: np.ndarray        # (Q, S) bool
+    proposal: np.ndarray   # (Q, S)
+    folds: np.ndarray | None = None
+
+
+def adaptive_steps(reqs, requests, proposers, policy: str, B: int, cm, kmax: int, params: RuleParams | None = None,
+                   seed: int = 42, inputs: _Inputs | None = None) -> AdaptiveSteps:
+    """The step sequence of ``policy`` (``adaptive-rule`` / ``adaptive-learned``) at batch size ``B`` over the
+    requests of one (dataset, model) group (``reqs``: ``simulate._Requests``; ``requests``: its request table)."""
+    from .simulate import SimulationError
+
+    prm = params or RuleParams()
+    inp = inputs or _inputs(reqs, requests, list(proposers), cm, kmax)
+    if policy == "adaptive-rule":
+        out = _run(reqs, inp, B, prm, 0)
+        return AdaptiveSteps(*out[:8])
+    if policy != "adaptive-learned":
+        raise SimulationError(f"unknown adaptive policy {policy!r}; expected one of {ADAPTIVE_POLICIES}")
+    n = len(reqs.L)
+    if n < max(MIN_LEARNED_REQUESTS, prm.folds):
+        raise SimulationError(f"adaptive-learned needs at least {max(MIN_LEARNED_REQUESTS, prm.folds)} requests "
+                              f"per (dataset, model) for {prm.folds}-fold request-level cross-validation; got {n}")
+    folds = fold_of_requests(reqs.ids, prm.folds, seed)
+    req, p, idx, *_, X = _run(reqs, inp, B, prm, 0, record=True)
+    Y = _labels(reqs, inp, B, req, p, idx)
+    trees = _fit_trees(X, Y, folds[req], prm.folds, prm, seed)
+    out = _run(reqs, inp, B, prm, 1, trees=trees, tree_of_req=folds)
+    return AdaptiveSteps(*out[:8], folds=folds)
+
+
+def decisions(st: AdaptiveSteps, reqs, proposers) -> "pd.DataFrame":
+    """One row per step: request, position j, verified proposer ('' = none), k, and which proposers ran."""
+    import pandas as pd
+
+    names = np.array(list(proposers) + [""], dtype=object)
+    d = pd.DataFrame({"request_id": np.asarray(reqs.ids, dtype=object)[st.req], "position": st.p - 1,
+                      "verified": names[st.verified], "k": st.inp - 1})
+    for i, q in enumerate(proposers):
+        d[f"ran_{q}"] = st.ran[i]
+    return d
