@@ -30,9 +30,10 @@ WHERE_SIMULATED = ("**Where the numbers come from.** Acceptance is *measured*: t
                    "decoded greedily on CPU by this package's torch engine, every proposer profiled exactly at every "
                    "output position). Time is *modelled*: the cost model printed above (by default the study's "
                    "published Llama-3.1-8B / H100 coefficients) prices each simulated step. So a speedup here reads: "
-                   "*what a target with these step costs would gain with this acceptance*. The `early-exit` "
-                   "self-draft stands in for EAGLE and is charged EAGLE's drafting cost; the `draft` model pays "
-                   "37.5% of a one-token target forward per drafted token (the study's ratio for 8B targets); the "
+                   "*what a target with these step costs would gain with this acceptance*. `eagle` is a head trained by "
+                   "this package (`spec-repro train eagle`) and pays the study's EAGLE drafting cost; the untrained "
+                   "`early-exit` self-draft pays 80% of a one-token target forward per drafted token (its own "
+                   "depth), the `draft` model 37.5% (the study's ratio for 8B targets); the "
                    "printed notes say so whenever a cost model lacks an entry of its own. Pass `cost_model=` a fitted JSON (e.g. the "
                    "H200 fit in `data/gpu`) to price steps on other hardware.\n\n" + LOOP_CAVEAT)
 

@@ -444,12 +444,13 @@ def _metas(trace: Trace) -> list[dict]:
 
 # ---- simulation helpers for the notebooks -----------------------------------------------------------------
 
-#: Drafting-cost stand-ins: a trace proposer with no drafting model in a cost model borrows this one's.
-#: ``early-exit`` is the embedded self-draft that plays EAGLE's role, so it is charged EAGLE's drafting cost.
-#: Drafting models for proposers a cost model has none for: another proposer's (the early-exit self-draft stands in
-#: for EAGLE), or a draft model priced per drafted token at a share of the target forward (the study: a draft
-#: forward is ≈37.5% of the target's on 8B targets, Qwen3-0.6B for Qwen3-8B; ≈12.5% on 70B).
-DRAFTER_STANDINS = {"early-exit": "eagle", "draft": 0.375}
+#: Drafting models for proposers a cost model has none for, priced per drafted token at a share of the target
+#: forward: a draft model at the study's ratio (a draft forward is ≈37.5% of the target's on 8B targets,
+#: Qwen3-0.6B for Qwen3-8B; ≈12.5% on 70B); the early-exit self-draft by its own depth (it runs the target's first
+#: 80% of layers, the package's default exit), never as a one-layer EAGLE head. A string borrows that proposer's.
+DRAFTER_STANDINS = {"early-exit": 0.8, "draft": 0.375}
+_STANDIN_WHY = {"early-exit": "its own depth: the target's first 80% of layers",
+                "draft": "the study's draft/target forward ratio on 8B targets"}
 
 
 def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
@@ -473,7 +474,7 @@ def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
             if isinstance(s, float):
                 cm.drafters[p] = Drafter("per_token", s * cm.c_kv, s * cm.c_tok, s * cm.c0)
                 notes.append(f"proposer {p!r} has no drafting model in {cm.name!r}: charged {s:.1%} of a "
-                             f"one-token target forward per drafted token (the study's draft/target ratio)")
+                             f"one-token target forward per drafted token ({_STANDIN_WHY.get(p, 'a stand-in')})")
                 continue
             cm.drafters[p] = cm.drafter(s)
             notes.append(f"proposer {p!r} has no drafting model in {cm.name!r}: charged {s!r}'s "

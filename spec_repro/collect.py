@@ -191,6 +191,10 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
                 min_n=min_n, max_n=max_n)
     for w in workloads:
         wl.describe(w)                                   # unknown workload -> clear error before any work
+    if any(_trace_name(p).startswith("eagle") for p in proposers):
+        from .proposers.eagle import check_head_dir
+
+        eagle_head = str(check_head_dir(eagle_head))
     out = check_writable_dir(out, "--out")
     with contextlib.ExitStack() as locks:
         from .io import exclusive_lock
@@ -201,7 +205,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
         return _collect_locked(model, workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, out=out,
                                k_max=k_max, batch_size=batch_size, seed=seed, max_prompt_tokens=max_prompt_tokens,
                                draft_model=draft_model, early_exit_layers=early_exit_layers, min_n=min_n,
-                               max_n=max_n, device=device, force=force, quiet=quiet)
+                               max_n=max_n, device=device, force=force, quiet=quiet, eagle_head=eagle_head)
 
 
 def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
@@ -229,7 +233,8 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
 
 
 def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
-                    max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet):
+                    max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet,
+                    eagle_head=None):
     from tqdm.auto import tqdm
 
     from . import models
@@ -239,7 +244,8 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         return _resume_settings(model, w, n=n, max_new_tokens=max_new_tokens, k_max=k_max, seed=seed,
                                 proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
                                 early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
-                                max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device))
+                                max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device),
+                                **({"eagle_head": _head_identity(eagle_head)} if eagle_head else {}))
 
     if force:  # --force redoes the workloads from scratch: a partial file of an earlier run goes too
         for w in workloads:
@@ -265,10 +271,6 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         return paths
     if "draft" in proposers and not draft_model:
         raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
-    if any(_trace_name(p).startswith("eagle") for p in proposers):
-        from .proposers.eagle import check_head_dir
-
-        check_head_dir(eagle_head)
     target, tok = models.load(model, device=device)
     drafter = None
     if draft_model:
@@ -400,16 +402,21 @@ def _proposer_settings(p, draft_model) -> dict:
     return {"draft_model": draft_model}
 
 
-def _eagle_settings(p) -> dict:
-    """An EAGLE head's identity: its checkpoint's sha256 and, for a head trained here, its training record."""
+def _head_identity(path) -> dict:
+    """An EAGLE head checkpoint's weights by sha256 (a resume with another head is refused)."""
     from .provenance import sha256_file
 
+    w = sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
+    return {f.name: sha256_file(f) for f in w}
+
+
+def _eagle_settings(p) -> dict:
+    """An EAGLE head's identity: its checkpoint's sha256 and, for a head trained here, its training record."""
     src = getattr(p.head, "source", None)
     out = {"kind": p.head.kind, "feature_layers": p.features, "head": str(src) if src else None,
            "note": "trained EAGLE-class head, chained greedy drafting as vLLM 0.25 (spec_repro.proposers.eagle)"}
     if src:
-        w = sorted(Path(src).glob("*.safetensors")) or sorted(Path(src).glob("*.bin"))
-        out["head_sha256"] = {f.name: sha256_file(f) for f in w}
+        out["head_sha256"] = _head_identity(src)
         tr = Path(src) / "TRAINING.json"
         if tr.exists():
             rec = json.loads(tr.read_text())

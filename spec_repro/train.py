@@ -170,7 +170,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
     ck = out.parent / f".{out.name}.ckpt" / "state.pt"
-    step, curve, evals = 0, [], []
+    step, curve, evals, queue = 0, [], [], []
     rng = np.random.default_rng(seed)
     if ck.exists():
         st = torch.load(ck, map_location=dev, weights_only=False)
@@ -178,12 +178,11 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
             head.load_state_dict(st["head"], strict=False)
             opt.load_state_dict(st["opt"])
             sched.load_state_dict(st["sched"])
-            step, curve, evals = st["step"], st["curve"], st["evals"]
+            step, curve, evals, queue = st["step"], st["curve"], st["evals"], st["queue"]
             rng.bit_generator.state = st["rng"]
             if progress:
                 print(f"[train] resuming from {ck} at step {step}")
     lengths = [len(s) for s in seqs]
-    queue: list = []
     t0 = time.time()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu",
                                                                                                        enabled=False)
@@ -203,8 +202,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         opt.step()
         sched.step()
         step += 1
-        curve.append([step, round(float(loss), 5), [round(p, 4) for p in parts]])
-        post = {"loss": f"{float(loss):.3f}"}
+        curve.append([step, round(float(loss.detach()), 5), [round(p, 4) for p in parts]])
+        post = {"loss": f"{curve[-1][1]:.3f}"}
         if val_pairs and (step % eval_every == 0 or step == steps):
             head.eval()
             tps = held_out_tokens_per_step(head, val_pairs)
@@ -218,7 +217,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
             tmp = ck.with_suffix(".tmp")
             torch.save({"settings": settings, "head": head.state_dict(), "opt": opt.state_dict(),
                         "sched": sched.state_dict(), "step": step, "curve": curve, "evals": evals,
-                        "rng": rng.bit_generator.state}, tmp)
+                        "rng": rng.bit_generator.state, "queue": queue}, tmp)
             os.replace(tmp, ck)
     bar.close()
     head.eval()

@@ -224,11 +224,14 @@ def test_combine_puts_ngram_first_so_ties_cost_the_cheap_drafter():
 def test_cost_model_standins_for_proposers_the_model_lacks():
     t = _trace({"r": {"ngram": [1, 2, 1], "early-exit": [2, 1, 1], "draft": [3, 1, 1]}})
     cm, notes = A.cost_model_for(t, "llama3.1-8b-h100")
-    assert cm.drafters["early-exit"] == cm.drafter("eagle")
+    ee = cm.drafters["early-exit"]   # priced by its own depth (80% of the target's layers), never as EAGLE
+    assert ee.kind == "per_token" and ee != cm.drafter("eagle")
+    assert float(ee.time(1000, 2, 0.0, 1, 1)) == pytest.approx(0.8 * float(cm.forward(1000, 1)))
     d = cm.drafters["draft"]
     assert d.kind == "per_token"
     # one drafted token for one request costs 37.5% of the target's one-token forward at the same KV
     assert float(d.time(1000, 2, 0.0, 1, 1)) == pytest.approx(0.375 * float(cm.forward(1000, 1)))
-    assert len(notes) == 2 and any("37.5%" in n for n in notes)
+    assert len(notes) == 2 and any("37.5%" in n for n in notes) and any("80.0%" in n and "own depth" in n
+                                                                        for n in notes)
     with pytest.raises(ValueError, match="no drafting model"):
         A.cost_model_for(_trace({"r": {"medusa": [1, 2]}}), "llama3.1-8b-h100")

@@ -57,7 +57,9 @@ def test_ngram_bad_settings():
 
 
 def test_make_proposer_errors():
-    with pytest.raises(ValueError, match="unknown proposer 'eagle'"):
+    with pytest.raises(ValueError, match="unknown proposer 'medusa'"):
+        make_proposer("medusa")
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
         make_proposer("eagle")
     with pytest.raises(ValueError, match="draft_model"):
         make_proposer("draft")

@@ -398,7 +398,8 @@ def load_head(path, target, *, device=None, dtype=None) -> EagleHead:
         raise EagleError(f"EAGLE-1 fc.weight is {tuple(fcw.shape)}, expected ({cfg['hidden_size']}, "
                          f"{2 * cfg['hidden_size']}) for hidden size {cfg['hidden_size']}")
     cfg["fc_bias"] = "fc.bias" in w
-    head = EagleHead(kind, cfg)
+    p = next(target.parameters())
+    head = EagleHead(kind, cfg).to(dtype=dtype or p.dtype)
     own = head.state_dict()
     missing = sorted(k for k in own if k not in w and not k.startswith("rotary."))
     extra = sorted(k for k in w if k not in own)
@@ -412,8 +413,7 @@ def load_head(path, target, *, device=None, dtype=None) -> EagleHead:
     head.load_state_dict(w, strict=False)
     head.bind(target)
     head.source = d
-    p = next(target.parameters())
-    return head.to(device=device or p.device, dtype=dtype or p.dtype).eval()
+    return head.to(device=device or p.device).requires_grad_(False).eval()
 
 
 def new_head(target, kind: str = "eagle", *, seed: int = 0) -> EagleHead:
