@@ -58,7 +58,7 @@ R = "/root/res"
 for model, kw in (("qwen2.5-coder-1.5b", dict(draft_model="qwen2.5-coder-0.5b",
                    eagle_head=f"{R}/heads/qwen2.5-coder-1.5b-eagle", methods=("none", "ngram", "eagle", "draft", "early-exit"))),
                   ("smollm2-135m", dict(eagle_head=f"{R}/heads/smollm2-135m-eagle", methods=("none", "ngram", "eagle", "early-exit")))):
-    out = f"{R}/steps_{model}_h200.parquet"
+    out = f"{R}/torch_engine_steps_{model}_h200.parquet"
     if os.path.exists(out):
         continue
     df = engine_step_timings(model, "code-edit", n=2, max_new_tokens=48, batch_sizes=(1, 16), k=3, device="cuda", **kw)

@@ -273,12 +273,12 @@ def test_cli_adaptive_and_bad_input(tmp_path):
     df = pd.read_csv(out)
     assert len(df) == 2 * 2 + 2 * 2
     assert set(df[df.policy.str.startswith("adaptive")].draft_cost) == {"ran"}
-    bad = _cli("--traces", str(trace), "--proposers", "ngram,eagle", "--policy", "adaptive-rule",
+    bad = _cli("--traces", str(trace), "--proposers", "ngram,draft", "--policy", "adaptive-rule",
                "--draft-cost", "ran", "--out", str(out))
     few = structured_trace(2, n=6).to_parquet(tmp_path / "few.parquet")
     few_r = _cli("--traces", str(few), "--proposers", "ngram,eagle", "--policy", "adaptive-learned",
                  "--out", str(out))
-    for res, msg in ((bad, "unknown proposer(s) ['eagle']"), (few_r, "at least 10 requests")):
+    for res, msg in ((bad, "unknown proposer(s) ['draft']"), (few_r, "at least 10 requests")):
         assert res.returncode != 0
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], res.stderr

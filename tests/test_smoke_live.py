@@ -52,7 +52,9 @@ def test_collect_errors_before_loading_anything(tmp_path):
     with pytest.raises(ValueError, match="draft-model"):
         collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("draft",), out=tmp_path, quiet=True)
     with pytest.raises(ValueError, match="unknown proposer"):
-        collect_mod.build_proposers(["eagle"], target=None)
+        collect_mod.build_proposers(["medusa"], target=None)
+    with pytest.raises(ValueError, match="needs --eagle-head"):
+        collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("eagle",), out=tmp_path, quiet=True)
 
 
 @pytest.mark.slow
