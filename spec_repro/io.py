@@ -40,7 +40,12 @@ def check_writable(path: str | Path, what: str = "output") -> Path:
         raise OutputError(f"{what} {p} is a directory; give a file name")
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputError(f"{what} {p} exists and is not writable")
-    anc = p.parent
+    _check_creatable(p, p.parent, what)
+    return p
+
+
+def _check_creatable(p: Path, anc: Path, what: str) -> None:
+    """The nearest existing folder at or above ``anc`` lets ``p`` be created; else OutputError."""
     while not anc.exists():
         if anc.is_symlink():
             raise OutputError(f"{what} {p}: {anc} is a dangling link")
@@ -49,7 +54,6 @@ def check_writable(path: str | Path, what: str = "output") -> Path:
         raise OutputError(f"{what} {p}: {anc} is a file, not a folder")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise OutputError(f"{what} {p}: folder {anc} is not writable")
-    return p
 
 
 def check_writable_dir(path: str | Path, what: str = "output folder") -> Path:
@@ -57,13 +61,7 @@ def check_writable_dir(path: str | Path, what: str = "output folder") -> Path:
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise OutputError(f"{what} {p} is a file, not a folder")
-    anc = p
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise OutputError(f"{what} {p}: {anc} is a file, not a folder")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise OutputError(f"{what} {p}: folder {anc} is not writable")
+    _check_creatable(p, p, what)
     return p
 
 

@@ -40,13 +40,11 @@ def split_prompts(name: str, *, eval_n: int, train_n: int, seed: int, tokenizer,
     """(eval requests, training requests) of one workload, disjoint (see the module doc)."""
     from . import workloads as wl
 
+    kw = dict(seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     try:
-        reqs = wl.load(name, n=eval_n + train_n, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
-    except wl.WorkloadError:
-        reqs = wl.load(name, n=None if name != "gsm-symbolic" else eval_n + train_n, seed=seed, tokenizer=tokenizer,
-                       max_prompt_tokens=max_prompt_tokens)
-        if name != "gsm-symbolic":  # n=None is source order: apply the same seeded order load(n=...) uses
-            reqs = wl.load(name, n=len(reqs), seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+        reqs = wl.load(name, n=eval_n + train_n, **kw)
+    except wl.WorkloadError:  # fewer than asked: every request, in the same seeded order (n=None is source order)
+        reqs = wl.load(name, n=len(wl.load(name, n=None, **kw)), **kw)
     if len(reqs) <= eval_n:
         raise ValueError(f"workload {name!r} has {len(reqs)} requests: none left for training after the first "
                          f"{eval_n} (the evaluation part); lower --eval-n")
