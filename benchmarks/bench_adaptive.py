@@ -3,9 +3,9 @@ adaptive-rule and adaptive-learned (5-fold request-level cross-validation, one s
 
 Two inputs, both timed in this one run:
 
-1. COMMITTED traces (the study's published traces are not in the repo): the four SmolLM2-135M files
-   data/traces/smollm2-135m__{code-edit,sharegpt,gsm-symbolic,mt-bench}.parquet, n-gram + early-exit
-   (early-exit charged EAGLE's drafting cost, as the notebooks do), 40 requests each.
+1. COMMITTED study-scale traces (the study's published traces are not in the repo): the four measured
+   Qwen2.5-Coder-1.5B files data/traces/qwen2.5-coder-1.5b__{code-edit,sharegpt,gsm-symbolic,mt-bench}.parquet
+   (300 / 300 / 300 / 80 requests, outputs up to 1,024 tokens), n-gram + the trained EAGLE head.
 2. SYNTHETIC study-scale traces (seeded generator tests/fixtures/published/make_fixtures.py, NOT measured):
    500 requests x ~300 output tokens per dataset, n-gram + EAGLE, written in the published JSON-lines format and
    read back, so the n-gram match signal is recomputed from the token ids (draft_len is unknown there).
@@ -62,13 +62,13 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores visible, "
           f"load average {os.getloadavg()[0]:.2f}, python {platform.python_version()}")
 
-    files = [ROOT / "data" / "traces" / f"smollm2-135m__{d}.parquet" for d in COMMITTED]
+    files = [ROOT / "data" / "traces" / f"qwen2.5-coder-1.5b__{d}.parquet" for d in COMMITTED]
     trace = Trace.concat(read_trace(f) for f in files)
     cm, _ = cost_model_for(trace, "llama3.1-8b-h100")
     n_pos = int(trace.requests["output_len"].sum())
-    df, t, per = timed(trace, cm, ["ngram", "early-exit"])
-    print(f"\n[1] committed traces, {len(COMMITTED)} datasets ({', '.join(COMMITTED)}; SmolLM2-135M, n-gram + "
-          f"early-exit), {len(trace.requests)} requests, {n_pos} output positions, x {len(BATCH)} batch sizes")
+    df, t, per = timed(trace, cm, ["ngram", "eagle"])
+    print(f"\n[1] committed traces, {len(COMMITTED)} datasets ({', '.join(COMMITTED)}; Qwen2.5-Coder-1.5B, n-gram + "
+          f"EAGLE), {len(trace.requests)} requests, {n_pos} output positions, x {len(BATCH)} batch sizes")
     print(f"    both adaptive policies, whole grid ({len(df)} rows): first call {t['first call']:.2f} s, "
           f"repeat {t['repeat']:.2f} s   [target < 10 s]")
     print("    per policy (repeat): " + ", ".join(f"{p} {s:.2f} s" for p, s in per.items()))
