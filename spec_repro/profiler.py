@@ -134,9 +134,12 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
 
     ``proposers``: {trace name: proposer}; n-gram proposers are profiled by lookup, model-based ones
     (``proposer.model``) by one teacher-forced pass."""
+    from .proposers.eagle import EagleProposer
+
     for name, p in proposers.items():
-        if not isinstance(p, NgramProposer) and getattr(p, "model", None) is None:
-            raise ValueError(f"proposer {name!r} has neither n-gram settings nor a drafter model to profile")
+        if not isinstance(p, (NgramProposer, EagleProposer)) and getattr(p, "model", None) is None:
+            raise ValueError(f"proposer {name!r} has neither n-gram settings, an EAGLE head nor a drafter model to "
+                             "profile")
     if k_max < 1:
         raise ValueError("k_max must be >= 1")
     reqs = [_req_fields(r, i, dataset) for i, r in enumerate(requests)]

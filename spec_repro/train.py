@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .io import atomic_path, atomic_write
 from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, new_head, save_head, \
     target_features
 
@@ -138,10 +138,11 @@ def held_out_tokens_per_step(head: EagleHead, pairs, ks=(1, 2, 3, 4, 5)) -> dict
 def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
                 lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
                 seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
-                progress: bool = True) -> tuple[EagleHead, dict]:
+                progress: bool = True, started: float | None = None) -> tuple[EagleHead, dict]:
     """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
 
-    ``log``: facts about the data to keep in the record (workloads, prompt counts ...)."""
+    ``log``: facts about the data to keep in the record (workloads, prompt counts ...); ``started``: when the
+    whole recipe began (``time.time()``), for the record's total wall time."""
     from tqdm.auto import tqdm
 
     out = Path(out)
@@ -154,11 +155,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     layers = feature_layers(head)
     seqs = [list(p) + list(o) for p, o in train_pairs]
     t_feat = time.time()
-    feats = []
-    for b in range(0, len(seqs), 16):   # one teacher-forced target pass per sequence, kept on the device
-        for s in seqs[b: b + 16]:
-            ids = torch.as_tensor([s], dtype=torch.long, device=dev)
-            feats.append(target_features(target, ids, layers)[0])
+    # one teacher-forced target pass per sequence, its features kept on the device
+    feats = [target_features(target, torch.as_tensor([s], dtype=torch.long, device=dev), layers)[0] for s in seqs]
     t_feat = time.time() - t_feat
     settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
                 "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs))}
@@ -212,11 +210,10 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         bar.update(1)
         if step % ckpt_every == 0 and step < steps:
             ck.parent.mkdir(parents=True, exist_ok=True)
-            tmp = ck.with_suffix(".tmp")
-            torch.save({"settings": settings, "head": head.state_dict(), "opt": opt.state_dict(),
-                        "sched": sched.state_dict(), "step": step, "curve": curve, "evals": evals,
-                        "rng": rng.bit_generator.state, "queue": queue}, tmp)
-            os.replace(tmp, ck)
+            with atomic_path(ck) as tmp:
+                torch.save({"settings": settings, "head": head.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "step": step, "curve": curve, "evals": evals,
+                            "rng": rng.bit_generator.state, "queue": queue}, tmp)
     bar.close()
     head.eval()
     from .provenance import machine_info, package_versions
@@ -227,9 +224,10 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
               "machine": machine_info(), "versions": package_versions(),
               "target": getattr(target.config, "_name_or_path", None), **(log or {})}
     save_head(head, out, extra_config={"spec_repro_training": {k: settings[k] for k in ("kind", "steps", "seed")}})
-    tmp = out / "TRAINING.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, out / "TRAINING.json")
+    if started is not None:
+        record["total_wall_s"] = round(time.time() - started, 1)
+    with atomic_write(out / "TRAINING.json") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     if ck.exists():
         ck.unlink()
         ck.parent.rmdir()
@@ -265,7 +263,4 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     log = {"data": {"workloads": data, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
                     "decode": "greedy, spec_repro.engines.torch", "target": target_name,
                     "decode_s": round(time.time() - t0, 1)}}
-    head, rec = train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, **train_kw)
-    rec["total_wall_s"] = round(time.time() - t0, 1)
-    (out / "TRAINING.json").write_text(json.dumps(rec, indent=2, sort_keys=True, default=str) + "\n")
-    return head, rec
+    return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0, **train_kw)

@@ -279,7 +279,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         final_norm = model.get_decoder().norm
     eos = set(eos_ids_of(model) if eos_token_ids is None else eos_token_ids)
     # an EAGLE-class proposer drafts from the target's features of every verified position
-    feat = getattr(proposer, "features", None) if proposer is not None else None
+    feat = getattr(proposer, "features", None)
     feat_layers = list(feat) if isinstance(feat, tuple) else []
     state = KVState(model)
 

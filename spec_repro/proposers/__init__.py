@@ -10,7 +10,9 @@ One small interface, :class:`Proposer`:
   in acceptance traces (``ngram``, ``draft``, ``early-exit``).
 
 Model-based proposers also expose ``model`` (a causal LM whose greedy chain they draft), which the profiler
-uses for its single teacher-forced pass.
+uses for its single teacher-forced pass. EAGLE-class proposers draft from the target's own features instead:
+``features`` names what the target must expose (``"final"`` or aux layer ids; None for every other proposer),
+and the engine hands them over with ``add_features(per-row tensors)`` after each target forward.
 
 ``make_proposer(name, target=None, **options)`` builds one by name: ``ngram`` (``min_n``, ``max_n``),
 ``draft`` (``draft_model``), ``early-exit`` (``layers``), ``eagle`` / ``eagle3`` (``eagle_head``: a checkpoint
@@ -29,6 +31,7 @@ class Proposer:
     name = "proposer"
     method = "proposer"
     model = None
+    features = None
 
     def start(self, contexts: Sequence[Sequence[int]]) -> None:  # noqa: D401 - interface
         pass

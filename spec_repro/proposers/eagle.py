@@ -546,10 +546,6 @@ class EagleProposer(Proposer):
         self.done: list[int] = []
         self.pending: list[list[torch.Tensor]] = []
 
-    @property
-    def model(self):  # the profiler profiles EAGLE by its own chain pass, not a teacher-forced LM
-        return self.head
-
     def start(self, contexts):
         self.state.reset(len(contexts))
         self.done = [0] * len(contexts)
