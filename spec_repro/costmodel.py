@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-from scipy.optimize import nnls
 import pandas as pd
 
 __all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR", "load_cost_model",
@@ -296,6 +295,8 @@ def _lstsq(X: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
                              f"{rank} < {X.shape[1]}); measure several batch sizes / context lengths")
     # Non-negative least squares: every term is a time per token or per step, so a negative coefficient would
     # only fit noise inside the measured range and predict negative times outside it (large KV, large batches).
+    from scipy.optimize import nnls  # imported here: loading a cost model should not pay for scipy
+
     coef, _ = nnls(X / scale, y)
     return coef / scale
 

@@ -82,12 +82,6 @@ import pandas as pd
 from .costmodel import CostModel, CostModelError, load_cost_model
 from .traces import Trace, TraceError
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
-    def njit(*a, **k):
-        return a[0] if a and callable(a[0]) else (lambda f: f)
-
 __all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
            "parse_policy", "ngram_match_prob_for", "RESULT_COLUMNS"]
 
@@ -204,32 +198,32 @@ def _group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence
 
 
 # ---- the step walk (one request's path through its positions) --------------------------------------------------
-@njit(cache=True)
 def _walk(a, prop, off, oracle):
-    """For every request: the positions it visits. Returns per step: request, p before the step, array index
-    (off[r] + p - 1), input length i and tokens produced g."""
-    total = off[-1]
-    req = np.empty(total, np.int64)
-    p_before = np.empty(total, np.int64)
-    idx = np.empty(total, np.int64)
-    inp = np.empty(total, np.int64)
-    gen = np.empty(total, np.int64)
-    s = 0
-    for r in range(len(off) - 1):
-        L = off[r + 1] - off[r]
-        p = 1
-        while p < L:
-            j = off[r] + p - 1
-            i = a[j] if oracle else prop[j] + 1
-            g = min(a[j], i)
-            req[s] = r
-            p_before[s] = p
-            idx[s] = j
-            inp[s] = i
-            gen[s] = g
-            s += 1
-            p += g
-    return req[:s], p_before[:s], idx[:s], inp[:s], gen[:s]
+    """For every request: the positions it visits. Returns per step, ordered by request then step: request,
+    p before the step, array index (off[r] + p - 1), input length i and tokens produced g.
+
+    All requests walk in lockstep (one numpy pass per step number), so the loop runs as many times as the
+    longest request has steps, not once per step; no compiler needed."""
+    off = np.asarray(off, np.int64)
+    L = np.diff(off)
+    r = np.flatnonzero(L > 1)
+    p = np.ones(len(r), np.int64)
+    parts = []
+    while len(r):
+        j = off[r] + p - 1
+        aj = a[j]
+        i = aj if oracle else prop[j] + 1
+        g = np.minimum(aj, i)
+        parts.append((r, p, j, i, g))
+        p = p + g
+        keep = p < L[r]
+        r, p = r[keep], p[keep]
+    if not parts:
+        e = np.zeros(0, np.int64)
+        return e, e, e, e, e
+    req, p_before, idx, inp, gen = (np.concatenate(x).astype(np.int64) for x in zip(*parts))
+    order = np.argsort(req, kind="stable")  # steps were appended in step order: stable keeps it per request
+    return req[order], p_before[order], idx[order], inp[order], gen[order]
 
 
 @dataclass
@@ -310,8 +304,23 @@ def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> li
 
 
 # ---- mixed batching: continuous batching over all requests ------------------------------------------------------
-@njit(cache=True)
-def _mixed_run(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always,
+_MIXED = []
+
+
+def _mixed_kernel():
+    """``_mixed_run_py`` compiled by numba on first use (numba is imported only here: a duplicate-batching run
+    never pays for it); plain Python where numba is missing."""
+    if not _MIXED:
+        try:
+            from numba import njit
+        except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
+            _MIXED.append(_mixed_run_py)
+        else:
+            _MIXED.append(njit(cache=True)(_mixed_run_py))
+    return _MIXED[0]
+
+
+def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always,
                c_kv, c_tok, c0, overhead, B):
     """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time)."""
     n = len(P)
@@ -411,7 +420,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
             kind[c], dk[c], dt[c], d0[c], frac[c], always[c] = (_KIND_CODE[dr.kind], dr.c_kv, dr.c_tok, dr.c0,
                                                                 dr.fraction, alw)
         # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
-        return _mixed_run(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
+        return _mixed_kernel()(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
                           proposal, kind, dk, dt, d0, frac, always, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
                           int(min(B, n)))
 

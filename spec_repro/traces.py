@@ -229,12 +229,15 @@ class Trace:
         if proposers is not None:
             props = self.check_proposers(proposers)
             acc = acc[acc["proposer"].isin(props)]
-            key = ["dataset", "model", "request_id"]
-            have = acc.groupby(key, observed=True)["proposer"].nunique()
-            full = have[have == len(props)].index
-            acc = acc.set_index(key).loc[lambda d: d.index.isin(full)].reset_index()[list(ACC_COLUMNS)]
-        keys = acc[["dataset", "model", "request_id"]].drop_duplicates()
-        req = self.requests.merge(keys, on=["dataset", "model", "request_id"], how="inner")
+            if len(props) > 1:  # keep the requests that have every one of them
+                rid = _key_codes(acc)
+                n_props = np.bincount(rid[acc["position"].to_numpy() == 0], minlength=rid.max(initial=-1) + 1)
+                acc = acc[n_props[rid] == len(props)]
+        key = ["dataset", "model", "request_id"]
+        req = self.requests
+        if len(acc) != len(self.acc):
+            keys = acc.loc[acc["position"].to_numpy() == 0, key].drop_duplicates()
+            req = req.merge(keys, on=key, how="inner")
         return Trace(acc.reset_index(drop=True), req.reset_index(drop=True), dict(self.meta))
 
     def arrays(self, proposer: str) -> dict[tuple[str, str, str], np.ndarray]:
@@ -455,8 +458,49 @@ def read_trace(path: str | Path, **kw) -> Trace:
             return Trace(t.acc, t.requests, t.meta)
         return Trace.from_parquet(p)
     if p.suffix in (".jsonl", ".json"):
-        return read_published_jsonl(p, **kw)
+        return _read_jsonl_cached(p, **kw)
     raise TraceError(f"{p}: unknown trace format {p.suffix!r} (expected .parquet, .jsonl or .json)")
+
+
+_JSONL_CACHE_VERSION = "1"  # bump when read_published_jsonl's output changes
+
+
+def _read_jsonl_cached(path: Path, **kw) -> Trace:
+    """``read_published_jsonl`` parsed once: the trace is kept as parquet under ``$SPEC_REPRO_CACHE/traces``,
+    keyed by the file's sha256, the reader's arguments and the schema version, so the next read of the same
+    bytes skips the JSON parse (a changed file, or other arguments, is a new key). ``SPEC_REPRO_TRACE_CACHE=0``
+    turns it off; a cache entry that cannot be read is parsed again and replaced."""
+    import hashlib
+    import os
+
+    if os.environ.get("SPEC_REPRO_TRACE_CACHE", "1") == "0" or not path.is_file():
+        return read_published_jsonl(path, **kw)
+    from .models import cache_root
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    args = {k: kw.get(k) for k in ("dataset", "model", "proposer", "k_max", "strict")}
+    if not args["dataset"]:
+        args["dataset"] = dataset_from_path(path)  # the default dataset comes from the name: part of the key
+    if not args["proposer"] and _proposer_from_name(path):
+        args["proposer"] = _proposer_from_name(path)
+    key = hashlib.sha256(json.dumps([_JSONL_CACHE_VERSION, h.hexdigest(), args], sort_keys=True).encode())
+    cached = cache_root() / "traces" / f"{key.hexdigest()[:32]}.parquet"
+    if cached.is_file():
+        try:
+            t = Trace.from_parquet(cached)
+            t.meta["source"] = str(path)  # the same bytes may live under another name now
+            return t
+        except TraceError:
+            pass  # unreadable: parse again below and replace it
+    t = read_published_jsonl(path, **kw)
+    try:
+        t.to_parquet(cached)
+    except OSError:
+        pass  # a read-only or full cache only costs the next read its parse
+    return t
 
 
 def read_traces(paths: Iterable[str | Path], **kw) -> Trace:
@@ -524,6 +568,8 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
         dl = out["draft_len"]
         if ((dl < 0) | (dl > out["k_max"])).fillna(False).any():
             raise TraceError("acc: draft_len must lie in 0..k_max")
+        if _runs_are_whole(out):
+            return out.reset_index(drop=True)
         g = out.groupby(["dataset", "model", "request_id", "proposer"], observed=True)
         stats = g.agg(n=("position", "size"), lo=("position", "min"), hi=("position", "max"),
                       L=("output_len", "first"), u=("position", "nunique"))
@@ -533,6 +579,38 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
             raise TraceError(f"acc: length mismatch for {key}: positions {r.lo}..{r.hi} ({r.n} rows, "
                              f"{r.u} distinct) but output_len = {r.L}; positions must be 0..output_len-1")
     return out.reset_index(drop=True)
+
+
+def _key_codes(acc: pd.DataFrame) -> np.ndarray:
+    """One integer per row naming its (dataset, model, request_id)."""
+    code = np.zeros(len(acc), dtype=np.int64)
+    for c in ("dataset", "model", "request_id"):
+        k, uniq = pd.factorize(acc[c])
+        code = code * len(uniq) + k
+    return pd.factorize(code)[0]
+
+
+def _runs_are_whole(acc: pd.DataFrame) -> bool:
+    """Fast path of the position check, for the layout every writer here produces: each (dataset, model,
+    request, proposer) is one contiguous run of rows with positions 0..output_len-1 in order, and no key has two
+    runs. True proves the check passes; False only means "not this layout" (the groupby check then decides)."""
+    pos = acc["position"].to_numpy(np.int64)
+    n = len(pos)
+    start = pos == 0
+    if not start[0]:
+        return False
+    inner = ~start[1:]
+    if not (pos[1:][inner] == pos[:-1][inner] + 1).all():
+        return False
+    codes = [pd.factorize(acc[c])[0] for c in ("dataset", "model", "request_id", "proposer")]
+    out_len = acc["output_len"].to_numpy(np.int64)
+    for a in codes + [out_len]:
+        if not (a[1:][inner] == a[:-1][inner]).all():  # the key and output_len are constant within a run
+            return False
+    first = np.flatnonzero(start)
+    if not (out_len[first] == np.diff(np.append(first, n))).all():
+        return False
+    return len(np.unique(np.stack([a[first] for a in codes]), axis=1)[0]) == len(first)
 
 
 def _check_requests_match(t: "Trace", where) -> None:

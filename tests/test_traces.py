@@ -188,3 +188,36 @@ def test_steps_validation(tmp_path):
     p.write_text("oops\n")
     with pytest.raises(TraceError, match="s.jsonl:1: not JSON"):
         read_steps(p)
+
+
+def test_jsonl_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    """read_trace keeps a parsed JSON-lines file as parquet keyed by its bytes: the second read comes from the
+    cache and equals the first; changed bytes or other arguments are a new entry; a broken entry is re-parsed."""
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
+    recs = [{"id": str(i), "prompt_token_ids": [1, 2, 3], "generated_token_ids": [5] * 6,
+             "acc_ngram": {"acc_len": [1, 2, 1, 3, 1, 1]}, "acc_eagle": {"acc_len": [2, 2, 1, 1, 4, 1]}}
+            for i in range(3)]
+    src = _write_jsonl(tmp_path / "combined_x.jsonl", recs)
+    first = read_trace(src)
+    entries = sorted((tmp_path / "cache" / "traces").glob("*.parquet"))
+    assert len(entries) == 1
+    second = read_trace(src)
+    pd.testing.assert_frame_equal(first.acc, second.acc)
+    pd.testing.assert_frame_equal(first.requests, second.requests)
+    assert second.meta == first.meta
+    assert sorted((tmp_path / "cache" / "traces").glob("*.parquet")) == entries  # a hit writes nothing new
+    read_trace(src, dataset="other")                                              # other arguments: a new key
+    assert len(list((tmp_path / "cache" / "traces").glob("*.parquet"))) == 2
+    recs[0]["acc_ngram"]["acc_len"][1] = 3                                       # other bytes: a new key
+    _write_jsonl(src, recs)
+    changed = read_trace(src)
+    assert changed.acc.loc[(changed.acc.request_id == "0") & (changed.acc.proposer == "ngram"),
+                           "acc_len"].tolist()[:2] == [1, 3]
+    entries[0].write_bytes(b"not parquet")                                        # a broken entry: parsed again
+    _write_jsonl(src, [dict(r, acc_ngram={"acc_len": [1, 2, 1, 3, 1, 1]}) for r in recs])
+    again = read_trace(src)
+    pd.testing.assert_frame_equal(again.acc, first.acc)
+    monkeypatch.setenv("SPEC_REPRO_TRACE_CACHE", "0")
+    n = len(list((tmp_path / "cache" / "traces").glob("*.parquet")))
+    read_trace(src, dataset="third")
+    assert len(list((tmp_path / "cache" / "traces").glob("*.parquet"))) == n     # off: nothing written
