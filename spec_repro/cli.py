@@ -119,6 +119,9 @@ def _add_reproduce(sub):
     p.add_argument("--traces", nargs="+", default=None, metavar="FILE",
                    help="acceptance traces for the trace notebooks instead of the committed ones: ours (.parquet) "
                         "or the study's published JSON lines (combined_<dataset>.jsonl); 02 ignores them")
+    p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                   help="a notebook parameter, the value parsed as YAML (e.g. -p k=5 -p batch_sizes='[1, 32]'); "
+                        "repeat for several. With parameters, the committed notebooks are not rewritten")
     p.set_defaults(func=_run_reproduce)
     return p
 
@@ -126,9 +129,8 @@ def _add_reproduce(sub):
 def _run_reproduce(args):
     from pathlib import Path
 
-    from .reproduce import reproduce
-
     from .io import check_writable_dir
+    from .reproduce import parse_parameters, reproduce
 
     check_writable_dir(args.out, "--out")
     if args.figures:
@@ -139,9 +141,17 @@ def _run_reproduce(args):
 
         for f in trace_files(args.traces):
             read_trace(f)
-    params = {"traces": [str(Path(t).resolve()) for t in args.traces]} if args.traces else None
-    results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
-                               parameters=params)
+    try:
+        params = parse_parameters(args.parameter)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+    if args.traces:
+        params["traces"] = [str(Path(t).resolve()) for t in args.traces]
+    try:
+        results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
+                                   parameters=params or None)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
     out = Path(args.out)
     for r in results:
         status = "ok    " if r.ok else "FAILED"

@@ -4,6 +4,12 @@ summary rows, and write the summary table (finding, paper value, this run's valu
 
 A notebook that fails is reported with its failing cell; the others still run. Each notebook receives
 ``figures_dir`` and ``summary_path`` parameters and writes its rows with ``analysis.write_summary``.
+
+The notebooks are jupytext pairs (``notebooks/NAME.py`` in percent format, ``NAME.ipynb`` with outputs). A
+default run (profile ``embedded``, no parameters, the repo's ``figures/``) writes each executed notebook back to
+``notebooks/NAME.ipynb`` with its outputs, stripped of what changes from run to run (papermill's injected cell,
+timings, kernel versions), so a re-run rewrites the same bytes. The kernel's own log (ipykernel's start-up and
+shutdown chatter) goes to ``out_dir/notebooks/NAME.kernel.log``, not to the terminal.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ import pandas as pd
 
 from .analysis import read_summaries, repo_root, summary_markdown
 
-__all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir"]
+__all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
+           "clean_executed"]
 
 NOTEBOOKS = [
     "01_proposers_vs_batch",
@@ -39,6 +46,74 @@ PROFILES: dict[str, dict] = {
 
 def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
+
+
+def parse_parameters(items: Sequence[str]) -> dict:
+    """``["NAME=VALUE", ...]`` -> {NAME: value}, each value parsed as YAML (as ``papermill -y`` does): ``k=5`` is
+    an int, ``batch_sizes=[1, 32]`` a list, ``model=qwen`` a string, ``traces=null`` None."""
+    import yaml
+
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise ValueError(f"parameter {item!r}: expected NAME=VALUE, e.g. batch_sizes='[1, 32]'")
+        try:
+            out[name] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ValueError(f"parameter {name}: {value!r} is not a YAML value ({e.problem})") from None
+    return out
+
+
+def clean_executed(src: Path, dst: Path) -> None:
+    """Write the executed notebook ``src`` to ``dst`` without what changes from run to run or machine to machine:
+    papermill's injected-parameters cell (absolute paths) and metadata (timings), cell execution timestamps,
+    the kernel's version strings. Outputs and cell ids stay."""
+    import nbformat
+
+    from .io import atomic_write
+
+    nb = nbformat.read(str(src), as_version=4)
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    for c in nb.cells:
+        c.metadata.pop("papermill", None)
+        c.metadata.pop("execution", None)
+    nb.metadata.pop("papermill", None)
+    nb.metadata["language_info"] = {"name": nb.metadata.get("language_info", {}).get("name", "python")}
+    with atomic_write(dst) as f:
+        f.write(nbformat.writes(nb))
+
+
+def source_notebook(name: str):
+    """Notebook ``name`` as ``spec-repro reproduce`` runs it: the code and text of its jupytext source
+    ``notebooks/NAME.py`` (the file to edit), with the cell ids and outputs of ``NAME.ipynb`` where the two match,
+    so regenerated notebooks keep their ids. Without a ``.py``, the ``.ipynb`` itself."""
+    import jupytext
+    from jupytext.combine import combine_inputs_with_outputs
+
+    py, ipynb = notebooks_dir() / f"{name}.py", notebooks_dir() / f"{name}.ipynb"
+    if not py.exists():
+        return jupytext.read(ipynb)
+    nb = jupytext.read(py)
+    return combine_inputs_with_outputs(nb, jupytext.read(ipynb)) if ipynb.exists() else nb
+
+
+def _kernel_manager(log: Path):
+    """A kernel manager class whose kernel writes its stdout/stderr to ``log``: ipykernel logs its TCP-transport
+    warning at start and a 'KeyboardInterrupt caught' line when papermill stops it; neither is about the
+    notebook, and cell output travels over the kernel's channels, not these streams."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class _Logged(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            f = open(log, "ab")
+            kw["stdout"] = kw["stderr"] = f
+            try:
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+            finally:
+                f.close()  # the child holds its own descriptor
+
+    return _Logged
 
 
 @dataclass
@@ -83,7 +158,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     names = list(notebooks or NOTEBOOKS)
-    unknown = [n for n in names if not (notebooks_dir() / f"{n}.ipynb").exists()]
+    unknown = [n for n in names if not any((notebooks_dir() / f"{n}{x}").exists() for x in (".py", ".ipynb"))]
     if unknown:
         raise FileNotFoundError(f"no such notebook(s) {unknown} in {notebooks_dir()}; have {NOTEBOOKS}")
     out = Path(out_dir).resolve()
@@ -92,25 +167,43 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     (out / "summary").mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
 
+    import nbformat
+
+    publish = profile == "embedded" and not parameters and figures_dir is None
+    sources = {}
+    for name in names:
+        sources[name] = out / "notebooks" / f"{name}.source.ipynb"
+        nbformat.write(source_notebook(name), str(sources[name]))
+    declared = {n: set(pm.inspect_notebook(str(p))) for n, p in sources.items()}
+    stray = sorted(set(parameters or {}) - set().union(*declared.values()))
+    if stray:
+        known = sorted(set().union(*declared.values()) - {"figures_dir", "summary_path"})
+        raise ValueError(f"unknown notebook parameter(s) {stray}: the notebooks declare {known}")
     results: list[NotebookResult] = []
     bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
-        src = notebooks_dir() / f"{name}.ipynb"
+        src = sources[name]
         dst = out / "notebooks" / f"{name}.ipynb"
         summ = out / "summary" / f"{name}.json"
         summ.unlink(missing_ok=True)
         before = {p.name: p.stat().st_mtime for p in fig_dir.glob("*.png")}
         params = {**PROFILES[profile], **(parameters or {}), "figures_dir": str(fig_dir),
                   "summary_path": str(summ)}
+        params = {k: v for k, v in params.items() if k in declared[name]}  # each notebook gets what it declares
+        log = out / "notebooks" / f"{name}.kernel.log"
+        log.unlink(missing_ok=True)
         t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(src), str(dst), parameters=params, cwd=str(notebooks_dir()),
                                 kernel_name=kernel_name, progress_bar=False, log_output=False,
-                                execution_timeout=timeout_s)
+                                execution_timeout=timeout_s, kernel_manager_class=_kernel_manager(log))
             ok, err = True, None
         except Exception as e:  # papermill wraps a cell's error; keep going with the others
             ok, err = False, _describe_failure(e, dst)
+        src.unlink(missing_ok=True)
+        if ok and publish:
+            clean_executed(dst, notebooks_dir() / f"{name}.ipynb")
         dt = time.perf_counter() - t0
         figs = sorted(p.name for p in fig_dir.glob("*.png") if before.get(p.name) != p.stat().st_mtime)
         if ok and not summ.exists():
@@ -132,7 +225,8 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     head = f"Profile `{profile}`"
     if parameters:
         head += "; parameters " + ", ".join(
-            f"`{k}` = " + (", ".join(Path(x).name for x in v) if isinstance(v, (list, tuple)) else f"`{v}`")
+            f"`{k}` = " + (", ".join(Path(x).name for x in v) if k == "traces" and isinstance(v, (list, tuple))
+                           else f"`{v}`")
             for k, v in parameters.items())
     md = "# Reproduction summary\n\n" + head + ".\n\n" + summary_markdown(table)
     failed = [r for r in results if not r.ok]
