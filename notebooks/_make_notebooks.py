@@ -14,7 +14,8 @@ model = None           # keep trace files whose name contains this (e.g. "smollm
 datasets = None        # e.g. ["code-edit", "sharegpt"]; None: every dataset in the traces
 proposers = None       # e.g. ["ngram", "early-exit"]; None: every proposer in the traces
 k = 3                  # draft tokens per step (the study's k)
-backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first
+backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first (with the
+                       # torch engine's exact profiler on either; "vllm" also runs vLLM's timings in 01/02)
 live_requests = 4      # live runs only: requests per dataset
 live_max_new_tokens = 64
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
@@ -47,8 +48,8 @@ LOAD = '''from spec_repro import analysis as A, plots as P
 
 if backend == "embedded":
     trace = A.load_traces(traces, model=model, datasets=datasets)
-else:  # a live run: the library collects fresh traces with the chosen engine, then the same analysis follows
-    trace = A.live_trace(backend, model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
+else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
+    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
                          max_new_tokens=live_max_new_tokens)
 props = proposers or trace.proposers
 print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files
@@ -148,7 +149,7 @@ print(steps_src)'''),
          "Time-weighted shares over decode steps (prefill and chunked-prefill steps excluded; JIT-compilation "
          "outliers dropped)."),
     (code, '''if steps is not None:
-    shares = A.time_shares(steps)
+    shares = A.phase_shares(steps)
     display(shares.round(3))
     fig = P.time_breakdown(shares, facet=["model", "method"], source=steps_src)
     if figures_dir: P.save(fig, "02_time_breakdown", figures_dir)
@@ -193,7 +194,7 @@ if vc is not None:
          "four phases (drafting, verification = target forward, acceptance, the rest)."),
     (code, '''cpu_st, cpu_src = A.cpu_steps()
 print(cpu_src)
-cpu_shares = A.time_shares(cpu_st) if cpu_st is not None else None
+cpu_shares = A.phase_shares(cpu_st) if cpu_st is not None else None
 if cpu_shares is not None:
     display(cpu_shares.round(3))
     fig = P.time_breakdown(cpu_shares, facet=["model", "method"], title="Where a decode step's time goes: "
@@ -227,8 +228,7 @@ rate.pivot_table(index=["dataset", "proposer"], columns="draft_position", values
          "will be accepted (up to the trace's k_max), as the study reports it."),
     (code, '''per_req = A.tokens_per_step_per_request(trace, k=None, proposers=props)
 spread = A.tokens_per_step_spread(trace, k=None, percentiles=(5, 50, 95), proposers=props)
-paper = {"eagle": (2.7, 7.4), "early-exit": (2.7, 7.4), "ngram": (1.1, 15.0), "draft": (5.6, 18.3)}  # early-exit: EAGLE's role
-fig = P.tokens_per_step_spread(per_req, paper=paper, paper_dataset=A.focus_dataset(per_req["dataset"]),
+fig = P.tokens_per_step_spread(per_req, paper=A.PAPER["tokens_per_step_p5_p95"], paper_dataset=A.focus_dataset(per_req["dataset"]),
                                source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_tokens_per_step_spread", figures_dir)
 spread.round(2)'''),
@@ -279,7 +279,7 @@ policies = [f"fixed-{j}" for j in range(1, max_fixed_k + 1)] + ["oracle"]
 sim = A.simulate_grid(trace, cm, proposers=props, policies=policies, batch_sizes=batch_sizes)
 gap = A.oracle_gap(sim)
 gap.round(3)'''),
-    (code, '''fig = P.oracle_gap(gap, paper_refs={"paper oracle 2.75x": 2.75, "paper fixed 2.1x": 2.1},
+    (code, '''fig = P.oracle_gap(gap, paper_refs=A.paper_refs("oracle_gap"),
                    paper_dataset=A.focus_dataset(gap["dataset"]),
                    source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "05_oracle_bound", figures_dir)'''),
@@ -306,8 +306,7 @@ sim = A.simulate_grid(trace, cm, proposers=props, policies=["oracle", "oracle-co
                       draft_costs=["ngram-only", "winner", "all"], combine=combine)
 A.hybrid_table(sim).round(3)'''),
     (code, '''fig = P.hybrid_oracle(sim, batch_size=min(batch_sizes),
-                      paper_refs={"combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85,
-                                  "ngram oracle": 2.75, **{f"{p} oracle": 2.7 for p in props if p != "ngram"}},
+                      paper_refs=A.paper_refs("hybrid", props),
                       paper_dataset=A.focus_dataset(sim["dataset"]),
                       source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "06_hybrid_oracle", figures_dir)'''),
