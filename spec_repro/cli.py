@@ -304,8 +304,6 @@ def _add_cpu_verify_cost(sub):
 
 
 def _run_cpu_verify_cost(args):
-    from pathlib import Path
-
     import torch
 
     from . import models

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from spec_repro.engines import vllm as V
-from spec_repro.engines import vllm_agreement as VA
 from spec_repro.engines import vllm_steps as VS
 
 FIX = Path(__file__).parent / "fixtures" / "vllm"

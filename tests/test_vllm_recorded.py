@@ -9,7 +9,6 @@ import pytest
 
 from spec_repro import costmodel
 from spec_repro.metrics import SHARE_COLUMNS
-from spec_repro.engines import vllm as V
 from spec_repro.engines import vllm_agreement as VA
 from spec_repro.engines import vllm_steps as VS
 from spec_repro.engines.vllm_plugin import prompt_hash
