@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from spec_repro.engines.vllm import VLLMEngineError, overhead_table
+from spec_repro.engines.vllm import VLLMEngineError
+from spec_repro.engines.vllm_steps import overhead_table
 from spec_repro.engines.vllm_jobs import LLAMA8B, run_spec
 
 

@@ -44,7 +44,7 @@ print(steps_src)
 
 # %%
 if steps is not None:
-    shares = A.time_shares(steps)
+    shares = A.phase_shares(steps)
     display(shares.round(3))
     fig = P.time_breakdown(shares, facet=["model", "method"], source=steps_src)
     if figures_dir: P.save(fig, "02_time_breakdown", figures_dir)
@@ -90,7 +90,7 @@ if vc is not None:
 # %%
 cpu_st, cpu_src = A.cpu_steps()
 print(cpu_src)
-cpu_shares = A.time_shares(cpu_st) if cpu_st is not None else None
+cpu_shares = A.phase_shares(cpu_st) if cpu_st is not None else None
 if cpu_shares is not None:
     display(cpu_shares.round(3))
     fig = P.time_breakdown(cpu_shares, facet=["model", "method"], title="Where a decode step's time goes: "

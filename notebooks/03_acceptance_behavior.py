@@ -28,7 +28,8 @@ model = None           # keep trace files whose name contains this (e.g. "smollm
 datasets = None        # e.g. ["code-edit", "sharegpt"]; None: every dataset in the traces
 proposers = None       # e.g. ["ngram", "early-exit"]; None: every proposer in the traces
 k = 3                  # draft tokens per step (the study's k)
-backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first
+backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first (with the
+                       # torch engine's exact profiler on either; "vllm" also runs vLLM's timings in 01/02)
 live_requests = 4      # live runs only: requests per dataset
 live_max_new_tokens = 64
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
@@ -40,8 +41,8 @@ from spec_repro import analysis as A, plots as P
 
 if backend == "embedded":
     trace = A.load_traces(traces, model=model, datasets=datasets)
-else:  # a live run: the library collects fresh traces with the chosen engine, then the same analysis follows
-    trace = A.live_trace(backend, model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
+else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
+    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
                          max_new_tokens=live_max_new_tokens)
 props = proposers or trace.proposers
 print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files
@@ -69,8 +70,7 @@ rate.pivot_table(index=["dataset", "proposer"], columns="draft_position", values
 # %%
 per_req = A.tokens_per_step_per_request(trace, k=None, proposers=props)
 spread = A.tokens_per_step_spread(trace, k=None, percentiles=(5, 50, 95), proposers=props)
-paper = {"eagle": (2.7, 7.4), "early-exit": (2.7, 7.4), "ngram": (1.1, 15.0), "draft": (5.6, 18.3)}  # early-exit: EAGLE's role
-fig = P.tokens_per_step_spread(per_req, paper=paper, paper_dataset=A.focus_dataset(per_req["dataset"]),
+fig = P.tokens_per_step_spread(per_req, paper=A.PAPER["tokens_per_step_p5_p95"], paper_dataset=A.focus_dataset(per_req["dataset"]),
                                source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_tokens_per_step_spread", figures_dir)
 spread.round(2)

@@ -28,7 +28,8 @@ model = None           # keep trace files whose name contains this (e.g. "smollm
 datasets = None        # e.g. ["code-edit", "sharegpt"]; None: every dataset in the traces
 proposers = None       # e.g. ["ngram", "early-exit"]; None: every proposer in the traces
 k = 3                  # draft tokens per step (the study's k)
-backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first
+backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first (with the
+                       # torch engine's exact profiler on either; "vllm" also runs vLLM's timings in 01/02)
 live_requests = 4      # live runs only: requests per dataset
 live_max_new_tokens = 64
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
@@ -40,8 +41,8 @@ from spec_repro import analysis as A, plots as P
 
 if backend == "embedded":
     trace = A.load_traces(traces, model=model, datasets=datasets)
-else:  # a live run: the library collects fresh traces with the chosen engine, then the same analysis follows
-    trace = A.live_trace(backend, model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
+else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
+    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
                          max_new_tokens=live_max_new_tokens)
 props = proposers or trace.proposers
 print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files

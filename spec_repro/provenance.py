@@ -1,5 +1,6 @@
-"""Where a measurement came from: machine, package versions, command, date. Every file under data/ has a
-manifest entry written with ``record``."""
+"""Where a measurement came from. Writing: machine, package versions, command and date, recorded with ``record``
+in a folder's ``MANIFEST.json`` (every file under data/ has an entry). Reading: one-line and multi-line
+descriptions of a trace or a measured file for captions and the summary table."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,6 +11,13 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .traces import Trace
+
+__all__ = ["sha256_file", "package_versions", "machine_info", "record", "describe_source", "short_source",
+           "trace_provenance", "manifest_line"]
 
 _PKGS = ("spec-repro", "numpy", "pandas", "torch", "transformers", "vllm", "gguf")
 
@@ -73,3 +81,108 @@ def _record_locked(manifest: Path, name: str, fields: dict) -> dict:
     with atomic_write(manifest) as f:
         f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     return entry
+
+
+# ---- reading: what a trace or a measured file is ----------------------------------------------------------
+
+def describe_source(trace: Trace) -> str:
+    """One line naming what a trace is: models, datasets, proposers, request count, and where it came from."""
+    n = trace.requests.groupby("dataset", observed=True).size()
+    ds = ", ".join(f"{d} ({c})" for d, c in n.items())
+    metas = _metas(trace)
+    fmt = "the study's published JSON lines" if any(m.get("study_file") for m in metas) else \
+        ("JSON lines (not the study's published files)" if any(m.get("format") == "published-jsonl" for m in metas)
+         else "spec_repro parquet")
+    return (f"model {', '.join(trace.models)}; proposers {', '.join(trace.proposers)}; "
+            f"requests per dataset {ds}; {fmt} traces")
+
+
+def short_source(trace: Trace) -> str:
+    """A one-line source for captions and the summary table: model, requests per dataset, trace kind, engine."""
+    metas = _metas(trace)
+    published = any(m.get("study_file") for m in metas)
+    other_jsonl = any(m.get("format") == "published-jsonl" and not m.get("study_file") for m in metas)
+    engines = sorted({f"{m['engine']}" + (f" on {m['device']}" if m.get("device") else "")
+                      for m in metas if m.get("engine")})
+    kind = "the study's published traces (vLLM, H100)" if published else \
+        ("JSON-lines traces (not the study's published files)" if other_jsonl else "spec_repro traces")
+    if published and other_jsonl:
+        kind += " and other JSON-lines traces"
+    eng = f", {'; '.join(engines)}" if engines else ""
+    eng += ", collected live just now" if any(m.get("live") for m in metas) else ""
+    per_model = []
+    for mdl, g in trace.requests.groupby("model", observed=True):
+        n = g.groupby("dataset", observed=True).size()
+        per_model.append(f"{mdl}: {', '.join(f'{d} {c}' for d, c in n.items())} requests")
+    return f"{'; '.join(per_model)}; {kind}{eng}"
+
+
+def _metas(trace: Trace) -> list[dict]:
+    m = trace.meta or {}
+    return list(m.get("parts", [])) + [m]
+
+
+
+_PROV_KEYS = ("engine", "device", "machine", "hardware", "model_file_sha256", "command", "date", "k_max")
+
+
+def trace_provenance(trace: Trace) -> str:
+    """What the trace is and where it came from (engine, machine, date when the files record them)."""
+    parts = [describe_source(trace)]
+    seen = []
+    for m in _metas(trace):
+        bits = []
+        for key in _PROV_KEYS:
+            v = m.get(key)
+            if v in (None, "", [], {}):
+                continue
+            if isinstance(v, dict):  # machine info: keep what identifies it
+                v = ", ".join(f"{a}={v[a]}" for a in ("cpu", "cpu_count", "gpu", "platform") if a in v) or str(v)
+            bits.append(f"{key}: {v}")
+        line = "; ".join(bits)
+        if line and line not in seen:
+            seen.append(line)
+    if seen:
+        parts.append(" | ".join(seen[:3]) + (f" (+{len(seen) - 3} more)" if len(seen) > 3 else ""))
+    files = (trace.meta or {}).get("files")
+    if files:
+        parts.append("files: " + ", ".join(Path(f).name for f in files))
+        for f in files:  # the collection manifest next to the file: model checksum, machine, versions, date
+            man = Path(f).parent / "MANIFEST.json"
+            e = json.loads(man.read_text()).get(Path(f).name) if man.exists() else None
+            if not e:
+                continue
+            m, v = e.get("machine", {}), e.get("versions", {})
+            parts.append(f"  {Path(f).name}: {e.get('n_requests', '?')} requests, {e.get('date', '?')}, "
+                         f"{e.get('model_file', e.get('model', '?'))} (sha256 {str(e.get('model_file_sha256', '?'))[:12]}), "
+                         f"{e.get('engine', '?')} on {e.get('device', '?')} ({m.get('cpu_count', '?')} cores, "
+                         f"{m.get('platform', '?')}), torch {v.get('torch', '?')}, "
+                         f"{e.get('decoding', '?')} decoding, max {e.get('max_new_tokens', '?')} new tokens")
+    return "\n".join(parts)
+
+
+
+
+
+def manifest_line(folder: Path, files: Sequence[Path]) -> str:
+    """A one-line provenance from ``folder/manifest.json`` entries that mention the files (or all entries)."""
+    man = next((folder / n for n in ("MANIFEST.json", "manifest.json") if (folder / n).exists()), folder / "manifest.json")
+    if not man.exists():
+        return f"files {', '.join(f.name for f in files)} (no manifest.json)"
+    data = json.loads(man.read_text())
+    names = {f.name for f in files} | {f.stem for f in files}
+    hits = [v for k, v in data.items() if isinstance(v, dict) and (k in names or Path(k).name in names
+                                                                 or any(n in json.dumps(v) for n in names))]
+    hits = hits or [v for v in data.values() if isinstance(v, dict)]
+    bits = []
+    for v in hits[:1]:
+        m = v.get("machine", {}) if isinstance(v.get("machine"), dict) else {}
+        gpu = v.get("gpu") or m.get("gpu") or m.get("cpu")
+        if isinstance(gpu, str) and "\n" in gpu:   # one nvidia-smi line per GPU: say it once, with the count
+            lines = [x.strip() for x in gpu.splitlines() if x.strip()]
+            gpu = lines[0] + (f" (x{len(lines)})" if len(set(lines)) == 1 else "; " + "; ".join(lines[1:]))
+        ver = v.get("versions", {}) if isinstance(v.get("versions"), dict) else {}
+        eng = ", ".join(f"{p} {ver[p]}" for p in ("vllm", "torch") if p in ver)
+        bits += [str(x) for x in (gpu, eng, v.get("date")) if x]
+    return f"{', '.join(f.name for f in files[:4])}{' ...' if len(files) > 4 else ''}" + \
+        (f" ({'; '.join(bits)})" if bits else "")

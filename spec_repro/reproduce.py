@@ -3,7 +3,7 @@ selector measured against its oracle bound), collect their figures and
 summary rows, and write the summary table (finding, paper value, this run's value, source).
 
 A notebook that fails is reported with its failing cell; the others still run. Each notebook receives
-``figures_dir`` and ``summary_path`` parameters and writes its rows with ``analysis.write_summary``.
+``figures_dir`` and ``summary_path`` parameters and writes its rows with ``findings.write_summary``.
 
 The notebooks are jupytext pairs (``notebooks/NAME.py`` in percent format, ``NAME.ipynb`` with outputs). A
 default run (profile ``embedded``, no parameters, the repo's ``figures/``) writes each executed notebook back to
@@ -20,7 +20,8 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from .analysis import read_summaries, repo_root, summary_markdown
+from .findings import read_summaries, summary_markdown
+from .paths import repo_root
 
 __all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
            "clean_executed"]

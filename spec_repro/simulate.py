@@ -1,6 +1,6 @@
 """Oracle / fixed-K speculative-decoding simulator over acceptance traces (the study's method, made fast).
 
-Method (FACTS.md, "The oracle simulator's method"). Per request: prompt length P, output length L and, per proposer
+Method (the study's released simulator). Per request: prompt length P, output length L and, per proposer
 q, ``a_q[p]`` = tokens one step would produce if speculation started at output position p (accepted + 1).
 
 Per request, the *step sequence* depends only on its own arrays and the policy. A request that has produced p

@@ -113,7 +113,7 @@ def test_ngram_advantage_and_threshold():
     assert tab["n"].sum() == 12
 
 
-def test_time_shares_sum_to_one_and_drop_prefill():
+def test_phase_shares_sum_to_one_and_drop_prefill_and_outliers():
     rows = []
     for bs, (d, v, r, o) in {1: (1.0, 2.0, 0.0, 1.0), 8: (1.0, 6.0, 0.5, 0.5)}.items():
         for step in range(3):
@@ -121,7 +121,10 @@ def test_time_shares_sum_to_one_and_drop_prefill():
                              step=step, t_draft=d, t_verify=v, t_reject=r, t_other=o, t_total=d + v + r + o,
                              phase="decode"))
     rows.append(dict(rows[0], t_verify=100.0, t_total=102.0, phase="prefill"))
-    sh = A.time_shares(pd.DataFrame(rows)).set_index("batch_size")
+    rows.append(dict(rows[0], t_draft=50.0, t_total=54.0, outlier=True))
+    sh = A.phase_shares(pd.DataFrame(rows).fillna({"outlier": False})).set_index("batch_size")
+    assert list(sh.columns) == ["model", "method", "k", "steps", "total_s", "ms_per_step", *A.SHARE_COLUMNS]
+    assert sh.loc[1, "steps"] == 3 and sh.loc[1, "ms_per_step"] == pytest.approx(4000.0)
     assert sh.loc[1, "verification_share"] == pytest.approx(0.5)
     assert sh.loc[8, "verification_share"] == pytest.approx(0.75)
     cols = [c for c in sh.columns if c.endswith("_share")]
@@ -172,19 +175,19 @@ def test_trace_files_resolution(tmp_path):
 
 # ---- readers of the committed measurements (recorded real data: data/gpu from the H200, data/cpu) ----------
 
-def test_gpu_time_shares_match_the_committed_breakdown():
-    """Our shares from the raw H200 step log equal data/gpu's own phase_breakdown (decode steps)."""
+def test_gpu_phase_shares_match_the_committed_breakdown():
+    """The committed data/gpu/phase_breakdown.csv (decode steps) is what phase_shares gives on the committed step
+    log: one computation, one set of column names."""
     steps, src = A.gpu_steps()
     assert steps is not None and "H200" in src
-    sh = A.time_shares(steps)
+    sh = A.phase_shares(steps)
     pb = pd.read_csv(A.data_dir() / "gpu" / "phase_breakdown.csv")
     pb = pb[(pb["steps_kind"] == "decode") & pb["primary"]]
     m = sh.merge(pb, on=["model", "method", "k", "batch_size"])
     assert len(m) == len(pb) and len(m) >= 20
     assert (m["steps_x"] == m["steps_y"]).all()
-    for ours, theirs in (("verification_share", "verify_share"), ("drafting_share", "draft_share"),
-                         ("rejection_sampling_share", "reject_share")):
-        assert np.allclose(m[ours], m[theirs], atol=1e-5), ours
+    for col in A.SHARE_COLUMNS:
+        assert np.allclose(m[f"{col}_x"], m[f"{col}_y"], atol=1e-5), col
 
 
 def test_gpu_speedups_are_throughput_ratios():
@@ -206,7 +209,7 @@ def test_verify_readers():
     vc, src = A.verify_cost()
     assert vc.loc[vc["k"] == 0, "ratio"].item() == pytest.approx(1.0)
     assert "GB/s" in src
-    rows = A.finding2_rows(A.time_shares(A.gpu_steps()[0]), "s", vc, "v", lim, "l")
+    rows = A.finding2_rows(A.phase_shares(A.gpu_steps()[0]), "s", vc, "v", lim, "l")
     assert any("HBM floor" in r.this_run for r in rows)
 
 

@@ -58,7 +58,7 @@ def _figs(trace):
     steps = pd.DataFrame([dict(model="m", method=m, k=3, batch_size=bs, t_draft=d, t_verify=v, t_reject=0.01,
                                t_other=0.1, t_total=d + v + 0.11)
                           for m, d in (("ngram", 0.01), ("eagle", 0.3)) for bs, v in ((1, 1.0), (64, 2.0))])
-    shares = A.time_shares(steps)
+    shares = A.phase_shares(steps)
     vc = pd.DataFrame({"k": range(1, 9), "ratio": 1 + 0.05 * np.arange(1, 9)})
     adv = A.ngram_advantage(trace, other="eagle")
     thr, _ = A.overlap_threshold(adv)

@@ -8,7 +8,8 @@ from spec_repro.engines.torch import generate
 from spec_repro.profiler import chain_acceptance, ngram_acceptance, profile_requests, profiles_to_trace
 from spec_repro.proposers import make_proposer
 from spec_repro.proposers.early_exit import early_exit_view
-from spec_repro.traces import read_published_jsonl, read_trace
+from spec_repro.published import read_published_jsonl
+from spec_repro.traces import read_trace
 
 from _tiny import prompts, tiny_llama
 

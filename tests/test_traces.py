@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spec_repro.traces import (ACC_COLUMNS, Trace, TraceError, dataset_from_path, read_published_jsonl,
+from spec_repro.published import read_published_jsonl
+from spec_repro.traces import (ACC_COLUMNS, Trace, TraceError, dataset_from_path,
                                read_steps, read_trace, read_traces, validate_steps)
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from spec_repro.engines import vllm as V
+from spec_repro.engines import vllm_steps as VS
 
 FIX = Path(__file__).parent / "fixtures" / "vllm"
 CONFIGS = Path(__file__).parents[1] / "data" / "gpu" / "configs"
@@ -112,31 +113,31 @@ def test_recorded_h200_runs_reproduce_their_acceptance_numbers():
 
 
 def test_model_dims_and_hbm_floor():
-    d = V.model_dims(CONFIGS / "llama31_8b")
+    d = VS.model_dims(CONFIGS / "llama31_8b")
     assert d["params"] == 8_030_261_248 and d["kv_bytes_per_token"] == 131072
-    assert d["weight_bytes"] / V.H200_HBM_BYTES_PER_S == pytest.approx(3.35e-3, rel=0.01)   # the 3.35 ms floor
-    q = V.model_dims(CONFIGS / "qwen3_8b")
+    assert d["weight_bytes"] / VS.H200_HBM_BYTES_PER_S == pytest.approx(3.35e-3, rel=0.01)   # the 3.35 ms floor
+    q = VS.model_dims(CONFIGS / "qwen3_8b")
     assert 8.1e9 < q["params"] < 8.3e9
-    assert 70e9 < V.model_dims(CONFIGS / "llama3_70b")["params"] < 71e9
+    assert 70e9 < VS.model_dims(CONFIGS / "llama3_70b")["params"] < 71e9
 
 
 def test_moe_dims_and_expert_floor():
     """GLM-4.5-Air: 106B parameters, 12B active (its model card); the floor reads top-k experts per layer."""
-    g = V.model_dims(CONFIGS / "glm45_air")
+    g = VS.model_dims(CONFIGS / "glm45_air")
     assert 105e9 < g["params"] < 108e9 and g["experts"] == 128 and g["experts_per_tok"] == 8
-    active = V.streamed_bytes(g, [1])[0] / g["bytes_per_param"] + g["vocab"] * g["hidden"]   # + embedding rows
+    active = VS.streamed_bytes(g, [1])[0] / g["bytes_per_param"] + g["vocab"] * g["hidden"]   # + embedding rows
     assert 11e9 < active < 13.5e9
-    lo = V.streamed_bytes(g, [1, 4, 64, 1024])
-    uni = V.streamed_bytes(g, [1, 4, 64, 1024], routing="uniform")
+    lo = VS.streamed_bytes(g, [1, 4, 64, 1024])
+    uni = VS.streamed_bytes(g, [1, 4, 64, 1024], routing="uniform")
     assert (lo == lo[0]).all() and uni[0] == pytest.approx(lo[0]) and (np.diff(uni) > 0).all()
     assert uni[-1] == pytest.approx(g["streamed_weight_bytes"], rel=1e-3)      # 1024 tokens touch every expert
     steps = pd.DataFrame({"batched_tokens": [1], "kv_tokens": [0], "t_verify": [0.01]})
-    one, two = V.add_physical_limits(steps, g), V.add_physical_limits(steps, {**g, "gpus": 2})
+    one, two = VS.add_physical_limits(steps, g), VS.add_physical_limits(steps, {**g, "gpus": 2})
     assert two.verify_floor_s[0] == pytest.approx(one.verify_floor_s[0] / 2)   # tensor parallel: shards in parallel
     with pytest.raises(ValueError, match="routing"):
-        V.streamed_bytes(g, [1], routing="skewed")
+        VS.streamed_bytes(g, [1], routing="skewed")
     # the dense MiMo-7B target (its MTP layer is not part of the target forward)
-    assert 7.4e9 < V.model_dims(CONFIGS / "mimo_7b")["params"] < 7.9e9
+    assert 7.4e9 < VS.model_dims(CONFIGS / "mimo_7b")["params"] < 7.9e9
 
 
 def test_cli_vllm_reports_bad_method_and_missing_vllm():

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from spec_repro.engines import vllm_plugin as vp
-from spec_repro.engines.vllm import ngram_propose, predict_ngram_steps
+from spec_repro.engines.vllm_agreement import ngram_propose, predict_ngram_steps
 from spec_repro.traces import TraceError, validate_steps
 import pandas as pd
 

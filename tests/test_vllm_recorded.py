@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 
 from spec_repro import costmodel
-from spec_repro.engines import vllm as V
+from spec_repro.metrics import SHARE_COLUMNS
+from spec_repro.engines import vllm_agreement as VA
+from spec_repro.engines import vllm_steps as VS
 from spec_repro.engines.vllm_plugin import prompt_hash
 from spec_repro.traces import STEP_COLUMNS, read_steps
 
@@ -57,13 +59,13 @@ def test_plugin_v3_lines_are_consistent_step_to_step():
 
 
 def test_recorded_detail_lines_map_requests_by_prompt_hash():
-    recs = V.load_step_records(FIX / "steps_smollm2_detail.jsonl")
+    recs = VA.load_step_records(FIX / "steps_smollm2_detail.jsonl")
     prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(GPU / "smollm2_prompts.jsonl"))}
     new = {rid: v for r in recs for rid, v in (r.get("new_reqs") or {}).items()}
     assert new, "the first steps admit requests"
     by_hash = {prompt_hash(p): k for k, p in prompts.items()}
     assert all(h in by_hash and len(prompts[by_hash[h]]) == n for n, h in new.values())
-    steps = V.request_steps(recs, prompts)
+    steps = VA.request_steps(recs, prompts)
     assert steps and all(pos >= 1 for rows in steps.values() for pos, _, _ in rows)
 
 
@@ -80,19 +82,20 @@ def test_verification_dominates_and_rejection_is_small(steps):
     assert set(llama.session) == {"3-plugin-v3"}          # re-recorded with plugin v3; v1 kept, not primary
     assert set(llama.batch_size) == {1, 4, 16, 64, 256}
     # finding 2's shape: the target forward is the largest phase, rejection sampling is small
-    assert (llama.verify_share > 0.5).all() and (llama.verify_share < 0.8).all()
-    assert (dec.reject_share < 0.03).all()
-    shares = dec[["draft_share", "verify_share", "reject_share", "other_share"]].sum(axis=1)
+    assert (llama.verification_share > 0.5).all() and (llama.verification_share < 0.8).all()
+    assert (dec.rejection_sampling_share < 0.03).all()
+    shares = dec[list(SHARE_COLUMNS)].sum(axis=1)
     assert ((shares - 1).abs() < 5e-6).all()      # the CSV keeps 6 significant digits
     # the study's upper end: n-gram on Llama-3-70B (here tensor parallel 2) at B = 512 is ~90 % verification
     ng70 = dec[(dec.model == "llama3-70b") & (dec.method == "ngram")].set_index("batch_size")
-    assert ng70.loc[512, "verify_share"] > 0.85 and (ng70.draft_share < 0.02).all()
+    assert ng70.loc[512, "verification_share"] > 0.85 and (ng70.drafting_share < 0.02).all()
     # recomputing from the committed steps gives the committed table
     by = ["session", "spec", "primary", "model", "method", "k", "batch_size"]
-    again = V.phase_breakdown(steps[steps.run_kind == "study"], by=tuple(by))
+    again = VS.phase_breakdown(steps[steps.run_kind == "study"], by=tuple(by))
     m = again.merge(pb[pb.steps_kind == "decode"], on=by, suffixes=("", "_c"))
     assert len(m) == len(pb[pb.steps_kind == "decode"])
-    assert (m.verify_share - m.verify_share_c).abs().max() < 1e-6
+    for c in SHARE_COLUMNS:
+        assert (m[c] - m[f"{c}_c"]).abs().max() < 1e-6, c
 
 
 def test_draft_model_cuda_graph_fix_cuts_drafting(steps):
@@ -131,7 +134,7 @@ def test_h200_cost_model_fit(steps):
 
 def test_overhead_table_from_runs():
     runs = pd.read_csv(GPU / "runs.csv")
-    ov = V.overhead_table(runs)
+    ov = VS.overhead_table(runs)
     committed = pd.read_csv(GPU / "overhead.csv")
     assert ov["overhead_mean"].round(6).tolist() == committed["overhead_mean"].round(6).tolist()
     v2 = ov[ov.session == "2-plugin-v2"]
@@ -146,9 +149,9 @@ def test_overhead_table_from_runs():
 
 
 def test_smollm2_vllm_steps_agree_with_the_torch_profiler():
-    steps, prompts, outputs = V.load_smollm2_steps(GPU)
+    steps, prompts, outputs = VA.load_smollm2_steps(GPU)
     assert len(steps) == len(prompts) == len(outputs) == 200
-    r = V.agreement(steps, prompts, outputs, k=8, predictor=V.torch_profiler_predictor)
+    r = VA.agreement(steps, prompts, outputs, k=8, predictor=VA.torch_profiler_predictor)
     assert r["steps_with_drafts"] > 4000 and r["drafted_steps_agreement_rate"] == 1.0
     assert r["accepted_agreement_rate"] == 1.0
     committed = json.loads((GPU / "smollm2_agreement.json").read_text())
@@ -156,18 +159,18 @@ def test_smollm2_vllm_steps_agree_with_the_torch_profiler():
 
 
 def test_agreement_detects_a_wrong_count():
-    steps, prompts, outputs = V.load_smollm2_steps(GPU)
+    steps, prompts, outputs = VA.load_smollm2_steps(GPU)
     key = next(k for k, rows in steps.items() if any(d > 0 and a > 0 for _, d, a in rows))
     i = next(i for i, (_, d, a) in enumerate(steps[key]) if d > 0 and a > 0)
     p, d, a = steps[key][i]
     bad = {key: steps[key][:i] + [(p, d, a - 1)] + steps[key][i + 1:]}
-    r = V.agreement(bad, prompts, outputs, k=8)
+    r = VA.agreement(bad, prompts, outputs, k=8)
     assert r["accepted_agree"] == r["steps"] - 1
     assert r["mismatches"][0]["position"] == p
 
 
 def test_load_raw_reads_device_outputs():
-    from spec_repro.engines.vllm_jobs import load_raw
+    from spec_repro.engines.vllm_summary import load_raw
 
     runs, steps, engines = load_raw(FIX)
     assert len(runs) == 5 and set(runs["session"]) == {"1-plugin-v1"}

@@ -20,11 +20,10 @@ the chain's own keys at s+1 .. s+d-1. :meth:`EagleHead.chain` computes every dep
 with exactly that attention pattern (EAGLE-3's "training-time test"), which both the profiler (exact acceptance
 at every position) and training use; :class:`EagleProposer` drafts incrementally for the engine.
 
-Checkpoints load in the layouts vLLM 0.25 loads: EAGLE-1 keys ``fc.weight``, ``layers.0.{self_attn,mlp}.*``,
-``layers.0.post_attention_layernorm.weight`` (``embed_tokens``/``lm_head`` shared from the target, as vLLM does
-when the checkpoint has none), e.g. yuhuili/EAGLE-LLaMA3.1-Instruct-8B; EAGLE-3 keys ``fc.weight``,
-``midlayer.*`` (or ``layers.0.*``), ``norm.weight``, ``lm_head.weight``, ``d2t`` (``t2d`` ignored), e.g.
-yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, AngelSlim/Qwen3-8B_eagle3.
+Checkpoints load in vLLM 0.25's layouts: EAGLE-1 keys ``fc.weight``, ``layers.0.{self_attn,mlp}.*``,
+``layers.0.post_attention_layernorm.weight`` (``embed_tokens``/``lm_head`` shared from the target when absent,
+as in vLLM), e.g. yuhuili/EAGLE-LLaMA3.1-Instruct-8B; EAGLE-3 keys ``fc.weight``, ``midlayer.*`` (or
+``layers.0.*``), ``norm.weight``, ``lm_head.weight``, ``d2t`` (``t2d`` ignored), e.g. AngelSlim/Qwen3-8B_eagle3.
 """
 from __future__ import annotations
 
@@ -278,9 +277,7 @@ def feature_layers(head: EagleHead):
 
 
 def _features_from(out, layers) -> torch.Tensor:
-    if layers == "final":
-        return out.last_hidden_state
-    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return out.last_hidden_state if layers == "final" else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
 
 @torch.no_grad()

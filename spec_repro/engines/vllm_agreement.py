@@ -1,0 +1,191 @@
+"""vLLM's acceptance checked against this package's: vLLM's n-gram proposer replayed on recorded greedy outputs, the
+plugin's per-request steps, and step-by-step agreement with a predictor (the replay or the torch engine's
+profiler) and with the committed torch traces."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..paths import data_dir
+from .vllm_plugin import prompt_hash
+
+__all__ = ["ngram_propose", "predict_ngram_steps", "load_step_records", "request_steps", "ngram_agreement",
+           "agreement", "token_agreement", "torch_profiler_predictor", "load_smollm2_steps", "compare_torch_traces"]
+
+
+# ---- n-gram acceptance: vLLM's proposer replayed on recorded outputs -----------------------------------------
+def ngram_propose(context: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int | None = None) -> list[int]:
+    """What vLLM 0.25's n-gram proposer drafts after ``context``: the package's lookup
+    (``spec_repro.proposers.ngram.ngram_lookup``: the longest suffix n-gram, min_n <= n <= max_n, that occurred
+    before; among equally long matches the EARLIEST occurrence; up to k tokens that followed it), with k capped
+    as vLLM caps it at ``max_model_len``."""
+    from ..proposers.ngram import ngram_lookup
+
+    if max_model_len is not None:
+        k = min(k, max_model_len - len(context))
+    return ngram_lookup(context, k, min_n, max_n) if k > 0 else []
+
+
+def predict_ngram_steps(prompt: Sequence[int], output: Sequence[int], positions: Iterable[int], *, k: int,
+                        min_n: int = 3, max_n: int = 7) -> dict[int, tuple[int, int]]:
+    """For each output position p (tokens generated before the step), (drafted, accepted) that vLLM's n-gram
+    proposer would get on the greedy ``output``: draft from prompt + output[:p], accepted = leading matches
+    with output[p:]."""
+    res = {}
+    for p in positions:
+        ctx = list(prompt) + list(output[:p])
+        d = ngram_propose(ctx, min_n, max_n, k)
+        acc = 0
+        for i, t in enumerate(d):
+            if p + i < len(output) and output[p + i] == t:
+                acc += 1
+            else:
+                break
+        res[p] = (len(d), acc)
+    return res
+
+
+def load_step_records(path: str | Path) -> list[dict]:
+    """The plugin's JSON lines as dicts, keeping every field (``traces.read_steps`` keeps the schema columns)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) -> dict[str, list[tuple]]:
+    """Per prompt key, the steps vLLM ran for it: (position, drafted, accepted), in order. Requests are matched
+    to ``prompts`` through the prompt hash the plugin records for new requests (needs detail on)."""
+    by_hash = {prompt_hash(p): key for key, p in prompts.items()}
+    rid_key: dict[tuple[str, str], str] = {}
+    out: dict[str, list[tuple]] = {}
+    for r in records:
+        run = r.get("run_id", "")
+        for rid, (plen, h) in (r.get("new_reqs") or {}).items():
+            if h in by_hash:
+                rid_key[(run, rid)] = by_hash[h]
+        acc = r.get("accepted_per_req") or {}
+        for rid, (pos, nsched, ndraft) in (r.get("req_info") or {}).items():
+            key = rid_key.get((run, rid))
+            if key is None or pos <= 0 or nsched != 1 + ndraft:
+                continue              # prefill chunks and unmatched requests
+            out.setdefault(key, []).append((int(pos), int(ndraft), int(acc.get(rid, 0))))
+    return out
+
+
+def ngram_agreement(records: Iterable[dict], prompts: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],
+                    *, k: int, min_n: int = 3, max_n: int = 7, predictor=None) -> dict:
+    """Compare vLLM's per-step (drafted, accepted), from the plugin's records, with a prediction from the same
+    greedy outputs (see ``agreement``)."""
+    return agreement(request_steps(records, prompts), prompts, outputs, k=k, min_n=min_n, max_n=max_n,
+                     predictor=predictor)
+
+
+def agreement(steps: dict[str, list[tuple]], prompts: dict[str, Sequence[int]], outputs: dict[str, Sequence[int]],
+              *, k: int, min_n: int = 3, max_n: int = 7, predictor=None) -> dict:
+    """``steps[key] = [(position, drafted, accepted), ...]`` as vLLM ran them, against
+    ``predictor(prompt, output, positions, k=, min_n=, max_n=) -> {pos: (drafted, accepted)}`` (default
+    ``predict_ngram_steps``; ``torch_profiler_predictor`` is the torch engine's profiler). Accepted counts are
+    compared after capping at the tokens left to generate (vLLM stops at max_tokens). Returns counts, agreement
+    rates (all steps, and steps that drafted) and the first mismatches."""
+    predictor = predictor or predict_ngram_steps
+    n = agree_acc = agree_both = nd_steps = nd_agree = 0
+    mism = []
+    for key, rows in steps.items():
+        out = list(outputs[key])
+        pred = predictor(prompts[key], out, [p for p, _, _ in rows], k=k, min_n=min_n, max_n=max_n)
+        for pos, nd, na in rows:
+            left = len(out) - pos          # tokens vLLM still had to produce at this step
+            pd_, pa = pred[pos]
+            pa_c, na_c = min(pa, max(left - 1, 0)), min(na, max(left - 1, 0))
+            n += 1
+            ok_acc = pa_c == na_c
+            agree_acc += ok_acc
+            agree_both += ok_acc and (pd_ == nd or left <= nd)
+            if nd > 0:
+                nd_steps += 1
+                nd_agree += ok_acc and (pd_ == nd or left <= nd)
+            if not ok_acc and len(mism) < 20:
+                mism.append({"request": key, "position": pos, "vllm": [nd, na], "predicted": [pd_, pa]})
+    return {"steps": n, "requests": len(steps), "accepted_agree": agree_acc, "drafted_and_accepted_agree": agree_both,
+            "accepted_agreement_rate": agree_acc / n if n else math.nan,
+            "full_agreement_rate": agree_both / n if n else math.nan,
+            "steps_with_drafts": nd_steps, "drafted_steps_agree": nd_agree,
+            "drafted_steps_agreement_rate": nd_agree / nd_steps if nd_steps else math.nan, "mismatches": mism}
+
+
+def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict:
+    """Common-prefix length of two greedy outputs and whether they are identical over the shorter one."""
+    m = min(len(a), len(b))
+    i = 0
+    while i < m and a[i] == b[i]:
+        i += 1
+    return {"common_prefix": i, "len_a": len(a), "len_b": len(b), "identical": i == m}
+
+
+def torch_profiler_predictor(prompt, output, positions, *, k, min_n=3, max_n=7):
+    """The torch engine's profiler (``spec_repro.profiler.ngram_acceptance``) on the same outputs, read the
+    way the simulator reads it: the step at position p uses acc_len[p - 1]; drafts capped at k."""
+    from ..profiler import ngram_acceptance
+
+    acc, lens = ngram_acceptance(prompt, output, k_max=k, min_n=min_n, max_n=max_n)
+    return {p: (int(min(lens[p - 1], k)), int(acc[p - 1]) - 1) for p in positions if 1 <= p <= len(output)}
+
+
+def load_smollm2_steps(data_dir: str | Path = "data/gpu") -> tuple[dict, dict, dict]:
+    """(steps, prompts, outputs) of the committed SmolLM2 run: ``smollm2_vllm_steps.csv`` (vLLM's per-request
+    steps), ``smollm2_prompts.jsonl`` and ``smollm2_vllm_outputs.jsonl``, keyed by ``dataset/request_id``."""
+    import pandas as pd
+
+    d = Path(data_dir)
+    df = pd.read_csv(d / "smollm2_vllm_steps.csv")
+    steps = {key: list(zip(g["position"], g["drafted"], g["accepted"])) for key, g in df.groupby("key", sort=False)}
+    prompts = {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(d / "smollm2_prompts.jsonl"))}
+    outputs = {r["key"]: r["output_token_ids"] for r in map(json.loads, open(d / "smollm2_vllm_outputs.jsonl"))}
+    return steps, prompts, outputs
+
+
+def compare_torch_traces(outputs: dict, prompts: dict, per: dict, k: int, traces_dir: str | Path | None = None) -> dict:
+    """vLLM's outputs and accepted counts against the torch engine's committed traces (data/traces/): greedy
+    outputs agree up to the first differing token (numerics: vLLM float32 on the H200 vs torch float32 on a CPU);
+    on the common prefix, the step at position p should accept min(acc_len[p-1] - 1, k) tokens."""
+    from ..traces import read_trace
+
+    traces_dir = Path(traces_dir or data_dir() / "traces")
+    files = sorted(traces_dir.glob("smollm2-135m__*.parquet"))
+    if not files:
+        return {"note": f"no torch traces under {traces_dir}"}
+    n_req = identical = 0
+    prefix_frac = []
+    steps = agree = dsteps = dagree = 0
+    for f in files:
+        t = read_trace(f)
+        if "ngram" not in t.proposers:
+            continue
+        arrays = t.arrays("ngram")
+        req = t.requests.set_index("request_id")
+        for (ds, model, rid), acc in arrays.items():
+            key = f"{ds}/{rid}"
+            if key not in outputs or "output_token_ids" not in req.columns:
+                continue
+            tout = list(req.loc[rid, "output_token_ids"])
+            vout = outputs[key]
+            ta = token_agreement(tout, vout)
+            n_req += 1
+            identical += ta["identical"]
+            prefix_frac.append(ta["common_prefix"] / max(1, min(len(tout), len(vout))))
+            for p, d, a in per.get(key, []):
+                if p + d >= ta["common_prefix"] or p - 1 >= len(acc):
+                    continue
+                steps += 1
+                ok = min(int(acc[p - 1]) - 1, k) == a
+                agree += ok
+                if d > 0:
+                    dsteps += 1
+                    dagree += ok
+    return {"trace_files": [f.name for f in files], "requests": n_req, "identical_outputs": identical,
+            "mean_common_prefix_fraction": sum(prefix_frac) / len(prefix_frac) if prefix_frac else None,
+            "steps_on_common_prefix": steps, "accepted_agree": agree,
+            "accepted_agreement_rate": agree / steps if steps else None,
+            "steps_with_drafts": dsteps, "drafted_steps_agree": dagree,
+            "drafted_steps_agreement_rate": dagree / dsteps if dsteps else None}

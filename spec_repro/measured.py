@@ -1,0 +1,197 @@
+"""Readers of the committed measurements (``data/gpu``: vLLM on the H200; ``data/cpu``: the torch engine on a
+CPU): each returns (table or None, a provenance line saying what was read or that nothing was found)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .paths import data_dir
+from .provenance import manifest_line
+from .traces import TraceError
+
+__all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement",
+           "gpu_verify_limits", "verify_cost"]
+
+
+def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame | None, str]:
+    """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
+    ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) or not ``primary`` (superseded
+    by a later session's re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
+    (``study``: the study's batching) when the table says.
+
+    Returns (table or None, a provenance line saying what was read or that nothing was found)."""
+    from .traces import read_steps, validate_steps
+
+    folder = data_dir() / "gpu"
+    if files is None:
+        found = [folder / "steps.parquet"] if (folder / "steps.parquet").exists() else \
+            sorted(p for p in folder.rglob("steps*.jsonl"))
+    else:
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if not found:
+        return None, f"measured: no step-timing logs under {folder} (the GPU runs have not been committed)"
+    parts = []
+    for f in found:
+        if f.suffix == ".parquet":
+            d = pd.read_parquet(f)
+            if "outlier" in d.columns:
+                d = d[~d["outlier"].astype(bool)]
+            if "primary" in d.columns:   # runs re-made in a later session, or with imposed acceptance
+                d = d[d["primary"].astype(bool)]
+            if run_kind and "run_kind" in d.columns:
+                d = d[d["run_kind"].astype(str) == run_kind]
+            parts.append(validate_steps(d.reset_index(drop=True), str(f)))
+        else:
+            parts.append(read_steps(f))
+    df = pd.concat(parts, ignore_index=True)
+    engines = ", ".join(sorted(df["engine"].astype(str).unique()))
+    return df, f"measured ({engines} step logs): {manifest_line(folder, found)}"
+
+
+def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
+    """Step timings of this package's torch engine on the CPU (``data/cpu/steps_*.parquet``), same schema."""
+    from .traces import read_steps
+
+    folder = data_dir() / "cpu"
+    found = sorted(folder.glob("steps_*.parquet")) if files is None else \
+        [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    if not found:
+        return None, f"measured: no torch-engine step logs under {folder}"
+    df = pd.concat([read_steps(f) for f in found], ignore_index=True)
+    return df, f"measured (spec_repro torch engine step logs): {manifest_line(folder, found)}"
+
+
+def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
+    """Timed vLLM runs: the committed ``data/gpu/runs.csv`` (one row per run), or the ``kind == "run"`` records
+    of job result files (``results.jsonl``, see engines/vllm_jobs.py)."""
+    folder = data_dir() / "gpu"
+    if files is None:
+        found = [folder / "runs.csv"] if (folder / "runs.csv").exists() else sorted(folder.rglob("results.jsonl"))
+    else:
+        found = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files) if Path(f).exists()]
+    recs = []
+    for f in found:
+        if f.suffix == ".csv":
+            d = pd.read_csv(f)
+            if "primary" in d.columns:   # runs re-made in a later session (data/gpu/README.md)
+                d = d[d["primary"].astype(bool)]
+            recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
+            continue
+        for line in open(f):
+            if line.strip():
+                r = json.loads(line)
+                if r.get("kind") == "run":
+                    cfg = r.get("config") or {}
+                    r["synthetic_acceptance_length"] = cfg.get("synthetic_acceptance_length")
+                    r["load_format"] = cfg.get("load_format")
+                    r["source_file"] = str(f)
+                    recs.append(r)
+    return pd.DataFrame(recs), found
+
+
+def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None, str]:
+    """Measured end-to-end vLLM speedups: output tokens/s of each SD run ÷ the no-SD run (method ``none``) of the
+    same model and batch size, from the job results under ``data/gpu`` (``task='batches'``: the study's batching,
+    one prompt copied B times).
+
+    Returns (dataset, model, proposers, method, batch_size, speedup, tokens_per_s, base_tokens_per_s,
+    acceptance_length, weights) or None, and a provenance line. ``proposers`` labels each series with how its
+    acceptance came about (dummy weights accept almost nothing; vLLM's synthetic sampler imposes a length)."""
+    runs, found = _gpu_runs(files)
+    folder = data_dir() / "gpu"
+    if runs.empty or "task" not in runs or not (runs["task"] == task).any():
+        return None, f"measured: no vLLM throughput runs (task {task!r}) under {folder}"
+    d = runs[runs["task"] == task].copy()
+    d["tokens_per_s"] = d["output_tok_per_s"].astype(float)
+    key = ["model", "batch_size"]
+    base = (d[d["method"] == "none"].groupby(key, as_index=False)["tokens_per_s"].mean()
+            .rename(columns={"tokens_per_s": "base_tokens_per_s"}))
+    sd = d[d["method"] != "none"].copy()
+    sd["weights"] = np.where(sd["load_format"].astype(str) == "dummy", "dummy", "real")
+
+    sd["synthetic"] = pd.to_numeric(sd["synthetic_acceptance_length"], errors="coerce")
+    grp = key + ["method", "weights", "synthetic"]
+    sd = (sd.groupby(grp, as_index=False, dropna=False)
+          .agg(tokens_per_s=("tokens_per_s", "mean"), acceptance_length=("acceptance_length", "mean")))
+    al = sd.groupby(["model", "method", "weights", "synthetic"], dropna=False)["acceptance_length"].transform("mean")
+
+    def label(r, al):
+        if pd.notna(r["synthetic"]):
+            return f"{r['method']} (synthetic AL {r['synthetic']:g})"
+        return f"{r['method']} (AL {al:.2f}, {r['weights']} weights)"
+
+    sd["proposers"] = [label(r, a) for (_, r), a in zip(sd.iterrows(), al)]
+    sd["acceptance"] = np.where(sd["synthetic"].notna(), "assumed (vLLM synthetic sampler)", "as measured")
+    out = sd.merge(base, on=key)
+    out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
+    out["dataset"] = out["model"].astype(str) + " dims, random prompt"
+    return out.sort_values(key + ["proposers"]).reset_index(drop=True), \
+        f"measured vLLM throughput: {manifest_line(folder, found)}"
+
+
+def gpu_cost_model_path() -> Path | None:
+    """The cost model fitted to the committed H200 step logs (``data/gpu/costmodel_*.json``), if any."""
+    found = sorted((data_dir() / "gpu").glob("costmodel_*.json"))
+    return found[0] if found else None
+
+
+def acceptance_agreement(path=None) -> tuple[dict | None, str]:
+    """How well the traces' acceptance matches a production engine's: ``data/gpu/smollm2_agreement.json``
+    (SmolLM2-135M, real weights, n-gram in vLLM on the H200 vs this package's profiler and torch traces)."""
+    p = Path(path) if path is not None else data_dir() / "gpu" / "smollm2_agreement.json"
+    if not p.exists():
+        return None, f"no engine-agreement record at {p}"
+    return json.loads(p.read_text()), f"measured (vLLM on GPU vs spec_repro torch traces): {manifest_line(p.parent, [p])}"
+
+
+
+def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:
+    """Median decode target-forward (verification) time beside its HBM floor, per model, method and batch size
+    (``data/gpu/verify_limits.csv``: floor = (weights streamed + KV read) / datasheet bandwidth). Adds
+    ``vs_no_sd``: verification time ÷ the no-SD forward of the same model and batch size (k+1 tokens per
+    request vs 1)."""
+    p = Path(path) if path is not None else data_dir() / "gpu" / "verify_limits.csv"
+    if not p.exists():
+        return None, f"measured: no verification-vs-HBM-floor table at {p}"
+    df = pd.read_csv(p)
+    base = df[df["method"] == "none"][["model", "batch_size", "t_verify_ms"]].rename(
+        columns={"t_verify_ms": "base_ms"})
+    df = df.merge(base, on=["model", "batch_size"], how="left")
+    df["vs_no_sd"] = df["t_verify_ms"] / df["base_ms"]
+    return df.drop(columns="base_ms"), f"measured (vLLM step logs): {manifest_line(p.parent, [p])}"
+
+
+def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
+    """The measured cost of verifying k drafts: forward time of k+1 tokens ÷ time of 1 token, per k.
+
+    Reads ``data/cpu/verify_cost.csv`` by default; needs column ``k`` and either ``ratio`` or the two times
+    (``t_k1``/``t_1`` or ``seconds_k1``/``seconds_1``)."""
+    p = Path(path) if path is not None else data_dir() / "cpu" / "verify_cost.csv"
+    if not p.exists():
+        return None, f"measured: no verify-cost table at {p}"
+    df = pd.read_csv(p)
+    if "ratio" not in df.columns and "ratio_to_1_token" in df.columns:
+        df["ratio"] = df["ratio_to_1_token"]
+    if "ratio" not in df.columns:
+        pairs = [("t_k1", "t_1"), ("seconds_k1", "seconds_1"), ("t_kplus1", "t_1")]
+        for a, b in pairs:
+            if a in df.columns and b in df.columns:
+                df["ratio"] = df[a] / df[b]
+                break
+        else:
+            raise TraceError(f"{p}: need a 'ratio' column or time columns {pairs}, have {list(df.columns)}")
+    if "k" not in df.columns:
+        raise TraceError(f"{p}: need a 'k' column, have {list(df.columns)}")
+    src = f"measured on CPU: {manifest_line(p.parent, [p])}"
+    man = p.parent / "MANIFEST.json"
+    if man.exists():
+        e = json.loads(man.read_text()).get(p.name, {})
+        if e.get("weight_bytes") and "median_s" in df and (df["k"] == 0).any():
+            t1 = float(df.loc[df["k"] == 0, "median_s"].iloc[0])
+            src += (f"; model {e.get('model', '?')}, KV cache {e.get('kv_len', '?')} tokens, "
+                    f"{e.get('torch_threads', '?')} threads: a 1-token step ({t1 * 1e3:.1f} ms) reads "
+                    f"{e['weight_bytes'] / 1e6:.0f} MB of weights = {e['weight_bytes'] / t1 / 1e9:.1f} GB/s")
+    return df, src

@@ -1,0 +1,276 @@
+"""Pure metrics: a trace or a step/simulation table in, a tidy DataFrame out. Acceptance by position, per-request
+spread, prompt-output overlap, phase shares of step time, oracle gaps. Nothing here reads files or formats text."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .traces import Trace, TraceError
+
+__all__ = [
+    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
+    "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
+    "overlap_threshold", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
+]
+
+
+# ---- acceptance -------------------------------------------------------------------------------------------
+
+
+def walk_steps(acc_len: np.ndarray, k: int | None) -> np.ndarray:
+    """Positions where a greedy run with fixed draft length ``k`` starts each step.
+
+    A step starting at position p produces ``min(acc_len[p], k + 1)`` tokens (``k=None``: the oracle, which
+    produces ``acc_len[p]``). Returns the start positions (one per step)."""
+    a = np.asarray(acc_len, dtype=np.int64)
+    if k is not None:
+        a = np.minimum(a, k + 1)
+    starts, p, L = [], 0, len(a)
+    while p < L:
+        starts.append(p)
+        p += int(a[p])
+    return np.asarray(starts, dtype=np.int64)
+
+
+def _groups(trace: Trace, proposers: Sequence[str] | None):
+    acc = trace.acc
+    if proposers is not None:
+        trace.check_proposers(proposers)
+        acc = acc[acc["proposer"].isin(list(proposers))]
+    acc = acc.sort_values(["dataset", "model", "proposer", "request_id", "position"])
+    return acc.groupby(["dataset", "model", "proposer", "request_id"], sort=True, observed=True)
+
+
+def acceptance_by_output_position(trace: Trace, k: int | None = 3, bin_size: int = 16,
+                                  proposers: Sequence[str] | None = None, max_position: int | None = None,
+                                  min_requests: int = 1) -> pd.DataFrame:
+    """Mean tokens one step would produce (accepted + 1, capped at k + 1) by output position.
+
+    Positions are grouped in bins of ``bin_size`` tokens; bins reached by fewer than ``min_requests`` requests
+    are dropped (late positions exist only in long outputs). Returns dataset, model, proposer, position (the
+    bin's start), tokens_per_step (mean over every request and position in the bin), n (rows), n_requests."""
+    acc = trace.acc
+    if proposers is not None:
+        acc = acc[acc["proposer"].isin(trace.check_proposers(proposers))]
+    if max_position is not None:
+        acc = acc[acc["position"] < max_position]
+    a = acc["acc_len"].astype(np.int64)
+    if k is not None:
+        a = a.clip(upper=k + 1)
+    df = acc.assign(tokens_per_step=a, position=(acc["position"] // bin_size) * bin_size)
+    out = (df.groupby(["dataset", "model", "proposer", "position"], observed=True)
+           .agg(tokens_per_step=("tokens_per_step", "mean"), n=("tokens_per_step", "size"),
+                n_requests=("request_id", "nunique")).reset_index())
+    return out[out["n_requests"] >= min_requests].reset_index(drop=True)
+
+
+def acceptance_by_draft_position(trace: Trace, k: int = 3, proposers: Sequence[str] | None = None
+                                 ) -> pd.DataFrame:
+    """The study's per-position acceptance rate: drafts whose i-th token was accepted ÷ drafts, i = 1..k.
+
+    Steps are those of a fixed-k greedy run (``walk_steps``); a step counts as a draft when the proposer
+    proposed something (``draft_len`` > 0; unknown draft_len counts as a draft). Returns dataset, model,
+    proposer, draft_position (1..k), rate, drafts."""
+    rows = []
+    for (ds, mdl, prop), g in trace.acc.groupby(["dataset", "model", "proposer"], observed=True):
+        if proposers is not None and prop not in proposers:
+            continue
+        accepted_hist = np.zeros(k + 1, np.int64)  # accepted_hist[j]: drafts with exactly j accepted
+        for _, r in g.sort_values(["request_id", "position"]).groupby("request_id", sort=False, observed=True):
+            a = r["acc_len"].to_numpy(np.int64)
+            dl = r["draft_len"]
+            drafted = np.ones(len(a), bool) if dl.isna().all() else (dl.fillna(1).to_numpy(np.int64) > 0)
+            s = walk_steps(a, k)
+            s = s[drafted[s]]
+            acc_n = np.minimum(a[s] - 1, k)
+            accepted_hist += np.bincount(acc_n, minlength=k + 1)[: k + 1]
+        drafts = int(accepted_hist.sum())
+        for i in range(1, k + 1):
+            rows.append({"dataset": ds, "model": mdl, "proposer": prop, "draft_position": i,
+                         "rate": accepted_hist[i:].sum() / drafts if drafts else np.nan, "drafts": drafts})
+    return pd.DataFrame(rows)
+
+
+def tokens_per_step_per_request(trace: Trace, k: int | None = None, proposers: Sequence[str] | None = None
+                                ) -> pd.DataFrame:
+    """Per request and proposer: tokens per step (output length ÷ steps) of a greedy run with draft length k.
+
+    ``k=None`` uses the oracle (every step proposes exactly what will be accepted, up to the trace's k_max),
+    which is how the study reports the spread of tokens per step. Returns dataset, model, proposer,
+    request_id, steps, output_len, tokens_per_step."""
+    rows = []
+    for (ds, mdl, prop, rid), g in _groups(trace, proposers):
+        a = g["acc_len"].to_numpy(np.int64)
+        steps = len(walk_steps(a, k))
+        rows.append({"dataset": ds, "model": mdl, "proposer": prop, "request_id": rid, "steps": steps,
+                     "output_len": len(a), "tokens_per_step": len(a) / steps})
+    return pd.DataFrame(rows)
+
+
+def tokens_per_step_spread(trace: Trace, k: int | None = None, percentiles: Sequence[float] = (5, 25, 50, 75, 95),
+                           proposers: Sequence[str] | None = None) -> pd.DataFrame:
+    """Percentiles across requests of per-request tokens per step, per dataset/model/proposer.
+
+    Columns: dataset, model, proposer, n_requests, p5, p25, ... (one column per percentile), mean."""
+    per = tokens_per_step_per_request(trace, k=k, proposers=proposers)
+    rows = []
+    for (ds, mdl, prop), g in per.groupby(["dataset", "model", "proposer"], observed=True):
+        v = g["tokens_per_step"].to_numpy(float)
+        row = {"dataset": ds, "model": mdl, "proposer": prop, "n_requests": len(v)}
+        for q in percentiles:
+            row[f"p{q:g}"] = float(np.percentile(v, q))
+        row["mean"] = float(v.mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- prompt-output overlap --------------------------------------------------------------------------------
+
+
+def prompt_output_bleu(trace: Trace) -> pd.DataFrame:
+    """BLEU-4 (sacrebleu ``sentence_bleu``, 0..1) of each request's output against its prompt as reference.
+
+    Uses the decoded texts when the trace has them (sacrebleu's default 13a tokenizer), else the token ids
+    (``tokenize='none'`` on space-joined ids). Returns dataset, model, request_id, bleu, bleu_on."""
+    import sacrebleu
+
+    req = trace.requests
+    has_text = "prompt_text" in req and "output_text" in req
+    has_ids = "prompt_token_ids" in req and "output_token_ids" in req
+    if not (has_text or has_ids):
+        raise TraceError("prompt-output BLEU needs prompt/output texts or token ids in trace.requests; "
+                         "this trace has neither (published files carry token ids; ours carry both)")
+    rows = []
+    for r in req.itertuples(index=False):
+        text_ok = has_text and isinstance(r.prompt_text, str) and isinstance(r.output_text, str)
+        if text_ok:
+            hyp, ref, tok, on = r.output_text, r.prompt_text, "13a", "text"
+        elif has_ids and r.prompt_token_ids is not None and r.output_token_ids is not None:
+            hyp = " ".join(map(str, r.output_token_ids))
+            ref = " ".join(map(str, r.prompt_token_ids))
+            tok, on = "none", "token_ids"
+        else:
+            continue
+        score = min(1.0, sacrebleu.sentence_bleu(hyp, [ref], tokenize=tok).score / 100.0)  # 100.0000001
+        rows.append({"dataset": r.dataset, "model": r.model, "request_id": r.request_id, "bleu": score,
+                     "bleu_on": on})
+    return pd.DataFrame(rows)
+
+
+def ngram_advantage(trace: Trace, other: str, k: int = 3, ngram: str = "ngram") -> pd.DataFrame:
+    """Per request: BLEU-4 prompt-output overlap and n-gram's tokens per step ÷ ``other``'s, at draft length k.
+
+    Returns dataset, model, request_id, bleu, tpt_<ngram>, tpt_<other>, advantage (ratio), ngram_wins."""
+    t = trace.select(proposers=[ngram, other])
+    per = tokens_per_step_per_request(t, k=k)
+    wide = per.pivot_table(index=["dataset", "model", "request_id"], columns="proposer",
+                           values="tokens_per_step", observed=True).reset_index()
+    wide = wide.rename(columns={ngram: f"tpt_{ngram}", other: f"tpt_{other}"})
+    wide.columns.name = None
+    out = wide.merge(prompt_output_bleu(t), on=["dataset", "model", "request_id"], how="inner")
+    out["advantage"] = out[f"tpt_{ngram}"] / out[f"tpt_{other}"]
+    out["ngram_wins"] = out["advantage"] > 1.0
+    return out
+
+
+def ngram_advantage_by_model(trace: Trace, other: str | None = None, k: int = 3, ngram: str = "ngram") -> pd.DataFrame:
+    """``ngram_advantage`` for every model of the trace, each against ``other`` or, when None, that model's first
+    proposer that is not n-gram. Adds an ``other`` column; models without n-gram or another proposer are skipped."""
+    parts = []
+    for mdl in trace.models:
+        tm = trace.select(model=mdl)
+        o = other if other in tm.proposers else next((p for p in tm.proposers if p != ngram), None)
+        if ngram not in tm.proposers or o is None:
+            continue
+        parts.append(ngram_advantage(tm, other=o, k=k, ngram=ngram).rename(
+            columns={f"tpt_{o}": "tpt_other"}).assign(other=o))
+    if not parts:
+        raise TraceError(f"no model in the trace has both {ngram!r} and another proposer")
+    return pd.concat(parts, ignore_index=True)
+
+
+def overlap_threshold(adv: pd.DataFrame, edges: Sequence[float] = tuple(np.round(np.arange(0, 1.01, 0.1), 2))
+                      ) -> tuple[float | None, pd.DataFrame]:
+    """Where n-gram starts to win: the lowest BLEU bin edge from which every non-empty higher bin has a
+    median advantage > 1 (None if no such edge). Also returns the per-bin table (bin, n, median, win share)."""
+    b = pd.cut(adv["bleu"], bins=list(edges), include_lowest=True)
+    tab = (adv.assign(bin=b).groupby("bin", observed=True)
+           .agg(n=("advantage", "size"), median_advantage=("advantage", "median"),
+                ngram_win_share=("ngram_wins", "mean")).reset_index())
+    tab["bin_lo"] = [iv.left if iv.left > 0 else 0.0 for iv in tab["bin"]]
+    thr = None
+    for i in range(len(tab)):
+        if (tab["median_advantage"].iloc[i:] > 1).all():
+            thr = float(max(tab["bin_lo"].iloc[i], 0.0))
+            break
+    tab["bin"] = tab["bin"].astype(str)
+    return thr, tab
+
+
+# ---- step-time breakdown ----------------------------------------------------------------------------------
+
+#: The step-timing schema's phase columns and the one name each phase goes by in share tables and figures.
+PHASES = {"t_draft": "drafting", "t_verify": "verification", "t_reject": "rejection_sampling", "t_other": "overhead"}
+SHARE_COLUMNS = tuple(f"{name}_share" for name in PHASES.values())
+
+
+def phase_shares(steps: pd.DataFrame, by: Sequence[str] = ("model", "method", "k", "batch_size"),
+                 decode_only: bool = True) -> pd.DataFrame:
+    """Share of step time in each phase (drafting, verification, rejection sampling, overhead): each phase summed
+    over all steps of a group, divided by the summed step time (``t_total``).
+
+    Steps flagged ``outlier`` (JIT compilations, see ``engines.vllm_steps.flag_jit_outliers``) are left out when
+    the table has that column; ``decode_only`` keeps only steps marked ``phase == 'decode'`` (no prefill, no
+    chunked prefill mixed in) when the table has that column. Returns the ``by`` columns, steps, total_s,
+    ms_per_step and ``SHARE_COLUMNS`` (drafting_share, verification_share, rejection_sampling_share,
+    overhead_share; they sum to 1 when ``t_total`` is the sum of the phases)."""
+    df = steps
+    if "outlier" in df.columns:
+        df = df[~df["outlier"].astype(bool)]
+    if decode_only and "phase" in df.columns:
+        df = df[df["phase"].astype(str) == "decode"]
+    if df.empty:
+        raise TraceError("phase_shares: no steps to summarize")
+    g = df.groupby(list(by), observed=True)
+    sums = g[list(PHASES) + ["t_total"]].sum()
+    out = pd.DataFrame({"steps": g.size(), "total_s": sums["t_total"]})
+    out["ms_per_step"] = 1e3 * out["total_s"] / out["steps"]
+    for c, name in PHASES.items():
+        out[f"{name}_share"] = sums[c] / sums["t_total"]
+    return out.reset_index()
+
+
+def shares_long(shares: pd.DataFrame, by: Sequence[str] = ("model", "method", "k", "batch_size")) -> pd.DataFrame:
+    """``phase_shares`` output in long form (one row per phase, named as in figures), for stacked bars."""
+    cols = [c for c in shares.columns if c.endswith("_share")]
+    long = shares.melt(id_vars=list(by), value_vars=cols, var_name="phase", value_name="share")
+    long["phase"] = long["phase"].str.removesuffix("_share").str.replace("_", " ")
+    return long
+
+
+# ---- simulator outputs ------------------------------------------------------------------------------------
+
+
+def oracle_gap(sim: pd.DataFrame) -> pd.DataFrame:
+    """From simulate() rows with ``fixed-K`` and ``oracle`` policies: per dataset/proposers/batch size the best
+    fixed k, its speedup, the oracle's speedup and the gap (oracle ÷ best fixed)."""
+    fixed = sim[sim["policy"].str.startswith("fixed-")]
+    orc = sim[sim["policy"] == "oracle"]
+    key = ["dataset"] + (["model"] if "model" in sim.columns else []) + ["proposers", "batch_size"]
+    best = fixed.loc[fixed.groupby(key)["speedup"].idxmax(), key + ["policy", "speedup"]]
+    best = best.rename(columns={"policy": "best_fixed", "speedup": "best_fixed_speedup"})
+    out = best.merge(orc[key + ["speedup"]].rename(columns={"speedup": "oracle_speedup"}), on=key)
+    out["gap"] = out["oracle_speedup"] / out["best_fixed_speedup"]
+    return out.sort_values(key).reset_index(drop=True)
+
+
+def hybrid_table(sim: pd.DataFrame) -> pd.DataFrame:
+    """Oracle rows of simulate(): one column per configuration (each proposer's own oracle, and Oracle
+    Combine under each drafting-cost accounting), one row per dataset and batch size."""
+    o = sim[sim["policy"].isin(["oracle", "oracle-combine"])].copy()
+    o["config"] = np.where(o["policy"] == "oracle", "oracle " + o["proposers"],
+                           "combine (" + o["draft_cost"].astype(str) + ")")
+    idx = ["dataset"] + (["model"] if "model" in o.columns else []) + ["batch_size"]
+    return o.pivot_table(index=idx, columns="config", values="speedup").reset_index()

@@ -1,0 +1,140 @@
+"""The reporting layer, exactly: hand-built simulation / share / spread tables in, the summary strings out.
+
+Every expected value below was worked out by hand from the input table (not copied from a run), so a change to a
+number, a format or the paper's table (``findings.PAPER``) fails here before it reaches figures/SUMMARY.md."""
+import pandas as pd
+import pytest
+
+from spec_repro import findings as F
+from spec_repro.metrics import oracle_gap
+
+
+def _rows(rows):
+    return [(r.finding, r.quantity, r.paper, r.this_run, r.source, r.value) for r in rows]
+
+
+def _sim(rows):
+    cols = ["dataset", "proposers", "policy", "draft_cost", "batch_size", "speedup"]
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+
+
+def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_largest():
+    sim = _sim([("code-edit", "ngram", "oracle", "ngram-only", 1, 2.0), ("code-edit", "eagle", "oracle", "all", 1, 1.5),
+                ("code-edit", "ngram", "oracle", "ngram-only", 64, 1.25),
+                ("code-edit", "eagle", "oracle", "all", 64, 1.1)]).assign(model="m")
+    measured = pd.DataFrame({"dataset": ["llama31-8b dims, random prompt"] * 2, "model": ["llama31-8b"] * 2,
+                             "proposers": ["ngram (AL 3.95, dummy weights)"] * 2, "batch_size": [1, 256],
+                             "speedup": [3.333, 1.404]})
+    assert _rows(F.finding1_rows(sim, measured, sim_source="sim", measured_source="meas")) == [
+        ("1 speedup vs batch", "code-edit (m): best proposer (ngram), bs 1 -> 64 (simulated)",
+         "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "2.00x -> 1.25x", "sim", 2.0),
+        ("1 speedup vs batch", "llama31-8b dims, random prompt: best proposer (ngram (AL 3.95, dummy weights)), "
+         "bs 1 -> 256 (measured vLLM, dummy weights)",
+         "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "3.33x -> 1.40x", "meas", 3.333),
+    ]
+
+
+def test_finding2_shares_rejection_and_cpu_verify_cost():
+    shares = pd.DataFrame({"model": "m", "method": ["none", "ngram", "ngram"], "k": 3, "batch_size": [1, 1, 64],
+                           "verification_share": [0.9, 0.55, 0.7], "rejection_sampling_share": [0.0, 0.01, 0.02]})
+    vc = pd.DataFrame({"k": [0, 3, 7], "ratio": [1.0, 1.2, 1.5]})
+    assert _rows(F.finding2_rows(shares, "steps", vc, "cpu")) == [
+        ("2 verification bottleneck", "m dims, ngram: verification share of decode-step time, bs 1-64",
+         "42%-95% (all methods)", "55%-70%", "steps", 0.7),
+        ("2 verification bottleneck", "rejection sampling share, max over methods and batches", "< 1.7%", "2.0%",
+         "steps", 0.02),
+        ("2 verification bottleneck", "CPU (SmolLM2-135M): forward of k+1 = 4 tokens ÷ 1 token", "n/a (GPU study)",
+         "1.20", "cpu", 1.2),
+        ("2 verification bottleneck", "CPU (SmolLM2-135M): forward of k+1 = 8 tokens ÷ 1 token", "n/a (GPU study)",
+         "1.50", "cpu", 1.5),
+    ]
+    assert _rows(F.finding2_rows(None, "nothing", None, "")) == [
+        ("2 verification bottleneck", "verification share of step time", "42%-95%",
+         "not measured (no step logs or CPU verify-cost data found)", "nothing", None)]
+
+
+def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
+    spread = pd.DataFrame({"dataset": ["code-edit", "code-edit", "sharegpt", "sharegpt"], "model": "m",
+                           "proposer": ["ngram", "early-exit", "ngram", "early-exit"], "p5": [1.43, 1.1, 1.0, 1.0],
+                           "p50": [2.0, 1.5, 1.5, 1.2], "p95": [12.04, 3.26, 4.0, 2.0]})
+    assert _rows(F.finding3_rows(spread, None, source="src")) == [
+        ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, ngram",
+         "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0", "src", 12.04),
+        ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, early-exit",
+         "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3", "src", 3.26),
+        ("3 acceptance varies", "early-exit: median tokens/step, range across datasets", "varies by dataset",
+         "1.20 (sharegpt) - 1.50 (code-edit)", "src", pytest.approx(1.25)),
+        ("3 acceptance varies", "ngram: median tokens/step, range across datasets", "varies by dataset",
+         "1.50 (sharegpt) - 2.00 (code-edit)", "src", pytest.approx(4 / 3)),
+    ]
+
+
+def test_finding3b_overlap_threshold_and_win_shares():
+    adv = pd.DataFrame({"bleu": [0.1, 0.2, 0.7, 0.8], "ngram_wins": [False, True, True, True]})
+    assert _rows(F.finding3b_rows(adv, 0.6, "eagle", source="src")) == [
+        ("3 n-gram vs overlap", "BLEU-4 above which n-gram beats eagle", "≈0.6 (vs EAGLE)", "0.6", "src", 0.6),
+        ("3 n-gram vs overlap", "share of requests where n-gram beats eagle: BLEU < 0.6 | >= 0.6", "low | high",
+         "50% (n=2) | 100% (n=2)", "src", 1.0),
+    ]
+    assert F.finding3b_rows(adv, None, "eagle", source="src")[0].this_run == "none found"
+
+
+def test_finding4_oracle_vs_best_fixed_from_a_simulation_table():
+    sim = _sim([("code-edit", "ngram", "fixed-1", "ngram-only", 1, 1.5),
+                ("code-edit", "ngram", "fixed-3", "ngram-only", 1, 2.0),
+                ("code-edit", "ngram", "oracle", "ngram-only", 1, 2.5),
+                ("code-edit", "ngram", "fixed-1", "ngram-only", 16, 1.2),
+                ("code-edit", "ngram", "fixed-3", "ngram-only", 16, 1.1),
+                ("code-edit", "ngram", "oracle", "ngram-only", 16, 1.8),
+                ("sharegpt", "ngram", "fixed-1", "ngram-only", 1, 1.1),
+                ("sharegpt", "ngram", "oracle", "ngram-only", 1, 1.3)])
+    assert _rows(F.finding4_rows(oracle_gap(sim), source="src")) == [
+        ("4 oracle bound", "code-edit, ngram, bs 1: oracle vs best fixed k",
+         "oracle ≈2.75x vs best fixed ≈2.1x (InstructCoder, n-gram)", "2.50x vs 2.00x (fixed-3)", "src", 2.5),
+        ("4 oracle bound", "code-edit, ngram: oracle ÷ best fixed, bs 1 -> 16", "gap widens with batch size",
+         "1.25 -> 1.50", "src", pytest.approx(1.5)),
+    ]
+
+
+def test_finding5_each_oracle_and_oracle_combine_per_accounting():
+    sim = _sim([("code-edit", "ngram", "oracle", "ngram-only", 1, 2.5),
+                ("code-edit", "eagle", "oracle", "all", 1, 1.6),
+                ("code-edit", "ngram+eagle", "oracle-combine", "ngram-only", 1, 3.0),
+                ("code-edit", "ngram+eagle", "oracle-combine", "winner", 1, 2.8),
+                ("code-edit", "ngram+eagle", "oracle-combine", "all", 1, 2.6),
+                ("code-edit", "ngram+eagle", "oracle-combine", "all", 16, 1.4)])
+    assert _rows(F.finding5_rows(sim, source="src")) == [
+        ("5 hybrid oracle", "code-edit, bs 1: ngram oracle", "≈2.75x (finding 4)", "2.50x", "src", 2.5),
+        ("5 hybrid oracle", "code-edit, bs 1: eagle oracle", "≈2.7x", "1.60x", "src", 1.6),
+        ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost ngram-only", "4.9x",
+         "3.00x", "src", 3.0),
+        ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost winner", "≈4.3x",
+         "2.80x", "src", 2.8),
+        ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost all", "≈3.85x",
+         "2.60x", "src", 2.6),
+    ]
+
+
+def test_agreement_rows():
+    agree = {"vs_torch_profiler": {"accepted_agreement_rate": 1.0, "steps": 18113},
+             "vs_torch_traces": {"accepted_agreement_rate": 0.995, "steps_on_common_prefix": 1000,
+                                 "identical_outputs": 150, "requests": 200}}
+    assert [r.this_run for r in F.agreement_rows(agree, "src")] == [
+        "100.0% of 18113 steps", "99.5% of 1000 steps; 150/200 outputs identical"]
+    assert F.agreement_rows(None, "src") == []
+
+
+def test_summary_markdown_is_the_exact_table():
+    df = F.write_summary([F.SummaryRow("4 oracle bound", "a | b", "≈2.75x", "2.10x", "line1\nline2", 2.1)], None)
+    assert F.summary_markdown(df) == ("| finding | quantity | paper | this run | source |\n"
+                                      "|---|---|---|---|---|\n"
+                                      "| 4 oracle bound | a / b | ≈2.75x | 2.10x | line1 line2 |\n")
+
+
+def test_paper_table_is_the_only_source_of_the_figures_reference_lines():
+    assert F.paper_refs("oracle_gap") == {"paper oracle 2.75x": 2.75, "paper fixed 2.1x": 2.1}
+    assert F.paper_refs("hybrid", ["ngram", "eagle"]) == {
+        "combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85, "ngram oracle": 2.75,
+        "eagle oracle": 2.7}
+    with pytest.raises(ValueError, match="use 'oracle_gap' or 'hybrid'"):
+        F.paper_refs("speedup")
