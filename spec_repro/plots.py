@@ -39,7 +39,8 @@ _EXTRA = sns.color_palette("dark", 10)
 PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[3], "overhead": _CB[7]}
 ACCOUNTING_HATCH = {"ngram-only": "", "winner": "//", "all": "xx"}
 
-sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+# "paper" context: 8-10 pt text, meant for figures drawn at most COLUMN_WIDTH_IN wide (no shrinking)
+sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
 
 
 def color(name: str):
@@ -72,15 +73,33 @@ def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> l
     return paths
 
 
-def _finish(fig, source: str | None):
-    """Every figure's last step: the data's source under it, wrapped to its width, then the layout."""
-    if source:
-        import textwrap
+COLUMN_WIDTH_IN = 7.0   # the widest a figure is drawn (inches): a paper's text width; panels wrap below it
 
-        width = int(fig.get_figwidth() * 17)
-        text = "\n".join(textwrap.wrap("Source: " + "; ".join(source.splitlines()), width))
-        fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
+
+def _note(fig, text: str):
+    """A visible note printed under the figure (above the source): what was left out, and why."""
+    fig._spec_notes = getattr(fig, "_spec_notes", []) + [text]
+
+
+def _finish(fig, source: str | None):
+    """Every figure's last step: the layout, then under it the shared legend (if any), the notes and the data's
+    source, each wrapped to the figure's width and stacked so that nothing overlaps."""
+    import textwrap
+
     fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
+             for ax in fig.axes if ax.get_visible()] + [0.0])
+    leg = getattr(fig, "_spec_legend", None)
+    if leg is not None:
+        leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
+        y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
+    width = max(40, int(fig.get_figwidth() * 15))
+    for text, size, col in ([(n, 7.5, "0.1") for n in getattr(fig, "_spec_notes", [])]
+                            + ([("Source: " + "; ".join(source.splitlines()), 6.5, "0.3")] if source else [])):
+        t = fig.text(0.01, y - 0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=size,
+                     color=col)
+        y = t.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     return fig
 
 
@@ -120,30 +139,37 @@ def _plain_log(ax, axis: str = "y"):
     a.set_minor_formatter(NullFormatter())
 
 
-def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
+def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2, max_width: float | None = None):
+    """``n`` panels in ``ncols`` columns; the panel width shrinks (height with it, to at least 1.9 in) so that
+    the figure is at most ``max_width`` (default ``COLUMN_WIDTH_IN``) wide."""
     ncols = max(1, min(ncols, n))
     nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    w_eff = min(w, (max_width or COLUMN_WIDTH_IN) / ncols)
+    h_eff = max(1.9, h * w_eff / w)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w_eff * ncols, h_eff * nrows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
 
 
-def _legend_below(fig, axes, ncol: int = 6, order: Sequence[str] | None = None):
-    """One legend for all panels (right of the figure); ``order`` puts those labels first, in that order."""
+def _legend_below(fig, axes, ncol: int = 4, order: Sequence[str] | None = None, extra=()):
+    """One legend for all panels, centred under the figure (``_finish`` places it under the lowest axis);
+    ``order`` puts those labels first, in that order; ``extra`` appends (handle, label) pairs."""
     handles, labels = {}, []
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in handles:
+            if lab not in handles and not lab.startswith("_"):
                 handles[lab] = h
                 labels.append(lab)
         if ax.get_legend():
             ax.get_legend().remove()
     if order:
         labels = [lab for lab in order if lab in handles] + [lab for lab in labels if lab not in order]
-    if handles:
-        fig.legend([handles[lab] for lab in labels], labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False, fontsize=8)
+    pairs = [(handles[lab], lab) for lab in labels] + list(extra)
+    if pairs:
+        fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
+                                      bbox_to_anchor=(0.5, 0.0), ncol=min(ncol, len(pairs)), frameon=False,
+                                      fontsize=8, handlelength=2.6, columnspacing=1.2)
 
 
 # ---- finding 1 --------------------------------------------------------------------------------------------
@@ -406,54 +432,101 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
-                  paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
-    """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size:
-    grouped bars per dataset. Rows of ``simulate`` with policies ``oracle`` and ``oracle-combine``."""
-    sim = _panels(sim)
+                  paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None,
+                  paper_proposers: Sequence[str] = ("ngram", "eagle"), ncols: int = 1):
+    """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size: grouped
+    bars per dataset, one panel per model (``ncols`` panels a row). Rows of ``simulate`` with policies
+    ``oracle`` and ``oracle-combine``.
+
+    ``paper_refs`` maps a bar's label ("ngram oracle", "combine, winner", ...) to the paper's value, drawn as a
+    black tick across that one bar, and only (a) on ``paper_dataset`` (the paper's InstructCoder run or its
+    analogue; every dataset when None) and (b) on bars of the proposers the paper measured,
+    ``paper_proposers`` (a "draft oracle" or "early-exit oracle" bar never gets the paper's EAGLE value;
+    an Oracle Combine bar only when every proposer it combines is one of them)."""
     o = sim[(sim["batch_size"] == batch_size) & sim["policy"].isin(["oracle", "oracle-combine"])].copy()
     o["config"] = np.where(o["policy"] == "oracle", o["proposers"] + " oracle",
                            "combine, " + o["draft_cost"].astype(str))
+    if "model" not in o.columns:
+        o["model"] = ""
     singles = sorted(o.loc[o["policy"] == "oracle", "config"].unique())
     combos = [f"combine, {a}" for a in ("ngram-only", "winner", "all") if f"combine, {a}" in set(o["config"])]
     order = singles + combos
+    models = sorted(o["model"].astype(str).unique())
     datasets = sorted(o["dataset"].unique())
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(datasets) + 2.5), 4.0))
-    width = 0.8 / max(1, len(order))
-    for j, cfg in enumerate(order):
-        d = o[o["config"] == cfg].set_index("dataset").reindex(datasets)
-        if cfg.endswith(" oracle"):
-            c, hatch = color(cfg.removesuffix(" oracle")), ""
-        else:
-            names = d["proposers"].dropna()
-            c = color(names.iloc[0]) if len(names) else color("ngram+eagle")
-            hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
-        xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
-        bars = ax.bar(xs, d["speedup"], width=width * 0.95, color=c, hatch=hatch, edgecolor="white", label=cfg)
-        for b, v in zip(bars, d["speedup"]):
-            if np.isfinite(v):
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6.5)
-    ax.axhline(1.0, color="0.2", lw=1, ls=":")
-    # The paper's values belong to its InstructCoder run: a black bar-wide tick on the matching bar of that
-    # dataset (or its analogue). ``paper_refs`` maps a bar's label (e.g. "combine, winner") to the value.
-    targets = [i for i, d in enumerate(datasets) if paper_dataset and _is_paper_panel(d, paper_dataset)]
-    if not targets and len(datasets) == 1:
-        targets = [0]
-    drawn = False
-    for (lab, v), i in [(kv, i) for kv in (paper_refs or {}).items() for i in targets]:
-        present = set(o.loc[o["dataset"] == datasets[i], "config"])
-        if lab in order and lab in present:
-            j = order.index(lab)
-            x = i + (j - (len(order) - 1) / 2) * width
-            ax.hlines(v, x - width * 0.5, x + width * 0.5, color="k", lw=2.2,
-                      label=None if drawn else "paper (InstructCoder,\nLlama-3.1-8B, H100)" + (
-                          f"\ndrawn on {paper_dataset}" if paper_dataset and paper_dataset != "instructcoder" else ""))
-            drawn = True
-    ax.set_xticks(np.arange(len(datasets)))
-    ax.set_xticklabels(datasets)
-    ax.set_xlabel("dataset")
-    ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
+    ncols = max(1, min(ncols, len(models)))
+    nrows = int(np.ceil(len(models) / ncols))
+    fig, axs = plt.subplots(nrows, ncols, figsize=(COLUMN_WIDTH_IN, 2.5 * nrows + 0.3), squeeze=False)
+    for ax in axs.flat[len(models):]:
+        ax.set_visible(False)
+    axes = list(axs.flat[: len(models)])
+    width = 0.84 / max(1, len(order))
+    paper_set = set(paper_proposers or ())
+    handles, ticks = {}, 0
+    ymax = float(np.nanmax(list(o["speedup"]) + list((paper_refs or {}).values()) + [1.0]))
+    for ax, mdl in zip(axes, models):
+        om = o[o["model"].astype(str) == mdl]
+        tick_at = {}
+        for i, ds in enumerate(datasets):
+            if paper_dataset is not None and not _is_paper_panel(ds, paper_dataset):
+                continue
+            cell = om[om["dataset"] == ds]
+            for lab, v in (paper_refs or {}).items():
+                if lab not in order or lab not in set(cell["config"]):
+                    continue
+                if lab.endswith(" oracle"):
+                    ok = lab.removesuffix(" oracle") in paper_set
+                else:
+                    combined = set("+".join(cell.loc[cell["config"] == lab, "proposers"].astype(str)).split("+"))
+                    ok = combined <= paper_set
+                if not ok:
+                    continue
+                tick_at[(ds, lab)] = v
+        for j, cfg in enumerate(order):
+            d = om[om["config"] == cfg].set_index("dataset").reindex(datasets)
+            if cfg.endswith(" oracle"):
+                c, hatch = color(cfg.removesuffix(" oracle")), ""
+            else:
+                names = d["proposers"].dropna()
+                c = color(names.iloc[0]) if len(names) else color("ngram+eagle")
+                hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
+            xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
+            bars = ax.bar(xs, d["speedup"], width=width * 0.92, color=c, hatch=hatch, edgecolor="white", lw=0.3,
+                          label=cfg)
+            handles.setdefault(cfg, bars)
+            for ds, b, v in zip(datasets, bars, d["speedup"]):
+                t = tick_at.get((ds, cfg))
+                if t is not None:
+                    ax.hlines(t, b.get_x() - width * 0.04, b.get_x() + width * 0.96, color="k", lw=2.0, zorder=5,
+                              label=f"_paper {cfg} {ds}", gid=f"paper|{cfg}|{ds}")
+                    ticks += 1
+                    handles.setdefault("paper", ax.collections[-1])
+                if np.isfinite(v):
+                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.04 * ymax, f"{v:.2f}", ha="center",
+                            va="bottom", fontsize=5.5, rotation=90)
+        ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
+        ax.set_xticks(np.arange(len(datasets)))
+        ax.set_xticklabels(datasets)
+        ax.set_xlim(-0.5, len(datasets) - 0.5)
+        ax.set_ylim(0, ymax * 1.28)
+        ax.set_xlabel("dataset" if ax in axes[-ncols:] else "")
+        ax.set_ylabel(f"oracle speedup,\nbatch {batch_size} (×)")
+        ax.set_title(mdl or "", fontsize=9)
+        ax.grid(axis="x", visible=False)
+    for ax in axes:
+        if not ax.get_xlabel():
+            ax.set_xlabel(" ")
+    pairs = [(handles[c], c) for c in order]
+    if "paper" in handles:
+        pairs.append((handles["paper"], "paper (InstructCoder, Llama-3.1-8B, H100)"))
+    fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
+                                  bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7.5)
+    if paper_refs:
+        shown = sorted(paper_set)
+        _note(fig, "Black ticks: the paper's values, drawn only on "
+              + (f"the {paper_dataset} bars (InstructCoder's analogue)" if paper_dataset else "every dataset")
+              + f" and only for the proposers the paper measured ({', '.join(shown)}, and their Oracle Combine); "
+              + "other bars have no paper value." + ("" if ticks else " (No bar matched: none drawn.)"))
+    fig.suptitle(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
     return _finish(fig, source)
 
 
