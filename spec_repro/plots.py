@@ -15,7 +15,8 @@ import pandas as pd
 import seaborn as sns
 
 __all__ = [
-    "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "time_breakdown",
+    "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "stalled_runs",
+    "flag_stalled_points", "time_breakdown",
     "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
     "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
 ]
@@ -107,7 +108,14 @@ def _panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
     """With several models in one table, label each dataset panel with its model too ("code-edit · qwen...")."""
     if df is None or "model" not in df.columns or df["model"].nunique() <= 1:
         return df
-    return df.assign(dataset=df["dataset"].astype(str) + " · " + df["model"].astype(str))
+    ds, mdl = df["dataset"].astype(str), df["model"].astype(str)
+    already = [d.startswith(m) for d, m in zip(ds, mdl)]   # e.g. "llama31-8b dims, random prompt"
+    return df.assign(dataset=np.where(already, ds, ds + " · " + mdl))
+
+
+def _title(ax, panel: str, fontsize: float = 8.5):
+    """A panel's title: dataset and model on two lines (narrow panels)."""
+    ax.set_title(str(panel).replace(" · ", "\n"), fontsize=fontsize)
 
 
 def _is_paper_panel(panel: str, paper_dataset: str | None) -> bool:
@@ -121,7 +129,9 @@ def _batch_axis(ax, values):
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
-    ax.set_xticklabels([str(v) for v in vals])
+    step = 1 if len(vals) <= 5 else 2   # every other label when crowded (the ticks stay)
+    ax.set_xticklabels([str(v) if i % step == 0 or i == len(vals) - 1 and step == 1 else ""
+                        for i, v in enumerate(vals)])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("batch size (requests)")
 
@@ -175,43 +185,193 @@ def _legend_below(fig, axes, ncol: int = 4, order: Sequence[str] | None = None, 
 # ---- finding 1 --------------------------------------------------------------------------------------------
 
 
+_STYLE_LS = ["-", "--", ":", "-."]
+_STYLE_MK = ["o", "s", "^", "D"]
+_STYLE_MK_NAME = {"o": "●", "s": "■", "^": "▲", "D": "◆"}
+
+
+def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,
+                 verify_factor: float = 3.0, floor_s: float = 0.05, min_comparable: int = 3,
+                 min_share: float = 0.05) -> pd.DataFrame:
+    """Which timed vLLM runs contain a compilation / CUDA-graph-capture stall (a batch shape met for the first
+    time inside the timed window), from their per-step timings (``data/gpu/steps.parquet``).
+
+    A step stalls when (a) its time outside the target forward (t_total - t_verify) exceeds ``jit_factor`` x its
+    run's median and ``floor_s`` (Triton JIT in drafting; the ``outlier`` column of the step logs, recomputed
+    when absent), or (b) its target forward (t_verify) exceeds ``verify_factor`` x the median t_verify of the
+    same model's steps of the same kind (decode / not) and about the same batched tokens (within a factor 1.25;
+    at least ``min_comparable`` such steps), by more than ``floor_s`` (a new shape compiled in the forward).
+    A run is ``stalled`` when its steps' excess time is at least ``min_share`` of its wall time (``runs``:
+    spec, run_id, wall_s; else of the summed step time).
+
+    Pure (tables in, table out). Belongs in the analysis layer (beside ``gpu_speedups``); it lives here until
+    that is restructured. Returns spec, run_id, model, method, batch_size, stall_steps, stall_s, wall_s,
+    stall_share, stalled."""
+    key = [c for c in ("spec", "run_id") if c in steps.columns]
+    df = steps.copy()
+    nonv = df["t_total"] - df["t_verify"]
+    med = nonv.groupby([df[c] for c in key]).transform("median")
+    jit = (nonv > jit_factor * med) & (nonv > floor_s)
+    if "outlier" in df.columns:
+        jit |= df["outlier"].astype(bool)
+    jit_excess = np.where(jit, nonv - med, 0.0)
+    kind = (df["phase"].astype(str) == "decode") if "phase" in df.columns else pd.Series(True, index=df.index)
+    tok_bin = np.floor(np.log(df["batched_tokens"].clip(lower=1).astype(float)) / np.log(1.25)).astype(int)
+    grp = [df["model"].astype(str), kind, tok_bin]
+    ref = df["t_verify"].groupby(grp).transform("median")
+    cnt = df["t_verify"].groupby(grp).transform("size")
+    slow = (cnt >= min_comparable) & (df["t_verify"] > verify_factor * ref) & (df["t_verify"] - ref > floor_s)
+    ver_excess = np.where(slow, df["t_verify"] - ref, 0.0)
+    df["_stall_s"] = np.maximum(jit_excess, 0) + np.maximum(ver_excess, 0)
+    df["_stall"] = jit | slow
+    out = (df.groupby(key, observed=True)
+           .agg(model=("model", "first"), method=("method", "first"), batch_size=("batch_size", "first"),
+                stall_steps=("_stall", "sum"), stall_s=("_stall_s", "sum"), step_s=("t_total", "sum"))
+           .reset_index())
+    if runs is not None and set(key) <= set(runs.columns) and "wall_s" in runs.columns:
+        out = out.merge(runs[key + ["wall_s"]].drop_duplicates(key), on=key, how="left")
+        out["wall_s"] = out["wall_s"].fillna(out["step_s"])
+    else:
+        out["wall_s"] = out["step_s"]
+    out["stall_share"] = out["stall_s"] / out["wall_s"]
+    out["stalled"] = out["stall_share"] >= min_share
+    return out.drop(columns="step_s")
+
+
+def flag_stalled_points(measured: pd.DataFrame, stalls: pd.DataFrame, runs: pd.DataFrame | None = None
+                        ) -> pd.DataFrame:
+    """Mark measured speedups (``analysis.gpu_speedups`` rows) whose SD run or whose no-SD baseline run (method
+    ``none``, same model and batch size) is ``stalled`` in ``stalls`` (``stalled_runs``). ``runs`` (runs.csv:
+    spec, run_id, synthetic_acceptance_length, primary, task) tells runs with an imposed acceptance apart;
+    without it every run of that model, method and batch size counts. Adds ``stalled`` and ``stall_reason``."""
+    st = stalls[stalls["stalled"]].copy()
+    if runs is not None and {"spec", "run_id"} <= set(runs.columns):
+        r = runs
+        if "primary" in r.columns:
+            r = r[r["primary"].astype(bool)]
+        if "task" in r.columns:
+            r = r[r["task"].astype(str) == "batches"]
+        cols = ["spec", "run_id"] + [c for c in ("synthetic_acceptance_length",) if c in r.columns]
+        st = st.merge(r[cols], on=["spec", "run_id"], how="inner")
+    syn = pd.to_numeric(st["synthetic_acceptance_length"], errors="coerce") if "synthetic_acceptance_length" in st \
+        else pd.Series(np.nan, index=st.index)
+    bad = {(str(m), str(me), int(b), None if pd.isna(s) else float(s)): sh
+           for m, me, b, s, sh in zip(st["model"], st["method"], st["batch_size"], syn, st["stall_share"])}
+    flags, reasons = [], []
+    msyn = (pd.to_numeric(measured["synthetic"], errors="coerce") if "synthetic" in measured.columns
+            else pd.Series(np.nan, index=measured.index))
+    for (_, r), s in zip(measured.iterrows(), msyn):
+        s = None if pd.isna(s) else float(s)
+        own = bad.get((str(r["model"]), str(r["method"]), int(r["batch_size"]), s))
+        if own is None and runs is None:
+            own = next((v for k, v in bad.items() if k[:3] == (str(r["model"]), str(r["method"]),
+                                                              int(r["batch_size"]))), None)
+        base = bad.get((str(r["model"]), "none", int(r["batch_size"]), None))
+        why = ([f"SD run {own:.0%} stalled"] if own is not None else []) + \
+              ([f"no-SD baseline {base:.0%} stalled"] if base is not None else [])
+        flags.append(bool(why))
+        reasons.append("; ".join(why))
+    return measured.assign(stalled=flags, stall_reason=reasons)
+
+
+def _default_gpu_stalls():
+    """(stalls, runs) from the committed ``data/gpu`` step logs and runs.csv, or (None, None)."""
+    from .analysis import data_dir
+
+    folder = data_dir() / "gpu"
+    if not (folder / "steps.parquet").exists() or not (folder / "runs.csv").exists():
+        return None, None
+    runs = pd.read_csv(folder / "runs.csv")
+    steps = pd.read_parquet(folder / "steps.parquet")
+    return stalled_runs(steps, runs), runs
+
+
+def _drop_stalled(df: pd.DataFrame | None, stalls, stall_runs, fig_notes: list) -> pd.DataFrame | None:
+    """Drop the measured points ``flag_stalled_points`` marks; record a note saying how many and which."""
+    if df is None or not len(df) or stalls is None or not {"model", "method", "batch_size"} <= set(df.columns):
+        return df
+    if isinstance(stalls, str):   # "auto": only for measured vLLM rows (they carry their no-SD baseline)
+        if stalls != "auto" or "base_tokens_per_s" not in df.columns:
+            return df
+        stalls, stall_runs = _default_gpu_stalls()
+        if stalls is None:
+            return df
+    flagged = flag_stalled_points(df, stalls, stall_runs)
+    bad = flagged[flagged["stalled"]]
+    if len(bad):
+        which = ", ".join(f"{m} {p.split(' (')[0]}{' (synthetic)' if 'synthetic' in p else ''} B={b}"
+                          for m, p, b in zip(bad["model"], bad["proposers"], bad["batch_size"]))
+        fig_notes.append(
+            f"Dropped {len(bad)} of {len(flagged)} measured points: their timed run (or its no-SD baseline) hit a "
+            f"batch shape for the first time inside the timed window (JIT compilation / CUDA-graph capture; step "
+            f"logs show >= 5% of the wall time in such stalls): {which}.")
+    else:
+        fig_notes.append(f"No measured point dropped: no timed run shows a compilation stall (step logs).")
+    return flagged[~flagged["stalled"]].drop(columns=["stalled", "stall_reason"])
+
+
 def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
                      source: str | None = None, paper_refs: Mapping[str, float] | None = None,
-                     style: str | None = None):
-    """Speedup vs batch size, one panel per dataset, one line per proposer (simulated rows of ``simulate``:
-    dataset, proposers, batch_size, speedup). ``measured`` (dataset, proposers, batch_size, speedup) adds
-    measured points as large markers, dashed. ``paper_refs`` draws labelled horizontal reference lines."""
+                     style: str | None = None, paper_dataset: str | None = None, stalls="auto",
+                     stall_runs: pd.DataFrame | None = None, ncols: int | None = None):
+    """Speedup vs batch size, one panel per dataset, one colour per proposer (simulated rows of ``simulate``:
+    dataset, proposers, batch_size, speedup). ``style`` (default ``cost_model`` when the rows hold several) gives
+    each of its values its own line style AND marker (solid ●, dashed ■, dotted ▲, dash-dot ◆), named in the
+    legend. ``measured`` (dataset, proposers, batch_size, speedup) adds measured points, thin dash-dot with
+    hollow squares. ``paper_refs`` draws labelled reference lines, only on ``paper_dataset``'s panels (every
+    panel when None).
+
+    Measured vLLM rows (``analysis.gpu_speedups``, passed as ``sim`` or ``measured``) lose the points whose run
+    or no-SD baseline stalled on a first-use compilation: ``stalls`` = a ``stalled_runs`` table (with
+    ``stall_runs``, runs.csv), ``"auto"`` (read ``data/gpu``) or None (keep all). The figure says how many
+    points were dropped and which."""
+    notes: list[str] = []
+    sim = _drop_stalled(sim, stalls, stall_runs, notes)
+    measured = _drop_stalled(measured, stalls, stall_runs, notes)
     sim, measured = _panels(sim), _panels(measured)
     datasets = sorted(sim["dataset"].unique())
     if measured is not None and len(measured):
         datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
-    fig, axes = _facets(len(datasets), ncols=4 if len(datasets) % 4 == 0 else 3)
+    n = len(datasets)
+    fig, axes = _facets(n, ncols=ncols or (2 if n <= 4 else 3), w=3.5, h=2.7)
     props = sorted(set(sim["proposers"]) | (set(measured["proposers"]) if measured is not None else set()))
-    pal = {p: color(p.split(" ")[0]) for p in props}
+    if style is None and "cost_model" in sim.columns and sim["cost_model"].nunique() > 1:
+        style = "cost_model"
+    levels = sorted(sim[style].astype(str).unique()) if style else [None]
+    sty = {lv: (_STYLE_LS[i % 4], _STYLE_MK[i % 4]) for i, lv in enumerate(levels)}
     for ax, ds in zip(axes, datasets):
         d = sim[sim["dataset"] == ds]
-        if len(d):
-            if style is None and "cost_model" in d.columns and sim["cost_model"].nunique() > 1:
-                style = "cost_model"
-            sns.lineplot(data=d, x="batch_size", y="speedup", hue="proposers", palette=pal, marker="o", ax=ax,
-                         hue_order=[p for p in props if p in set(d["proposers"])], style=style)
+        for (p, lv), g in d.groupby(["proposers", d[style].astype(str) if style else pd.Series("", index=d.index)]):
+            g = g.sort_values("batch_size")
+            ls, mk = sty[lv if style else None]
+            ax.plot(g["batch_size"], g["speedup"], ls=ls, marker=mk, ms=3.5, lw=1.3, color=color(p.split(" ")[0]),
+                    label=f"_{p}|{lv}", gid=f"line|{p}|{lv}")
         if measured is not None and len(measured):
             m = measured[measured["dataset"] == ds]
-            styles = ["--", "-.", ":", (0, (5, 1))]
-            for i, (p, g) in enumerate(m.groupby("proposers")):
+            for p, g in m.groupby("proposers"):
                 g = g.sort_values("batch_size")
-                ax.plot(g["batch_size"], g["speedup"], ls=styles[i % len(styles)], marker="s", ms=5,
-                        color=color(p.split(" ")[0]), label=f"{p} (measured)")
-        ax.axhline(1.0, color="0.2", lw=1, ls=":")
-        for lab, v in (paper_refs or {}).items():
-            ax.axhline(v, color="0.5", lw=0.8, ls="--")
-            ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=7, color="0.35", va="bottom")
+                ax.plot(g["batch_size"], g["speedup"], ls="-.", lw=1, marker="s", ms=5, mfc="none",
+                        color=color(p.split(" ")[0]), label=f"_{p}|measured")
+        ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
+        if _is_paper_panel(ds, paper_dataset):
+            for lab, v in (paper_refs or {}).items():
+                ax.axhline(v, color="0.5", lw=0.8, ls="--")
+                ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=6.5, color="0.35", va="bottom")
         _batch_axis(ax, pd.concat([sim["batch_size"]] + ([measured["batch_size"]] if measured is not None else [])))
-        ax.set_title(ds)
-        ax.set_ylabel("speedup over no SD (×)")
-    styles = [] if style is None else ([style] + sorted(sim[style].astype(str).unique()))
-    _legend_below(fig, axes, order=["proposers"] + props + styles)
-    fig.suptitle(title or "Speedup vs batch size", y=1.02)
+        _title(ax, ds)
+        ax.set_ylabel("speedup vs no SD (×)")
+    from matplotlib.lines import Line2D
+
+    extra = [(Line2D([], [], color=color(p.split(" ")[0]), lw=4), p) for p in props]
+    if style:
+        extra += [(Line2D([], [], color="0.15", ls=sty[lv][0], marker=sty[lv][1], ms=4, lw=1.3),
+                   f"{style.replace('_', ' ')}: {lv}") for lv in levels]
+    if measured is not None and len(measured):
+        extra.append((Line2D([], [], color="0.15", ls="-.", marker="s", mfc="none", lw=1), "measured"))
+    _legend_below(fig, axes, ncol=3, extra=extra)
+    for t in notes:
+        _note(fig, t)
+    fig.suptitle(title or "Speedup vs batch size", fontsize=10)
     return _finish(fig, source)
 
 
