@@ -129,9 +129,15 @@ def _batch_axis(ax, values):
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
-    step = 1 if len(vals) <= 5 else 2   # every other label when crowded (the ticks stay)
-    ax.set_xticklabels([str(v) if i % step == 0 or i == len(vals) - 1 and step == 1 else ""
-                        for i, v in enumerate(vals)])
+    shown = []   # labels at least ~1.9 octaves apart (the ticks all stay), always the largest batch
+    for v in vals:
+        if not shown or np.log2(v) - np.log2(shown[-1]) >= 1.9:
+            shown.append(v)
+    if vals and shown[-1] != vals[-1]:
+        if np.log2(vals[-1]) - np.log2(shown[-1]) < 1.9 and len(shown) > 1:
+            shown.pop()
+        shown.append(vals[-1])
+    ax.set_xticklabels([str(v) if v in shown else "" for v in vals])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("batch size (requests)")
 
@@ -144,7 +150,10 @@ def _plain_log(ax, axis: str = "y"):
 
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
     a = ax.yaxis if axis == "y" else ax.xaxis
-    a.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100]))
+    lo, hi = (ax.get_ylim() if axis == "y" else ax.get_xlim())
+    dense = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100, 200, 300, 500]
+    sparse = [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500]
+    a.set_major_locator(FixedLocator(sparse if lo > 0 and hi / lo > 12 else dense))
     a.set_major_formatter(fmt)
     a.set_minor_formatter(NullFormatter())
 
@@ -417,26 +426,33 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
     return _finish(fig, source)
 
 
-def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None):
+def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None, ncols: int = 3):
     """Measured verification (target forward) time vs batch size beside its HBM floor (``gpu_verify_limits``):
-    a panel per model; solid = measured, dotted = floor (weights + KV bytes ÷ HBM bandwidth), colour = method."""
+    a panel per model (``ncols`` a row); colour = method; solid line with hollow markers = measured, dotted =
+    floor (weights + KV bytes ÷ HBM bandwidth)."""
+    from matplotlib.lines import Line2D
+
     models = sorted(limits["model"].unique())
-    fig, axes = _facets(len(models), ncols=len(models), w=4.6, h=3.6)
+    fig, axes = _facets(len(models), ncols=ncols, w=3.0, h=2.4)
+    marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
     for ax, mdl in zip(axes, models):
         d = limits[limits["model"] == mdl]
-        marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
         for meth, g in d.groupby("method"):
             g = g.sort_values("batch_size")
-            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=7, alpha=0.85,
-                    color=color(meth), label=f"{meth} measured")
-            ax.plot(g["batch_size"], g["floor_ms"], ls=":", color=color(meth), label=f"{meth} HBM floor")
+            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=5, lw=1.2,
+                    alpha=0.9, color=color(meth), label=f"_{meth} measured")
+            ax.plot(g["batch_size"], g["floor_ms"], ls=":", lw=1.2, color=color(meth), label=f"_{meth} HBM floor")
         _batch_axis(ax, d["batch_size"])
         ax.set_yscale("log")
         _plain_log(ax)
-        ax.set_ylabel("target forward per decode step (ms, log)")
-        ax.set_title(f"{mdl} dims", fontsize=9)
-    _legend_below(fig, axes)
-    fig.suptitle(title or "Verification time vs its memory-bandwidth floor", y=1.03)
+        ax.set_ylabel("target forward (ms, log)")
+        _title(ax, f"{mdl} dims")
+    methods = sorted(limits["method"].unique())
+    extra = [(Line2D([], [], color=color(m), marker=marks.get(m, "o"), mfc="none", lw=1.2), m) for m in methods]
+    extra += [(Line2D([], [], color="0.2", lw=1.2, marker="o", mfc="none"), "measured (median decode step)"),
+              (Line2D([], [], color="0.2", lw=1.2, ls=":"), "HBM floor (bytes ÷ bandwidth)")]
+    _legend_below(fig, axes, ncol=4, extra=extra)
+    fig.suptitle(title or "Verification time per decode step vs its memory-bandwidth floor", fontsize=10)
     return _finish(fig, source)
 
 
@@ -500,38 +516,56 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
 
 def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
                            paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle",
-                           paper_dataset: str | None = None):
+                           paper_dataset: str | None = None,
+                           paper_proposers: Sequence[str] = ("ngram", "eagle", "draft")):
     """Per-request tokens per step (``analysis.tokens_per_step_per_request``): box = 25-75th percentile,
-    whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
-    per_request = _panels(per_request)
-    props = sorted(per_request["proposer"].unique())
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.6 * per_request["dataset"].nunique() + 4), 3.8))
-    sns.boxplot(data=per_request, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props,
-                palette=palette_for(props), whis=(5, 95), fliersize=1.5, ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"tokens per step per request ({k_label}, log)")
-    ax.set_xlabel("dataset")
-    ax.axhline(1, color="0.3", lw=0.8, ls=":")
-    yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
-    ax.set_yticks(yt)
-    ax.set_yticklabels([f"{v:g}" for v in yt])
-    datasets = [t.get_text() for t in ax.get_xticklabels()]
-    for i, panel in enumerate(datasets if paper and paper_dataset else []):
-        if not _is_paper_panel(panel, paper_dataset):
-            continue
-        # the paper's 5th-95th range as a black I-beam right of the matching box (InstructCoder's analogue only)
-        present = set(per_request.loc[per_request["dataset"] == panel, "proposer"])
-        n, drawn = len(props), any(lab.startswith("paper") for lab in ax.get_legend_handles_labels()[1])
-        for j, p in enumerate(props):
-            if p in paper and p in present:
-                lo, hi = paper[p]
-                x = i - 0.4 + (j + 1) * 0.8 / n - 0.02
-                ax.vlines(x, lo, hi, color="k", lw=1.6, label=None if drawn else "paper 5th-95th (InstructCoder, 70B)")
-                ax.hlines([lo, hi], x - 0.03, x + 0.03, color="k", lw=1.6)
-                drawn = True
-    ax.legend(fontsize=8, title="proposer", title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5),
-              frameon=False)
-    ax.set_title(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
+    whiskers = 5th-95th, a panel per model (rows), datasets along x, a box per proposer. ``paper`` maps proposer
+    -> (p5, p95): drawn as a black I-beam right of that proposer's box, only on ``paper_dataset`` (the paper's
+    InstructCoder run or its analogue; nowhere when None) and only for the proposers the paper measured,
+    ``paper_proposers`` (a stand-in such as early-exit never gets EAGLE's range)."""
+    from matplotlib.lines import Line2D
+
+    df = per_request.copy()
+    if "model" not in df.columns:
+        df["model"] = ""
+    models = sorted(df["model"].astype(str).unique())
+    props = sorted(df["proposer"].unique())
+    datasets = sorted(df["dataset"].unique())
+    fig, axs = plt.subplots(len(models), 1, figsize=(COLUMN_WIDTH_IN, 2.3 * len(models) + 0.3), squeeze=False)
+    axes = list(axs.flat)
+    drawn = False
+    for ax, mdl in zip(axes, models):
+        d = df[df["model"].astype(str) == mdl]
+        sns.boxplot(data=d, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props, order=datasets,
+                    palette=palette_for(props), whis=(5, 95), fliersize=1.0, linewidth=0.7, saturation=1.0,
+                    gap=0.3, legend=False, ax=ax)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"tokens/step per request\n({k_label}, log)")
+        ax.set_xlabel("dataset" if ax is axes[-1] else " ")
+        ax.axhline(1, color="0.3", lw=0.8, ls=":")
+        yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
+        ax.set_yticks(yt)
+        ax.set_yticklabels([f"{v:g}" for v in yt])
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        _title(ax, mdl)
+        for i, ds in enumerate(datasets if paper and paper_dataset else []):
+            if not _is_paper_panel(ds, paper_dataset):
+                continue
+            present = [p for p in props if p in set(d.loc[d["dataset"] == ds, "proposer"])]
+            for j, p in enumerate(props):
+                if p in paper and p in present and p in set(paper_proposers or ()):
+                    lo, hi = paper[p]
+                    x = i - 0.4 + (j + 1) * 0.8 / len(props) - 0.015   # in the gap right of the box
+                    ax.vlines(x, lo, hi, color="k", lw=1.4, gid=f"paper|{p}|{ds}")
+                    ax.hlines([lo, hi], x - 0.02, x + 0.02, color="k", lw=1.4)
+                    drawn = True
+        if ax.get_legend():
+            ax.get_legend().remove()
+    extra = [(plt.Rectangle((0, 0), 1, 1, color=color(p)), p) for p in props]
+    if drawn:
+        extra.append((Line2D([], [], color="k", lw=1.4), f"paper 5th-95th (InstructCoder, 70B), on {paper_dataset}"))
+    _legend_below(fig, axes, ncol=5, extra=extra)
+    fig.suptitle(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
     return _finish(fig, source)
 
 
