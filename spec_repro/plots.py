@@ -572,24 +572,94 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
 # ---- finding 3b: overlap --------------------------------------------------------------------------------
 
 
+def _overlap_support(adv: pd.DataFrame, threshold: float) -> tuple[int, int]:
+    """Requests below / at or above a BLEU threshold."""
+    b = adv["bleu"].to_numpy(float)
+    return int((b < threshold).sum()), int((b >= threshold).sum())
+
+
+def _panel_threshold(adv: pd.DataFrame, edges=tuple(np.round(np.arange(0, 1.01, 0.1), 2)),
+                     min_requests: int = 10) -> float | None:
+    """``analysis.overlap_threshold``'s rule on one comparator's rows, counting only bins with at least
+    ``min_requests`` requests: the lowest BLEU bin edge from which every such higher bin has a median advantage
+    > 1 (None if none)."""
+    b = pd.cut(adv["bleu"], bins=list(edges), include_lowest=True)
+    g = adv.groupby(b, observed=True)["advantage"]
+    med = g.median()[g.size() >= min_requests]
+    los = [max(float(iv.left), 0.0) for iv in med.index]
+    for i in range(len(med)):
+        if (med.iloc[i:] > 1).all():
+            return los[i]
+    return None
+
+
 def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
-                         paper_threshold: float | None = 0.6, title: str = "", source: str | None = None):
-    """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over ``other`` (log scale)."""
-    adv = _panels(adv)
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    sns.scatterplot(data=adv, x="bleu", y="advantage", hue="dataset", style="dataset", s=28, alpha=0.8, ax=ax)
-    ax.set_yscale("log")
-    _plain_log(ax)
-    ax.axhline(1.0, color="0.2", lw=1)
-    if paper_threshold is not None:
-        ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, label=f"paper: n-gram wins above {paper_threshold}")
-    if threshold is not None:
-        ax.axvline(threshold, color=color("ngram"), ls="-.", lw=1.2, label=f"this run: {threshold:.1f}")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("prompt-output overlap, BLEU-4 (sacrebleu, 0-1)")
-    ax.set_ylabel(f"tokens/step n-gram ÷ {other} (log)")
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    ax.set_title(title or f"n-gram vs {other}: advantage grows with prompt-output overlap", fontsize=10)
+                         paper_threshold: float | None = 0.6, title: str = "", source: str | None = None,
+                         min_requests: int = 10, paper_other: str = "eagle"):
+    """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over the comparator (log scale), one
+    panel per comparator (``adv["other"]``, from ``analysis.ngram_advantage_by_model``; else ``other``), colour =
+    dataset. Each 0.1-wide BLEU bin is labelled with its request count (n=).
+
+    A threshold ("n-gram wins above") is drawn in a panel only when at least ``min_requests`` (default 10)
+    requests of that panel lie on EACH side of it; otherwise the panel says why it is not drawn. The threshold
+    is ``threshold`` when one comparator is shown, else re-derived per panel with ``analysis.overlap_threshold``'s
+    rule over the bins holding at least ``min_requests`` requests (a pooled value belongs to no single
+    comparator; a bin of one or two requests decides nothing). The paper's threshold (``paper_threshold``, measured
+    vs EAGLE) is drawn only in the ``paper_other`` panel."""
+    adv = adv.copy()
+    if "other" not in adv.columns:
+        adv["other"] = other
+    others = list(dict.fromkeys(adv["other"].astype(str)))
+    fig, axes = _facets(len(others), ncols=2, w=3.5, h=3.0)
+    datasets = sorted(adv["dataset"].unique())
+    pal = dict(zip(datasets, sns.color_palette("tab10", len(datasets))))
+    edges = np.round(np.arange(0, 1.01, 0.1), 2)
+    for ax, oth in zip(axes, others):
+        d = adv[adv["other"].astype(str) == oth]
+        for ds, g in d.groupby("dataset"):
+            ax.scatter(g["bleu"], g["advantage"], s=9, alpha=0.6, color=pal[ds], lw=0, label=ds)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="0.2", lw=0.9)
+        ax.set_xlim(-0.02, 1.02)
+        lo_y, hi_y = d["advantage"].min(), d["advantage"].max()
+        ax.set_ylim(lo_y / 1.15, hi_y * 1.6)
+        _plain_log(ax)
+        counts = np.histogram(d["bleu"].clip(0, 1), bins=edges)[0]
+        for a, b, n in zip(edges[:-1], edges[1:], counts):
+            if n:
+                ax.text((a + b) / 2, 0.97, f"{n}", transform=ax.get_xaxis_transform(), ha="center", va="top",
+                        fontsize=6, color="0.25")
+        ax.text(0.0, 1.005, "n per 0.1 bin:", transform=ax.transAxes, ha="left", va="bottom", fontsize=6,
+                color="0.25")
+        if paper_threshold is not None and oth == paper_other:
+            ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, gid="paper-threshold",
+                       label=f"paper: n-gram wins above {paper_threshold} (vs EAGLE)")
+        thr = threshold if len(others) == 1 else _panel_threshold(d, min_requests=min_requests)
+        if thr is not None:
+            below, above = _overlap_support(d, thr)
+            if min(below, above) >= min_requests:
+                ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
+                           label=f"this run: n-gram wins above {thr:.1f}")
+            else:
+                ax.text(0.98, 0.04, f"threshold {thr:.1f} not drawn:\n{below} / {above} requests below / above "
+                        f"(< {min_requests})", transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5,
+                        color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
+        else:
+            ax.text(0.98, 0.04, "no BLEU threshold: n-gram's median\nnever wins in every higher bin",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5, color="0.2",
+                    bbox=dict(fc="white", ec="0.7", lw=0.5))
+        ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
+        ax.set_ylabel(f"tokens/step n-gram ÷ {oth} (log)")
+        models = sorted(d["model"].astype(str).unique()) if "model" in d.columns else []
+        ax.set_title(f"n-gram vs {oth}" + (f" ({', '.join(models)})" if models else ""), fontsize=8.5, pad=10)
+    for ax in axes:
+        for h in ax.collections:
+            h.set_sizes([9])
+    _legend_below(fig, axes, ncol=3)
+    _note(fig, f"A threshold is drawn only where at least {min_requests} requests lie on each side of it (bins "
+          f"with fewer than {min_requests} requests decide no threshold); numbers at the top of each panel: "
+          "requests per 0.1-wide BLEU bin.")
+    fig.suptitle(title or "n-gram's advantage vs prompt-output overlap, per comparator", fontsize=10)
     return _finish(fig, source)
 
 
