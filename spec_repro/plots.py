@@ -480,14 +480,14 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
     dataset, a line per proposer."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         d = df[df["dataset"] == ds]
         sns.lineplot(data=d, x="position", y="tokens_per_step", hue="proposer", palette=pal, ax=ax,
                      drawstyle="steps-post")
         ax.set_ylim(1, (k + 1) if k else None)
-        ax.set_title(ds)
+        _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
         ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
     _legend_below(fig, axes)
@@ -499,14 +499,14 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
     """The study's per-position acceptance rate (``analysis.acceptance_by_draft_position``)."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.2, h=2.9)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.2, h=2.9)
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         sns.lineplot(data=df[df["dataset"] == ds], x="draft_position", y="rate", hue="proposer", palette=pal,
                      marker="o", ax=ax)
         ax.set_ylim(0, 1)
         ax.set_xticks(sorted(df["draft_position"].unique()))
-        ax.set_title(ds)
+        _title(ax, ds)
         ax.set_xlabel("draft token index i")
         ax.set_ylabel("P(i-th draft token accepted)")
     _legend_below(fig, axes)
@@ -672,7 +672,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     oracle, dashed = best fixed k, colour = proposer."""
     gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
     for ax, ds in zip(axes, datasets):
         d = gap[gap["dataset"] == ds]
         for p, g in d.groupby("proposers"):
@@ -686,9 +686,8 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                 ax.axhline(v, color="0.5", lw=0.8, ls="--")
                 ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
         _batch_axis(ax, gap["batch_size"])
-        ax.set_title(ds + ("\n(paper's lines: InstructCoder)" if paper_refs and paper_dataset
-                           and _is_paper_panel(ds, paper_dataset) else ""),
-                     fontsize=9)
+        _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
+                         and _is_paper_panel(ds, paper_dataset) else ""))
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
@@ -806,7 +805,7 @@ def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "
     sim = _panels(sim)
     panels = [(ds, st) for ds, st in sim[["dataset", "set"]].drop_duplicates().itertuples(index=False)]
     panels.sort()
-    fig, axes = _facets(len(panels), ncols=4, w=3.6)
+    fig, axes = _facets(len(panels), ncols=3, w=3.6)
     for ax, (ds, st) in zip(axes, panels):
         d = sim[(sim["dataset"] == ds) & (sim["set"] == st)]
         fx = d[d["policy"].str.startswith("fixed-")]
@@ -831,7 +830,7 @@ def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "
                 ax.plot(g["batch_size"], g["speedup"], color=c, lw=2, marker=mk, ms=4, label=f"{pol} (ran)")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         _batch_axis(ax, d["batch_size"])
-        ax.set_title(f"{ds}\n{st}", fontsize=8.5)
+        _title(ax, f"{ds} · {st}", fontsize=8)
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Causal selectors vs fixed k and the oracles", y=1.02)
