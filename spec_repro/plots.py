@@ -18,7 +18,8 @@ from .findings import PAPER
 from .metrics import SHARE_COLUMNS
 
 __all__ = [
-    "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "time_breakdown",
+    "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "stalled_runs",
+    "flag_stalled_points", "time_breakdown",
     "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
     "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
 ]
@@ -42,7 +43,8 @@ _EXTRA = sns.color_palette("dark", 10)
 PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[3], "overhead": _CB[7]}
 ACCOUNTING_HATCH = {"ngram-only": "", "winner": "//", "all": "xx"}
 
-sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+# "paper" context: 8-10 pt text, meant for figures drawn at most COLUMN_WIDTH_IN wide (no shrinking)
+sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
 
 
 def color(name: str):
@@ -75,15 +77,33 @@ def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> l
     return paths
 
 
-def _finish(fig, source: str | None):
-    """Every figure's last step: the data's source under it, wrapped to its width, then the layout."""
-    if source:
-        import textwrap
+COLUMN_WIDTH_IN = 7.0   # the widest a figure is drawn (inches): a paper's text width; panels wrap below it
 
-        width = int(fig.get_figwidth() * 17)
-        text = "\n".join(textwrap.wrap("Source: " + "; ".join(source.splitlines()), width))
-        fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.3")
+
+def _note(fig, text: str):
+    """A visible note printed under the figure (above the source): what was left out, and why."""
+    fig._spec_notes = getattr(fig, "_spec_notes", []) + [text]
+
+
+def _finish(fig, source: str | None):
+    """Every figure's last step: the layout, then under it the shared legend (if any), the notes and the data's
+    source, each wrapped to the figure's width and stacked so that nothing overlaps."""
+    import textwrap
+
     fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
+             for ax in fig.axes if ax.get_visible()] + [0.0])
+    leg = getattr(fig, "_spec_legend", None)
+    if leg is not None:
+        leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
+        y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
+    width = max(40, int(fig.get_figwidth() * 15))
+    for text, size, col in ([(n, 7.5, "0.1") for n in getattr(fig, "_spec_notes", [])]
+                            + ([("Source: " + "; ".join(source.splitlines()), 6.5, "0.3")] if source else [])):
+        t = fig.text(0.01, y - 0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=size,
+                     color=col)
+        y = t.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     return fig
 
 
@@ -91,7 +111,14 @@ def _panels(df: pd.DataFrame | None) -> pd.DataFrame | None:
     """With several models in one table, label each dataset panel with its model too ("code-edit · qwen...")."""
     if df is None or "model" not in df.columns or df["model"].nunique() <= 1:
         return df
-    return df.assign(dataset=df["dataset"].astype(str) + " · " + df["model"].astype(str))
+    ds, mdl = df["dataset"].astype(str), df["model"].astype(str)
+    already = [d.startswith(m) for d, m in zip(ds, mdl)]   # e.g. "llama31-8b dims, random prompt"
+    return df.assign(dataset=np.where(already, ds, ds + " · " + mdl))
+
+
+def _title(ax, panel: str, fontsize: float = 8.5):
+    """A panel's title: dataset and model on two lines (narrow panels)."""
+    ax.set_title(str(panel).replace(" · ", "\n"), fontsize=fontsize)
 
 
 def _is_paper_panel(panel: str, paper_dataset: str | None) -> bool:
@@ -105,7 +132,15 @@ def _batch_axis(ax, values):
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
-    ax.set_xticklabels([str(v) for v in vals])
+    shown = []   # labels at least ~1.9 octaves apart (the ticks all stay), always the largest batch
+    for v in vals:
+        if not shown or np.log2(v) - np.log2(shown[-1]) >= 1.9:
+            shown.append(v)
+    if vals and shown[-1] != vals[-1]:
+        if np.log2(vals[-1]) - np.log2(shown[-1]) < 1.9 and len(shown) > 1:
+            shown.pop()
+        shown.append(vals[-1])
+    ax.set_xticklabels([str(v) if v in shown else "" for v in vals])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("batch size (requests)")
 
@@ -118,77 +153,237 @@ def _plain_log(ax, axis: str = "y"):
 
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
     a = ax.yaxis if axis == "y" else ax.xaxis
-    a.set_major_locator(FixedLocator([0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100]))
+    lo, hi = (ax.get_ylim() if axis == "y" else ax.get_xlim())
+    dense = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.2, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100, 200, 300, 500]
+    sparse = [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500]
+    a.set_major_locator(FixedLocator(sparse if lo > 0 and hi / lo > 12 else dense))
     a.set_major_formatter(fmt)
     a.set_minor_formatter(NullFormatter())
 
 
-def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2):
+def _facets(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.2, max_width: float | None = None):
+    """``n`` panels in ``ncols`` columns; the panel width shrinks (height with it, to at least 1.9 in) so that
+    the figure is at most ``max_width`` (default ``COLUMN_WIDTH_IN``) wide."""
     ncols = max(1, min(ncols, n))
     nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    w_eff = min(w, (max_width or COLUMN_WIDTH_IN) / ncols)
+    h_eff = max(1.9, h * w_eff / w)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w_eff * ncols, h_eff * nrows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:n])
 
 
-def _legend_below(fig, axes, ncol: int = 6, order: Sequence[str] | None = None):
-    """One legend for all panels (right of the figure); ``order`` puts those labels first, in that order."""
+def _legend_below(fig, axes, ncol: int = 4, order: Sequence[str] | None = None, extra=()):
+    """One legend for all panels, centred under the figure (``_finish`` places it under the lowest axis);
+    ``order`` puts those labels first, in that order; ``extra`` appends (handle, label) pairs."""
     handles, labels = {}, []
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in handles:
+            if lab not in handles and not lab.startswith("_"):
                 handles[lab] = h
                 labels.append(lab)
         if ax.get_legend():
             ax.get_legend().remove()
     if order:
         labels = [lab for lab in order if lab in handles] + [lab for lab in labels if lab not in order]
-    if handles:
-        fig.legend([handles[lab] for lab in labels], labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False, fontsize=8)
+    pairs = [(handles[lab], lab) for lab in labels] + list(extra)
+    if pairs:
+        fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
+                                      bbox_to_anchor=(0.5, 0.0), ncol=min(ncol, len(pairs)), frameon=False,
+                                      fontsize=8, handlelength=2.6, columnspacing=1.2)
 
 
 # ---- finding 1 --------------------------------------------------------------------------------------------
 
 
+_STYLE_LS = ["-", "--", ":", "-."]
+_STYLE_MK = ["o", "s", "^", "D"]
+_STYLE_MK_NAME = {"o": "●", "s": "■", "^": "▲", "D": "◆"}
+
+
+def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,
+                 verify_factor: float = 3.0, floor_s: float = 0.05, min_comparable: int = 3,
+                 min_share: float = 0.05) -> pd.DataFrame:
+    """Which timed vLLM runs contain a compilation / CUDA-graph-capture stall (a batch shape met for the first
+    time inside the timed window), from their per-step timings (``data/gpu/steps.parquet``).
+
+    A step stalls when (a) its time outside the target forward (t_total - t_verify) exceeds ``jit_factor`` x its
+    run's median and ``floor_s`` (Triton JIT in drafting; the ``outlier`` column of the step logs, recomputed
+    when absent), or (b) its target forward (t_verify) exceeds ``verify_factor`` x the median t_verify of the
+    same model's steps of the same kind (decode / not) and about the same batched tokens (within a factor 1.25;
+    at least ``min_comparable`` such steps), by more than ``floor_s`` (a new shape compiled in the forward).
+    A run is ``stalled`` when its steps' excess time is at least ``min_share`` of its wall time (``runs``:
+    spec, run_id, wall_s; else of the summed step time).
+
+    Pure (tables in, table out). Belongs in the analysis layer (beside ``gpu_speedups``); it lives here until
+    that is restructured. Returns spec, run_id, model, method, batch_size, stall_steps, stall_s, wall_s,
+    stall_share, stalled."""
+    key = [c for c in ("spec", "run_id") if c in steps.columns]
+    df = steps.copy()
+    nonv = df["t_total"] - df["t_verify"]
+    med = nonv.groupby([df[c] for c in key]).transform("median")
+    jit = (nonv > jit_factor * med) & (nonv > floor_s)
+    if "outlier" in df.columns:
+        jit |= df["outlier"].astype(bool)
+    jit_excess = np.where(jit, nonv - med, 0.0)
+    kind = (df["phase"].astype(str) == "decode") if "phase" in df.columns else pd.Series(True, index=df.index)
+    tok_bin = np.floor(np.log(df["batched_tokens"].clip(lower=1).astype(float)) / np.log(1.25)).astype(int)
+    grp = [df["model"].astype(str), kind, tok_bin]
+    ref = df["t_verify"].groupby(grp).transform("median")
+    cnt = df["t_verify"].groupby(grp).transform("size")
+    slow = (cnt >= min_comparable) & (df["t_verify"] > verify_factor * ref) & (df["t_verify"] - ref > floor_s)
+    ver_excess = np.where(slow, df["t_verify"] - ref, 0.0)
+    df["_stall_s"] = np.maximum(jit_excess, 0) + np.maximum(ver_excess, 0)
+    df["_stall"] = jit | slow
+    out = (df.groupby(key, observed=True)
+           .agg(model=("model", "first"), method=("method", "first"), batch_size=("batch_size", "first"),
+                stall_steps=("_stall", "sum"), stall_s=("_stall_s", "sum"), step_s=("t_total", "sum"))
+           .reset_index())
+    if runs is not None and set(key) <= set(runs.columns) and "wall_s" in runs.columns:
+        out = out.merge(runs[key + ["wall_s"]].drop_duplicates(key), on=key, how="left")
+        out["wall_s"] = out["wall_s"].fillna(out["step_s"])
+    else:
+        out["wall_s"] = out["step_s"]
+    out["stall_share"] = out["stall_s"] / out["wall_s"]
+    out["stalled"] = out["stall_share"] >= min_share
+    return out.drop(columns="step_s")
+
+
+def flag_stalled_points(measured: pd.DataFrame, stalls: pd.DataFrame, runs: pd.DataFrame | None = None
+                        ) -> pd.DataFrame:
+    """Mark measured speedups (``analysis.gpu_speedups`` rows) whose SD run or whose no-SD baseline run (method
+    ``none``, same model and batch size) is ``stalled`` in ``stalls`` (``stalled_runs``). ``runs`` (runs.csv:
+    spec, run_id, synthetic_acceptance_length, primary, task) tells runs with an imposed acceptance apart;
+    without it every run of that model, method and batch size counts. Adds ``stalled`` and ``stall_reason``."""
+    st = stalls[stalls["stalled"]].copy()
+    if runs is not None and {"spec", "run_id"} <= set(runs.columns):
+        r = runs
+        if "primary" in r.columns:
+            r = r[r["primary"].astype(bool)]
+        if "task" in r.columns:
+            r = r[r["task"].astype(str) == "batches"]
+        cols = ["spec", "run_id"] + [c for c in ("synthetic_acceptance_length",) if c in r.columns]
+        st = st.merge(r[cols], on=["spec", "run_id"], how="inner")
+    syn = pd.to_numeric(st["synthetic_acceptance_length"], errors="coerce") if "synthetic_acceptance_length" in st \
+        else pd.Series(np.nan, index=st.index)
+    bad = {(str(m), str(me), int(b), None if pd.isna(s) else float(s)): sh
+           for m, me, b, s, sh in zip(st["model"], st["method"], st["batch_size"], syn, st["stall_share"])}
+    flags, reasons = [], []
+    msyn = (pd.to_numeric(measured["synthetic"], errors="coerce") if "synthetic" in measured.columns
+            else pd.Series(np.nan, index=measured.index))
+    for (_, r), s in zip(measured.iterrows(), msyn):
+        s = None if pd.isna(s) else float(s)
+        own = bad.get((str(r["model"]), str(r["method"]), int(r["batch_size"]), s))
+        if own is None and runs is None:
+            own = next((v for k, v in bad.items() if k[:3] == (str(r["model"]), str(r["method"]),
+                                                              int(r["batch_size"]))), None)
+        base = bad.get((str(r["model"]), "none", int(r["batch_size"]), None))
+        why = ([f"SD run {own:.0%} stalled"] if own is not None else []) + \
+              ([f"no-SD baseline {base:.0%} stalled"] if base is not None else [])
+        flags.append(bool(why))
+        reasons.append("; ".join(why))
+    return measured.assign(stalled=flags, stall_reason=reasons)
+
+
+def _default_gpu_stalls():
+    """(stalls, runs) from the committed ``data/gpu`` step logs and runs.csv, or (None, None)."""
+    from .analysis import data_dir
+
+    folder = data_dir() / "gpu"
+    if not (folder / "steps.parquet").exists() or not (folder / "runs.csv").exists():
+        return None, None
+    runs = pd.read_csv(folder / "runs.csv")
+    steps = pd.read_parquet(folder / "steps.parquet")
+    return stalled_runs(steps, runs), runs
+
+
+def _drop_stalled(df: pd.DataFrame | None, stalls, stall_runs, fig_notes: list) -> pd.DataFrame | None:
+    """Drop the measured points ``flag_stalled_points`` marks; record a note saying how many and which."""
+    if df is None or not len(df) or stalls is None or not {"model", "method", "batch_size"} <= set(df.columns):
+        return df
+    if isinstance(stalls, str):   # "auto": only for measured vLLM rows (they carry their no-SD baseline)
+        if stalls != "auto" or "base_tokens_per_s" not in df.columns:
+            return df
+        stalls, stall_runs = _default_gpu_stalls()
+        if stalls is None:
+            return df
+    flagged = flag_stalled_points(df, stalls, stall_runs)
+    bad = flagged[flagged["stalled"]]
+    if len(bad):
+        which = ", ".join(f"{m} {p.split(' (')[0]}{' (synthetic)' if 'synthetic' in p else ''} B={b}"
+                          for m, p, b in zip(bad["model"], bad["proposers"], bad["batch_size"]))
+        fig_notes.append(
+            f"Dropped {len(bad)} of {len(flagged)} measured points: their timed run (or its no-SD baseline) hit a "
+            f"batch shape for the first time inside the timed window (JIT compilation / CUDA-graph capture; step "
+            f"logs show >= 5% of the wall time in such stalls): {which}.")
+    else:
+        fig_notes.append(f"No measured point dropped: no timed run shows a compilation stall (step logs).")
+    return flagged[~flagged["stalled"]].drop(columns=["stalled", "stall_reason"])
+
+
 def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
                      source: str | None = None, paper_refs: Mapping[str, float] | None = None,
-                     style: str | None = None):
-    """Speedup vs batch size, one panel per dataset, one line per proposer (simulated rows of ``simulate``:
-    dataset, proposers, batch_size, speedup). ``measured`` (dataset, proposers, batch_size, speedup) adds
-    measured points as large markers, dashed. ``paper_refs`` draws labelled horizontal reference lines."""
+                     style: str | None = None, paper_dataset: str | None = None, stalls="auto",
+                     stall_runs: pd.DataFrame | None = None, ncols: int | None = None):
+    """Speedup vs batch size, one panel per dataset, one colour per proposer (simulated rows of ``simulate``:
+    dataset, proposers, batch_size, speedup). ``style`` (default ``cost_model`` when the rows hold several) gives
+    each of its values its own line style AND marker (solid ●, dashed ■, dotted ▲, dash-dot ◆), named in the
+    legend. ``measured`` (dataset, proposers, batch_size, speedup) adds measured points, thin dash-dot with
+    hollow squares. ``paper_refs`` draws labelled reference lines, only on ``paper_dataset``'s panels (every
+    panel when None).
+
+    Measured vLLM rows (``analysis.gpu_speedups``, passed as ``sim`` or ``measured``) lose the points whose run
+    or no-SD baseline stalled on a first-use compilation: ``stalls`` = a ``stalled_runs`` table (with
+    ``stall_runs``, runs.csv), ``"auto"`` (read ``data/gpu``) or None (keep all). The figure says how many
+    points were dropped and which."""
+    notes: list[str] = []
+    sim = _drop_stalled(sim, stalls, stall_runs, notes)
+    measured = _drop_stalled(measured, stalls, stall_runs, notes)
     sim, measured = _panels(sim), _panels(measured)
     datasets = sorted(sim["dataset"].unique())
     if measured is not None and len(measured):
         datasets = sorted(set(datasets) | set(measured["dataset"].unique()))
-    fig, axes = _facets(len(datasets), ncols=4 if len(datasets) % 4 == 0 else 3)
+    n = len(datasets)
+    fig, axes = _facets(n, ncols=ncols or (2 if n <= 4 else 3), w=3.5, h=2.7)
     props = sorted(set(sim["proposers"]) | (set(measured["proposers"]) if measured is not None else set()))
-    pal = {p: color(p.split(" ")[0]) for p in props}
+    if style is None and "cost_model" in sim.columns and sim["cost_model"].nunique() > 1:
+        style = "cost_model"
+    levels = sorted(sim[style].astype(str).unique()) if style else [None]
+    sty = {lv: (_STYLE_LS[i % 4], _STYLE_MK[i % 4]) for i, lv in enumerate(levels)}
     for ax, ds in zip(axes, datasets):
         d = sim[sim["dataset"] == ds]
-        if len(d):
-            if style is None and "cost_model" in d.columns and sim["cost_model"].nunique() > 1:
-                style = "cost_model"
-            sns.lineplot(data=d, x="batch_size", y="speedup", hue="proposers", palette=pal, marker="o", ax=ax,
-                         hue_order=[p for p in props if p in set(d["proposers"])], style=style)
+        for (p, lv), g in d.groupby(["proposers", d[style].astype(str) if style else pd.Series("", index=d.index)]):
+            g = g.sort_values("batch_size")
+            ls, mk = sty[lv if style else None]
+            ax.plot(g["batch_size"], g["speedup"], ls=ls, marker=mk, ms=3.5, lw=1.3, color=color(p.split(" ")[0]),
+                    label=f"_{p}|{lv}", gid=f"line|{p}|{lv}")
         if measured is not None and len(measured):
             m = measured[measured["dataset"] == ds]
-            styles = ["--", "-.", ":", (0, (5, 1))]
-            for i, (p, g) in enumerate(m.groupby("proposers")):
+            for p, g in m.groupby("proposers"):
                 g = g.sort_values("batch_size")
-                ax.plot(g["batch_size"], g["speedup"], ls=styles[i % len(styles)], marker="s", ms=5,
-                        color=color(p.split(" ")[0]), label=f"{p} (measured)")
-        ax.axhline(1.0, color="0.2", lw=1, ls=":")
-        for lab, v in (paper_refs or {}).items():
-            ax.axhline(v, color="0.5", lw=0.8, ls="--")
-            ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=7, color="0.35", va="bottom")
+                ax.plot(g["batch_size"], g["speedup"], ls="-.", lw=1, marker="s", ms=5, mfc="none",
+                        color=color(p.split(" ")[0]), label=f"_{p}|measured")
+        ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
+        if _is_paper_panel(ds, paper_dataset):
+            for lab, v in (paper_refs or {}).items():
+                ax.axhline(v, color="0.5", lw=0.8, ls="--")
+                ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=6.5, color="0.35", va="bottom")
         _batch_axis(ax, pd.concat([sim["batch_size"]] + ([measured["batch_size"]] if measured is not None else [])))
-        ax.set_title(ds)
-        ax.set_ylabel("speedup over no SD (×)")
-    styles = [] if style is None else ([style] + sorted(sim[style].astype(str).unique()))
-    _legend_below(fig, axes, order=["proposers"] + props + styles)
-    fig.suptitle(title or "Speedup vs batch size", y=1.02)
+        _title(ax, ds)
+        ax.set_ylabel("speedup vs no SD (×)")
+    from matplotlib.lines import Line2D
+
+    extra = [(Line2D([], [], color=color(p.split(" ")[0]), lw=4), p) for p in props]
+    if style:
+        extra += [(Line2D([], [], color="0.15", ls=sty[lv][0], marker=sty[lv][1], ms=4, lw=1.3),
+                   f"{style.replace('_', ' ')}: {lv}") for lv in levels]
+    if measured is not None and len(measured):
+        extra.append((Line2D([], [], color="0.15", ls="-.", marker="s", mfc="none", lw=1), "measured"))
+    _legend_below(fig, axes, ncol=3, extra=extra)
+    for t in notes:
+        _note(fig, t)
+    fig.suptitle(title or "Speedup vs batch size", fontsize=10)
     return _finish(fig, source)
 
 
@@ -233,26 +428,33 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
     return _finish(fig, source)
 
 
-def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None):
+def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None = None, ncols: int = 3):
     """Measured verification (target forward) time vs batch size beside its HBM floor (``gpu_verify_limits``):
-    a panel per model; solid = measured, dotted = floor (weights + KV bytes ÷ HBM bandwidth), colour = method."""
+    a panel per model (``ncols`` a row); colour = method; solid line with hollow markers = measured, dotted =
+    floor (weights + KV bytes ÷ HBM bandwidth)."""
+    from matplotlib.lines import Line2D
+
     models = sorted(limits["model"].unique())
-    fig, axes = _facets(len(models), ncols=len(models), w=4.6, h=3.6)
+    fig, axes = _facets(len(models), ncols=ncols, w=3.0, h=2.4)
+    marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
     for ax, mdl in zip(axes, models):
         d = limits[limits["model"] == mdl]
-        marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
         for meth, g in d.groupby("method"):
             g = g.sort_values("batch_size")
-            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=7, alpha=0.85,
-                    color=color(meth), label=f"{meth} measured")
-            ax.plot(g["batch_size"], g["floor_ms"], ls=":", color=color(meth), label=f"{meth} HBM floor")
+            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=5, lw=1.2,
+                    alpha=0.9, color=color(meth), label=f"_{meth} measured")
+            ax.plot(g["batch_size"], g["floor_ms"], ls=":", lw=1.2, color=color(meth), label=f"_{meth} HBM floor")
         _batch_axis(ax, d["batch_size"])
         ax.set_yscale("log")
         _plain_log(ax)
-        ax.set_ylabel("target forward per decode step (ms, log)")
-        ax.set_title(f"{mdl} dims", fontsize=9)
-    _legend_below(fig, axes)
-    fig.suptitle(title or "Verification time vs its memory-bandwidth floor", y=1.03)
+        ax.set_ylabel("target forward (ms, log)")
+        _title(ax, f"{mdl} dims")
+    methods = sorted(limits["method"].unique())
+    extra = [(Line2D([], [], color=color(m), marker=marks.get(m, "o"), mfc="none", lw=1.2), m) for m in methods]
+    extra += [(Line2D([], [], color="0.2", lw=1.2, marker="o", mfc="none"), "measured (median decode step)"),
+              (Line2D([], [], color="0.2", lw=1.2, ls=":"), "HBM floor (bytes ÷ bandwidth)")]
+    _legend_below(fig, axes, ncol=4, extra=extra)
+    fig.suptitle(title or "Verification time per decode step vs its memory-bandwidth floor", fontsize=10)
     return _finish(fig, source)
 
 
@@ -280,14 +482,14 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
     dataset, a line per proposer."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         d = df[df["dataset"] == ds]
         sns.lineplot(data=d, x="position", y="tokens_per_step", hue="proposer", palette=pal, ax=ax,
                      drawstyle="steps-post")
         ax.set_ylim(1, (k + 1) if k else None)
-        ax.set_title(ds)
+        _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
         ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
     _legend_below(fig, axes)
@@ -299,14 +501,14 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
     """The study's per-position acceptance rate (``metrics.acceptance_by_draft_position``)."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.2, h=2.9)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.2, h=2.9)
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         sns.lineplot(data=df[df["dataset"] == ds], x="draft_position", y="rate", hue="proposer", palette=pal,
                      marker="o", ax=ax)
         ax.set_ylim(0, 1)
         ax.set_xticks(sorted(df["draft_position"].unique()))
-        ax.set_title(ds)
+        _title(ax, ds)
         ax.set_xlabel("draft token index i")
         ax.set_ylabel("P(i-th draft token accepted)")
     _legend_below(fig, axes)
@@ -316,62 +518,150 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
 
 def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source: str | None = None,
                            paper: Mapping[str, tuple[float, float]] | None = None, k_label: str = "oracle",
-                           paper_dataset: str | None = None):
+                           paper_dataset: str | None = None,
+                           paper_proposers: Sequence[str] = ("ngram", "eagle", "draft")):
     """Per-request tokens per step (``metrics.tokens_per_step_per_request``): box = 25-75th percentile,
-    whiskers = 5th-95th, by dataset and proposer. ``paper`` maps proposer -> (p5, p95) to print beside."""
-    per_request = _panels(per_request)
-    props = sorted(per_request["proposer"].unique())
-    fig, ax = plt.subplots(figsize=(max(7.5, 2.6 * per_request["dataset"].nunique() + 4), 3.8))
-    sns.boxplot(data=per_request, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props,
-                palette=palette_for(props), whis=(5, 95), fliersize=1.5, ax=ax)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"tokens per step per request ({k_label}, log)")
-    ax.set_xlabel("dataset")
-    ax.axhline(1, color="0.3", lw=0.8, ls=":")
-    yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
-    ax.set_yticks(yt)
-    ax.set_yticklabels([f"{v:g}" for v in yt])
-    datasets = [t.get_text() for t in ax.get_xticklabels()]
-    for i, panel in enumerate(datasets if paper and paper_dataset else []):
-        if not _is_paper_panel(panel, paper_dataset):
-            continue
-        # the paper's 5th-95th range as a black I-beam right of the matching box (InstructCoder's analogue only)
-        present = set(per_request.loc[per_request["dataset"] == panel, "proposer"])
-        n, drawn = len(props), any(lab.startswith("paper") for lab in ax.get_legend_handles_labels()[1])
-        for j, p in enumerate(props):
-            if p in paper and p in present:
-                lo, hi = paper[p]
-                x = i - 0.4 + (j + 1) * 0.8 / n - 0.02
-                ax.vlines(x, lo, hi, color="k", lw=1.6, label=None if drawn else "paper 5th-95th (InstructCoder, 70B)")
-                ax.hlines([lo, hi], x - 0.03, x + 0.03, color="k", lw=1.6)
-                drawn = True
-    ax.legend(fontsize=8, title="proposer", title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5),
-              frameon=False)
-    ax.set_title(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
+    whiskers = 5th-95th, a panel per model (rows), datasets along x, a box per proposer. ``paper`` maps proposer
+    -> (p5, p95): drawn as a black I-beam right of that proposer's box, only on ``paper_dataset`` (the paper's
+    InstructCoder run or its analogue; nowhere when None) and only for the proposers the paper measured,
+    ``paper_proposers`` (a stand-in such as early-exit never gets EAGLE's range)."""
+    from matplotlib.lines import Line2D
+
+    df = per_request.copy()
+    if "model" not in df.columns:
+        df["model"] = ""
+    models = sorted(df["model"].astype(str).unique())
+    props = sorted(df["proposer"].unique())
+    datasets = sorted(df["dataset"].unique())
+    fig, axs = plt.subplots(len(models), 1, figsize=(COLUMN_WIDTH_IN, 2.3 * len(models) + 0.3), squeeze=False)
+    axes = list(axs.flat)
+    drawn = False
+    for ax, mdl in zip(axes, models):
+        d = df[df["model"].astype(str) == mdl]
+        sns.boxplot(data=d, x="dataset", y="tokens_per_step", hue="proposer", hue_order=props, order=datasets,
+                    palette=palette_for(props), whis=(5, 95), fliersize=1.0, linewidth=0.7, saturation=1.0,
+                    gap=0.3, legend=False, ax=ax)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"tokens/step per request\n({k_label}, log)")
+        ax.set_xlabel("dataset" if ax is axes[-1] else " ")
+        ax.axhline(1, color="0.3", lw=0.8, ls=":")
+        yt = [1, 1.5, 2, 3, 5, 8, 12, 17]
+        ax.set_yticks(yt)
+        ax.set_yticklabels([f"{v:g}" for v in yt])
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        _title(ax, mdl)
+        for i, ds in enumerate(datasets if paper and paper_dataset else []):
+            if not _is_paper_panel(ds, paper_dataset):
+                continue
+            present = [p for p in props if p in set(d.loc[d["dataset"] == ds, "proposer"])]
+            for j, p in enumerate(props):
+                if p in paper and p in present and p in set(paper_proposers or ()):
+                    lo, hi = paper[p]
+                    x = i - 0.4 + (j + 1) * 0.8 / len(props) - 0.015   # in the gap right of the box
+                    ax.vlines(x, lo, hi, color="k", lw=1.4, gid=f"paper|{p}|{ds}")
+                    ax.hlines([lo, hi], x - 0.02, x + 0.02, color="k", lw=1.4)
+                    drawn = True
+        if ax.get_legend():
+            ax.get_legend().remove()
+    extra = [(plt.Rectangle((0, 0), 1, 1, color=color(p)), p) for p in props]
+    if drawn:
+        extra.append((Line2D([], [], color="k", lw=1.4), f"paper 5th-95th (InstructCoder, 70B), on {paper_dataset}"))
+    _legend_below(fig, axes, ncol=5, extra=extra)
+    fig.suptitle(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
     return _finish(fig, source)
 
 
 # ---- finding 3b: overlap --------------------------------------------------------------------------------
 
 
+def _overlap_support(adv: pd.DataFrame, threshold: float) -> tuple[int, int]:
+    """Requests below / at or above a BLEU threshold."""
+    b = adv["bleu"].to_numpy(float)
+    return int((b < threshold).sum()), int((b >= threshold).sum())
+
+
+def _panel_threshold(adv: pd.DataFrame, edges=tuple(np.round(np.arange(0, 1.01, 0.1), 2)),
+                     min_requests: int = 10) -> float | None:
+    """``analysis.overlap_threshold``'s rule on one comparator's rows, counting only bins with at least
+    ``min_requests`` requests: the lowest BLEU bin edge from which every such higher bin has a median advantage
+    > 1 (None if none)."""
+    b = pd.cut(adv["bleu"], bins=list(edges), include_lowest=True)
+    g = adv.groupby(b, observed=True)["advantage"]
+    med = g.median()[g.size() >= min_requests]
+    los = [max(float(iv.left), 0.0) for iv in med.index]
+    for i in range(len(med)):
+        if (med.iloc[i:] > 1).all():
+            return los[i]
+    return None
+
+
 def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
-                         paper_threshold: float | None = PAPER["bleu_threshold"], title: str = "", source: str | None = None):
-    """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over ``other`` (log scale)."""
-    adv = _panels(adv)
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    sns.scatterplot(data=adv, x="bleu", y="advantage", hue="dataset", style="dataset", s=28, alpha=0.8, ax=ax)
-    ax.set_yscale("log")
-    _plain_log(ax)
-    ax.axhline(1.0, color="0.2", lw=1)
-    if paper_threshold is not None:
-        ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, label=f"paper: n-gram wins above {paper_threshold}")
-    if threshold is not None:
-        ax.axvline(threshold, color=color("ngram"), ls="-.", lw=1.2, label=f"this run: {threshold:.1f}")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("prompt-output overlap, BLEU-4 (sacrebleu, 0-1)")
-    ax.set_ylabel(f"tokens/step n-gram ÷ {other} (log)")
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    ax.set_title(title or f"n-gram vs {other}: advantage grows with prompt-output overlap", fontsize=10)
+                         paper_threshold: float | None = PAPER["bleu_threshold"], title: str = "",
+                         source: str | None = None, min_requests: int = 10, paper_other: str = "eagle"):
+    """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over the comparator (log scale), one
+    panel per comparator (``adv["other"]``, from ``analysis.ngram_advantage_by_model``; else ``other``), colour =
+    dataset. Each 0.1-wide BLEU bin is labelled with its request count (n=).
+
+    A threshold ("n-gram wins above") is drawn in a panel only when at least ``min_requests`` (default 10)
+    requests of that panel lie on EACH side of it; otherwise the panel says why it is not drawn. The threshold
+    is ``threshold`` when one comparator is shown, else re-derived per panel with ``analysis.overlap_threshold``'s
+    rule over the bins holding at least ``min_requests`` requests (a pooled value belongs to no single
+    comparator; a bin of one or two requests decides nothing). The paper's threshold (``paper_threshold``, measured
+    vs EAGLE) is drawn only in the ``paper_other`` panel."""
+    adv = adv.copy()
+    if "other" not in adv.columns:
+        adv["other"] = other
+    others = list(dict.fromkeys(adv["other"].astype(str)))
+    fig, axes = _facets(len(others), ncols=2, w=3.5, h=3.0)
+    datasets = sorted(adv["dataset"].unique())
+    pal = dict(zip(datasets, sns.color_palette("tab10", len(datasets))))
+    edges = np.round(np.arange(0, 1.01, 0.1), 2)
+    for ax, oth in zip(axes, others):
+        d = adv[adv["other"].astype(str) == oth]
+        for ds, g in d.groupby("dataset"):
+            ax.scatter(g["bleu"], g["advantage"], s=9, alpha=0.6, color=pal[ds], lw=0, label=ds)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="0.2", lw=0.9)
+        ax.set_xlim(-0.02, 1.02)
+        lo_y, hi_y = d["advantage"].min(), d["advantage"].max()
+        ax.set_ylim(lo_y / 1.15, hi_y * 1.6)
+        _plain_log(ax)
+        counts = np.histogram(d["bleu"].clip(0, 1), bins=edges)[0]
+        for a, b, n in zip(edges[:-1], edges[1:], counts):
+            if n:
+                ax.text((a + b) / 2, 0.97, f"{n}", transform=ax.get_xaxis_transform(), ha="center", va="top",
+                        fontsize=6, color="0.25")
+        ax.text(0.0, 1.005, "n per 0.1 bin:", transform=ax.transAxes, ha="left", va="bottom", fontsize=6,
+                color="0.25")
+        if paper_threshold is not None and oth == paper_other:
+            ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, gid="paper-threshold",
+                       label=f"paper: n-gram wins above {paper_threshold} (vs EAGLE)")
+        thr = threshold if len(others) == 1 else _panel_threshold(d, min_requests=min_requests)
+        if thr is not None:
+            below, above = _overlap_support(d, thr)
+            if min(below, above) >= min_requests:
+                ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
+                           label=f"this run: n-gram wins above {thr:.1f}")
+            else:
+                ax.text(0.98, 0.04, f"threshold {thr:.1f} not drawn:\n{below} / {above} requests below / above "
+                        f"(< {min_requests})", transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5,
+                        color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
+        else:
+            ax.text(0.98, 0.04, "no BLEU threshold: n-gram's median\nnever wins in every higher bin",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5, color="0.2",
+                    bbox=dict(fc="white", ec="0.7", lw=0.5))
+        ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
+        ax.set_ylabel(f"tokens/step n-gram ÷ {oth} (log)")
+        models = sorted(d["model"].astype(str).unique()) if "model" in d.columns else []
+        ax.set_title(f"n-gram vs {oth}" + (f" ({', '.join(models)})" if models else ""), fontsize=8.5, pad=10)
+    for ax in axes:
+        for h in ax.collections:
+            h.set_sizes([9])
+    _legend_below(fig, axes, ncol=3)
+    _note(fig, f"A threshold is drawn only where at least {min_requests} requests lie on each side of it (bins "
+          f"with fewer than {min_requests} requests decide no threshold); numbers at the top of each panel: "
+          "requests per 0.1-wide BLEU bin.")
+    fig.suptitle(title or "n-gram's advantage vs prompt-output overlap, per comparator", fontsize=10)
     return _finish(fig, source)
 
 
@@ -384,7 +674,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     oracle, dashed = best fixed k, colour = proposer."""
     gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=4, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
     for ax, ds in zip(axes, datasets):
         d = gap[gap["dataset"] == ds]
         for p, g in d.groupby("proposers"):
@@ -398,9 +688,8 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                 ax.axhline(v, color="0.5", lw=0.8, ls="--")
                 ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
         _batch_axis(ax, gap["batch_size"])
-        ax.set_title(ds + ("\n(paper's lines: InstructCoder)" if paper_refs and paper_dataset
-                           and _is_paper_panel(ds, paper_dataset) else ""),
-                     fontsize=9)
+        _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
+                         and _is_paper_panel(ds, paper_dataset) else ""))
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
@@ -408,54 +697,101 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
-                  paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None):
-    """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size:
-    grouped bars per dataset. Rows of ``simulate`` with policies ``oracle`` and ``oracle-combine``."""
-    sim = _panels(sim)
+                  paper_refs: Mapping[str, float] | None = None, paper_dataset: str | None = None,
+                  paper_proposers: Sequence[str] = ("ngram", "eagle"), ncols: int = 1):
+    """Oracle Combine (each drafting-cost accounting) vs each proposer's own oracle at one batch size: grouped
+    bars per dataset, one panel per model (``ncols`` panels a row). Rows of ``simulate`` with policies
+    ``oracle`` and ``oracle-combine``.
+
+    ``paper_refs`` maps a bar's label ("ngram oracle", "combine, winner", ...) to the paper's value, drawn as a
+    black tick across that one bar, and only (a) on ``paper_dataset`` (the paper's InstructCoder run or its
+    analogue; every dataset when None) and (b) on bars of the proposers the paper measured,
+    ``paper_proposers`` (a "draft oracle" or "early-exit oracle" bar never gets the paper's EAGLE value;
+    an Oracle Combine bar only when every proposer it combines is one of them)."""
     o = sim[(sim["batch_size"] == batch_size) & sim["policy"].isin(["oracle", "oracle-combine"])].copy()
     o["config"] = np.where(o["policy"] == "oracle", o["proposers"] + " oracle",
                            "combine, " + o["draft_cost"].astype(str))
+    if "model" not in o.columns:
+        o["model"] = ""
     singles = sorted(o.loc[o["policy"] == "oracle", "config"].unique())
     combos = [f"combine, {a}" for a in ("ngram-only", "winner", "all") if f"combine, {a}" in set(o["config"])]
     order = singles + combos
+    models = sorted(o["model"].astype(str).unique())
     datasets = sorted(o["dataset"].unique())
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.6 * len(datasets) + 2.5), 4.0))
-    width = 0.8 / max(1, len(order))
-    for j, cfg in enumerate(order):
-        d = o[o["config"] == cfg].set_index("dataset").reindex(datasets)
-        if cfg.endswith(" oracle"):
-            c, hatch = color(cfg.removesuffix(" oracle")), ""
-        else:
-            names = d["proposers"].dropna()
-            c = color(names.iloc[0]) if len(names) else color("ngram+eagle")
-            hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
-        xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
-        bars = ax.bar(xs, d["speedup"], width=width * 0.95, color=c, hatch=hatch, edgecolor="white", label=cfg)
-        for b, v in zip(bars, d["speedup"]):
-            if np.isfinite(v):
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6.5)
-    ax.axhline(1.0, color="0.2", lw=1, ls=":")
-    # The paper's values belong to its InstructCoder run: a black bar-wide tick on the matching bar of that
-    # dataset (or its analogue). ``paper_refs`` maps a bar's label (e.g. "combine, winner") to the value.
-    targets = [i for i, d in enumerate(datasets) if paper_dataset and _is_paper_panel(d, paper_dataset)]
-    if not targets and len(datasets) == 1:
-        targets = [0]
-    drawn = False
-    for (lab, v), i in [(kv, i) for kv in (paper_refs or {}).items() for i in targets]:
-        present = set(o.loc[o["dataset"] == datasets[i], "config"])
-        if lab in order and lab in present:
-            j = order.index(lab)
-            x = i + (j - (len(order) - 1) / 2) * width
-            ax.hlines(v, x - width * 0.5, x + width * 0.5, color="k", lw=2.2,
-                      label=None if drawn else "paper (InstructCoder,\nLlama-3.1-8B, H100)" + (
-                          f"\ndrawn on {paper_dataset}" if paper_dataset and paper_dataset != "instructcoder" else ""))
-            drawn = True
-    ax.set_xticks(np.arange(len(datasets)))
-    ax.set_xticklabels(datasets)
-    ax.set_xlabel("dataset")
-    ax.set_ylabel(f"oracle speedup over no SD, batch {batch_size} (×)")
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    ax.set_title(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
+    ncols = max(1, min(ncols, len(models)))
+    nrows = int(np.ceil(len(models) / ncols))
+    fig, axs = plt.subplots(nrows, ncols, figsize=(COLUMN_WIDTH_IN, 2.5 * nrows + 0.3), squeeze=False)
+    for ax in axs.flat[len(models):]:
+        ax.set_visible(False)
+    axes = list(axs.flat[: len(models)])
+    width = 0.84 / max(1, len(order))
+    paper_set = set(paper_proposers or ())
+    handles, ticks = {}, 0
+    ymax = float(np.nanmax(list(o["speedup"]) + list((paper_refs or {}).values()) + [1.0]))
+    for ax, mdl in zip(axes, models):
+        om = o[o["model"].astype(str) == mdl]
+        tick_at = {}
+        for i, ds in enumerate(datasets):
+            if paper_dataset is not None and not _is_paper_panel(ds, paper_dataset):
+                continue
+            cell = om[om["dataset"] == ds]
+            for lab, v in (paper_refs or {}).items():
+                if lab not in order or lab not in set(cell["config"]):
+                    continue
+                if lab.endswith(" oracle"):
+                    ok = lab.removesuffix(" oracle") in paper_set
+                else:
+                    combined = set("+".join(cell.loc[cell["config"] == lab, "proposers"].astype(str)).split("+"))
+                    ok = combined <= paper_set
+                if not ok:
+                    continue
+                tick_at[(ds, lab)] = v
+        for j, cfg in enumerate(order):
+            d = om[om["config"] == cfg].set_index("dataset").reindex(datasets)
+            if cfg.endswith(" oracle"):
+                c, hatch = color(cfg.removesuffix(" oracle")), ""
+            else:
+                names = d["proposers"].dropna()
+                c = color(names.iloc[0]) if len(names) else color("ngram+eagle")
+                hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
+            xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
+            bars = ax.bar(xs, d["speedup"], width=width * 0.92, color=c, hatch=hatch, edgecolor="white", lw=0.3,
+                          label=cfg)
+            handles.setdefault(cfg, bars)
+            for ds, b, v in zip(datasets, bars, d["speedup"]):
+                t = tick_at.get((ds, cfg))
+                if t is not None:
+                    ax.hlines(t, b.get_x() - width * 0.04, b.get_x() + width * 0.96, color="k", lw=2.0, zorder=5,
+                              label=f"_paper {cfg} {ds}", gid=f"paper|{cfg}|{ds}")
+                    ticks += 1
+                    handles.setdefault("paper", ax.collections[-1])
+                if np.isfinite(v):
+                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.04 * ymax, f"{v:.2f}", ha="center",
+                            va="bottom", fontsize=5.5, rotation=90)
+        ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
+        ax.set_xticks(np.arange(len(datasets)))
+        ax.set_xticklabels(datasets)
+        ax.set_xlim(-0.5, len(datasets) - 0.5)
+        ax.set_ylim(0, ymax * 1.28)
+        ax.set_xlabel("dataset" if ax in axes[-ncols:] else "")
+        ax.set_ylabel(f"oracle speedup,\nbatch {batch_size} (×)")
+        ax.set_title(mdl or "", fontsize=9)
+        ax.grid(axis="x", visible=False)
+    for ax in axes:
+        if not ax.get_xlabel():
+            ax.set_xlabel(" ")
+    pairs = [(handles[c], c) for c in order]
+    if "paper" in handles:
+        pairs.append((handles["paper"], "paper (InstructCoder, Llama-3.1-8B, H100)"))
+    fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
+                                  bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7.5)
+    if paper_refs:
+        shown = sorted(paper_set)
+        _note(fig, "Black ticks: the paper's values, drawn only on "
+              + (f"the {paper_dataset} bars (InstructCoder's analogue)" if paper_dataset else "every dataset")
+              + f" and only for the proposers the paper measured ({', '.join(shown)}, and their Oracle Combine); "
+              + "other bars have no paper value." + ("" if ticks else " (No bar matched: none drawn.)"))
+    fig.suptitle(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
     return _finish(fig, source)
 
 
@@ -471,7 +807,7 @@ def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "
     sim = _panels(sim)
     panels = [(ds, st) for ds, st in sim[["dataset", "set"]].drop_duplicates().itertuples(index=False)]
     panels.sort()
-    fig, axes = _facets(len(panels), ncols=4, w=3.6)
+    fig, axes = _facets(len(panels), ncols=3, w=3.6)
     for ax, (ds, st) in zip(axes, panels):
         d = sim[(sim["dataset"] == ds) & (sim["set"] == st)]
         fx = d[d["policy"].str.startswith("fixed-")]
@@ -496,7 +832,7 @@ def adaptive_vs_batch(sim: pd.DataFrame, *, max_fixed_k: int = 7, title: str = "
                 ax.plot(g["batch_size"], g["speedup"], color=c, lw=2, marker=mk, ms=4, label=f"{pol} (ran)")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         _batch_axis(ax, d["batch_size"])
-        ax.set_title(f"{ds}\n{st}", fontsize=8.5)
+        _title(ax, f"{ds} · {st}", fontsize=8)
         ax.set_ylabel("speedup over no SD (×)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Causal selectors vs fixed k and the oracles", y=1.02)

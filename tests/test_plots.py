@@ -110,3 +110,163 @@ def test_hybrid_bars_carry_the_values():
     want = sim[(sim.batch_size == 1) & (sim.dataset == "code-edit") & (sim.policy == "oracle-combine")]
     assert {f"{v:.2f}" for v in want["speedup"]} <= texts
     plt.close(fig)
+
+
+# ---- honesty and legibility (figures10) -------------------------------------------------------------------
+
+
+def _two_model_sim():
+    a, b = _sim().assign(model="m1"), _sim().assign(model="m2")
+    b = b[b.proposers != "eagle"]      # m2 has no eagle
+    extra = a[(a.proposers == "eagle") & (a.policy == "oracle")].assign(proposers="draft")
+    return pd.concat([a, extra, b], ignore_index=True)
+
+
+def test_hybrid_paper_ticks_only_on_matching_bar_and_dataset():
+    sim = _two_model_sim()
+    refs = {"ngram oracle": 2.75, "eagle oracle": 2.7, "draft oracle": 2.7, "combine, winner": 4.3}
+    fig = P.hybrid_oracle(sim, paper_refs=refs, paper_dataset="code-edit")
+    ticks = [c.get_gid() for ax in fig.axes for c in ax.collections if (c.get_gid() or "").startswith("paper|")]
+    assert ticks, "paper ticks are drawn"
+    assert all(t.endswith("|code-edit") for t in ticks), "only on the paper's dataset"
+    assert not any("draft oracle" in t for t in ticks), "the paper's EAGLE value never lands on a draft bar"
+    assert sum("eagle oracle" in t for t in ticks) == 1, "only the model that has eagle gets its tick"
+    # every tick sits over the bar of its own label
+    for ax in fig.axes:
+        bars = {}
+        for cont in ax.containers:
+            for i, b in enumerate(cont):
+                bars[(cont.get_label(), i)] = b
+        for c in ax.collections:
+            gid = c.get_gid() or ""
+            if gid.startswith("paper|"):
+                _, lab, ds = gid.split("|")
+                b = bars[(lab, 0)]      # code-edit is the first dataset
+                (x0, _), (x1, _) = c.get_segments()[0]
+                assert b.get_x() - 0.05 <= (x0 + x1) / 2 <= b.get_x() + b.get_width() + 0.05
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 2, "one panel per model"
+    assert fig.get_figwidth() <= P.COLUMN_WIDTH_IN + 1e-6
+    plt.close(fig)
+
+
+def _measured():
+    rows = []
+    for bs in (1, 4, 16):
+        for meth, tps in (("eagle", 100.0 * bs), ("ngram", 300.0 * bs)):
+            rows.append(dict(dataset="m dims", model="m", method=meth, proposers=f"{meth} (AL 1, dummy weights)",
+                             batch_size=bs, speedup=tps / (120.0 * bs), tokens_per_s=tps, base_tokens_per_s=120.0 * bs,
+                             synthetic=np.nan, acceptance="as measured"))
+    return pd.DataFrame(rows)
+
+
+def _steps():
+    rows = []
+    for meth in ("none", "eagle", "ngram"):
+        for bs in (1, 4, 16):
+            for i in range(50):
+                t_draft = 0.001
+                if meth == "eagle" and bs == 4 and i == 1:
+                    t_draft = 0.8                                 # a JIT stall in drafting
+                t_verify = 0.008 + (1.0 if meth == "none" and bs == 16 and i == 2 else 0.0)  # a stall in the forward
+                rows.append(dict(spec=f"s-{meth}", run_id=f"m-{meth}-k3-b{bs}", model="m", method=meth, batch_size=bs,
+                                 phase="decode", batched_tokens=bs * 4, t_verify=t_verify, t_draft=t_draft,
+                                 t_total=t_verify + t_draft + 0.002))
+    return pd.DataFrame(rows)
+
+
+def test_stalled_runs_found_in_drafting_and_in_the_forward():
+    st = P.stalled_runs(_steps())
+    bad = set(st.loc[st.stalled, "run_id"])
+    assert bad == {"m-eagle-k3-b4", "m-none-k3-b16"}
+
+
+def test_measured_speedup_drops_stalled_points_and_says_so():
+    meas = _measured()
+    stalls = P.stalled_runs(_steps())
+    fig = P.speedup_vs_batch(meas, style="acceptance", stalls=stalls)
+    xs = {(l.get_color(), x) for ax in fig.axes for l in ax.get_lines() for x in l.get_xdata()}
+    pts = sum(len(l.get_xdata()) for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("line|"))
+    assert pts == len(meas) - 3, "eagle B=4 (own stall) and eagle + ngram B=16 (baseline stall) are dropped"
+    notes = " ".join(t.get_text() for t in fig.texts)
+    assert "Dropped 3 of 6 measured points" in notes.replace("\n", " ")
+    plt.close(fig)
+    fig = P.speedup_vs_batch(meas, style="acceptance", stalls=None)
+    pts = sum(len(l.get_xdata()) for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("line|"))
+    assert pts == len(meas)
+    plt.close(fig)
+
+
+def test_cost_models_get_distinct_line_styles_and_markers():
+    sim = _sim()
+    sim = pd.concat([sim.assign(cost_model="A"), sim.assign(cost_model="B", speedup=sim.speedup * 1.1)])
+    fig = P.speedup_vs_batch(sim[sim.policy == "fixed-3"], stalls=None)
+    styles = {}
+    for ax in fig.axes:
+        for l in ax.get_lines():
+            gid = l.get_gid() or ""
+            if gid.startswith("line|"):
+                styles.setdefault(gid.split("|")[2], set()).add((l.get_linestyle(), l.get_marker()))
+    assert len(styles["A"]) == len(styles["B"]) == 1 and styles["A"] != styles["B"]
+    (ls_a, mk_a), (ls_b, mk_b) = styles["A"].pop(), styles["B"].pop()
+    assert ls_a != ls_b and mk_a != mk_b
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "cost model: A" in labels and "cost model: B" in labels
+    plt.close(fig)
+
+
+def _adv(n_hi: int):
+    rng = np.random.default_rng(0)
+    rows = []
+    for other in ("eagle", "early-exit"):
+        for i in range(60 + n_hi):
+            hi = i >= 60
+            bleu = rng.uniform(0.65, 0.95) if hi else rng.uniform(0.0, 0.5)
+            rows.append(dict(dataset="code-edit", model=f"m-{other}", request_id=f"{other}-{i}", bleu=bleu,
+                             advantage=(2.0 if hi else 0.5) * rng.uniform(0.9, 1.1), other=other))
+    d = pd.DataFrame(rows)
+    d["ngram_wins"] = d["advantage"] > 1
+    return d
+
+
+def test_overlap_one_panel_per_comparator_and_threshold_needs_support():
+    fig = P.overlap_vs_advantage(_adv(30), other="eagle / early-exit", threshold=0.3)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2
+    assert {ax.get_title().split(" (")[0] for ax in axes} == {"n-gram vs eagle", "n-gram vs early-exit"}
+    for ax in axes:
+        assert any(l.get_gid() == "threshold" for l in ax.get_lines()), "30 requests above: drawn"
+    paper = [ax for ax in axes if any(l.get_gid() == "paper-threshold" for l in ax.get_lines())]
+    assert [ax.get_title().split(" (")[0] for ax in paper] == ["n-gram vs eagle"], "paper's line only vs EAGLE"
+    plt.close(fig)
+    fig = P.overlap_vs_advantage(_adv(2), other="eagle / early-exit", threshold=0.3)
+    for ax in fig.axes:
+        assert not any(l.get_gid() == "threshold" for l in ax.get_lines()), "2 requests cannot carry a threshold"
+    assert "at least 10 requests" in " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+    plt.close(fig)
+    # one comparator: the given threshold, still only with support on both sides
+    one = _adv(30)
+    one = one[one.other == "eagle"]
+    fig = P.overlap_vs_advantage(one, other="eagle", threshold=0.6)
+    assert any(l.get_gid() == "threshold" for l in fig.axes[0].get_lines())
+    plt.close(fig)
+
+
+def test_figures_fit_a_page_width(trace):
+    figs = _figs(trace)
+    figs["floor"] = P.verify_vs_floor(pd.DataFrame([dict(model=m, method=me, batch_size=b, t_verify_ms=5.0 * b ** 0.3,
+                                                         floor_ms=3.0) for m in ("a", "b", "c", "d", "e")
+                                                    for me in ("none", "ngram") for b in (1, 16, 256)]))
+    for name, fig in figs.items():
+        w, h = fig.get_size_inches()
+        assert w <= P.COLUMN_WIDTH_IN + 0.3, f"{name}: {w:.1f} in wide"
+        assert h <= 11, f"{name}: {h:.1f} in tall"
+        plt.close(fig)
+
+
+def test_spread_paper_range_only_on_paper_dataset_and_measured_proposers(trace):
+    per = A.tokens_per_step_per_request(trace)
+    fig = P.tokens_per_step_spread(per, paper={"ngram": (1.1, 15.0), "eagle": (2.7, 7.4)}, paper_dataset="code-edit",
+                                   paper_proposers=("ngram",))
+    gids = [c.get_gid() for ax in fig.axes for c in ax.collections if (c.get_gid() or "").startswith("paper|")]
+    assert gids == ["paper|ngram|code-edit"]
+    plt.close(fig)
