@@ -21,6 +21,7 @@ from .measured import (acceptance_agreement, cpu_steps, gpu_cost_model_path, gpu
                        gpu_verify_limits, verify_cost)
 from .metrics import (PHASES, SHARE_COLUMNS, acceptance_by_draft_position, acceptance_by_output_position,
                       hybrid_table, ngram_advantage, ngram_advantage_by_model, oracle_gap, overlap_threshold,
+                      overlap_thresholds, MIN_OVERLAP_REQUESTS,
                       phase_shares, prompt_output_bleu, shares_long, tokens_per_step_per_request,
                       tokens_per_step_spread, walk_steps)
 from .paths import PUBLISHED_MODEL, data_dir, figures_dir, load_traces, repo_root, trace_files
@@ -32,7 +33,7 @@ __all__ = [
     # metrics
     "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
-    "overlap_threshold", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
+    "overlap_threshold", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
     # measured
     "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_verify_limits",
     "verify_cost",

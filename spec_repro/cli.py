@@ -45,6 +45,7 @@ def _run_simulate(args):
     from pathlib import Path
 
     from .costmodel import CostModelError
+    from .grids import cost_model_for
     from .io import atomic_path, check_writable
     from .simulate import SimulationError, simulate
     from .traces import Trace, TraceError, read_trace
@@ -59,7 +60,11 @@ def _run_simulate(args):
             traces.append(read_trace(f, **kw))
         trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
         extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
-        df = simulate(trace, args.cost_model, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
+        asked = [q.strip() for q in str(args.proposers).split(",") if q.strip() in trace.proposers]
+        cm, notes = cost_model_for(trace, args.cost_model, proposers=asked)  # the notebooks' stand-ins
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        df = simulate(trace, cm, args.proposers, args.policy, args.draft_cost, args.batch_sizes,
                       args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
     except (TraceError, SimulationError, CostModelError) as e:
         raise SystemExit(f"error: {e}")

@@ -54,8 +54,11 @@ class CostModelError(ValueError):
 
 
 def _presets() -> dict[str, Path]:
+    """Name -> file: the presets shipped in the package, then (in a checkout) the cost models fitted to this
+    package's own measurements, ``data/gpu/costmodel_*.json`` (the H200) and ``data/cpu/costmodel_*.json``."""
     out = {}
-    for p in sorted(PRESET_DIR.glob("*.json")):
+    data = Path(__file__).resolve().parents[1] / "data"
+    for p in sorted(PRESET_DIR.glob("*.json")) + sorted(data.glob("*/costmodel_*.json")):
         try:
             out[json.loads(p.read_text())["name"]] = p
         except (OSError, ValueError, KeyError):
@@ -63,7 +66,8 @@ def _presets() -> dict[str, Path]:
     return out
 
 
-#: name -> preset file shipped with the package (``llama3.1-8b-h100`` is the study's published fit)
+#: name -> preset file: ``llama3.1-8b-h100`` (the study's published fit), ``llama3.1-8b-h200`` (fitted to this
+#: package's vLLM step logs on the H200), ``smollm2-135m-cpu`` (fitted to the torch engine's CPU step logs)
 PRESETS: dict[str, Path] = _presets()
 
 

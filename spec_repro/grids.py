@@ -23,10 +23,10 @@ _STANDIN_WHY = {"early-exit": "its own depth: the target's first 80% of layers",
                 "draft": "the study's draft/target forward ratio on 8B targets"}
 
 
-def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
-    """Load ``cost_model`` (name, path or CostModel) and give every proposer of ``trace`` a drafting model:
-    proposers the cost model lacks borrow a stand-in's (``DRAFTER_STANDINS``). Returns (model, notes), the
-    notes saying which stand-ins were used, for the notebook to print."""
+def cost_model_for(trace: Trace, cost_model, standins: dict | None = None, proposers=None):
+    """Load ``cost_model`` (name, path or CostModel) and give every proposer of ``trace`` (or of ``proposers``) a
+    drafting model: proposers the cost model lacks borrow a stand-in's (``DRAFTER_STANDINS``). Returns (model,
+    notes), the notes saying which stand-ins were used, for the notebook (or the CLI) to print."""
     import copy
 
     from .costmodel import Drafter, load_cost_model
@@ -34,7 +34,7 @@ def cost_model_for(trace: Trace, cost_model, standins: dict | None = None):
     cm = copy.deepcopy(load_cost_model(cost_model))
     standins = {**DRAFTER_STANDINS, **(standins or {})}
     notes = []
-    for p in trace.proposers:
+    for p in (proposers if proposers is not None else trace.proposers):
         try:
             cm.drafter(p)
         except ValueError:

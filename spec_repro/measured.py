@@ -13,7 +13,7 @@ from .provenance import manifest_line
 from .traces import TraceError
 
 __all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement",
-           "gpu_verify_limits", "verify_cost"]
+           "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls"]
 
 
 def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame | None, str]:
@@ -98,7 +98,9 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
     one prompt copied B times).
 
     Returns (dataset, model, proposers, method, batch_size, speedup, tokens_per_s, base_tokens_per_s,
-    acceptance_length, weights) or None, and a provenance line. ``proposers`` labels each series with how its
+    acceptance_length, weights, stalled, stall_reason) or None, and a provenance line. ``stalled`` marks a point
+    whose run or no-SD baseline hit a first-use compilation inside its timed window (``stalled_runs`` over the
+    committed step logs). ``proposers`` labels each series with how its
     acceptance came about (dummy weights accept almost nothing; vLLM's synthetic sampler imposes a length)."""
     runs, found = _gpu_runs(files)
     folder = data_dir() / "gpu"
@@ -128,8 +130,105 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
     out = sd.merge(base, on=key)
     out["speedup"] = out["tokens_per_s"] / out["base_tokens_per_s"]
     out["dataset"] = out["model"].astype(str) + " dims, random prompt"
-    return out.sort_values(key + ["proposers"]).reset_index(drop=True), \
-        f"measured vLLM throughput: {manifest_line(folder, found)}"
+    out = out.sort_values(key + ["proposers"]).reset_index(drop=True)
+    stalls, stall_runs = gpu_stalls() if files is None else (None, None)
+    if stalls is not None:
+        out = flag_stalled_points(out, stalls, stall_runs)
+    else:
+        out = out.assign(stalled=False, stall_reason="")
+    return out, f"measured vLLM throughput: {manifest_line(folder, found)}"
+
+
+def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,
+                 verify_factor: float = 3.0, floor_s: float = 0.05, min_comparable: int = 3,
+                 min_share: float = 0.05) -> pd.DataFrame:
+    """Which timed vLLM runs contain a compilation / CUDA-graph-capture stall (a batch shape met for the first
+    time inside the timed window), from their per-step timings (``data/gpu/steps.parquet``).
+
+    A step stalls when (a) its time outside the target forward (t_total - t_verify) exceeds ``jit_factor`` x its
+    run's median and ``floor_s`` (Triton JIT in drafting; the ``outlier`` column of the step logs, recomputed
+    when absent), or (b) its target forward (t_verify) exceeds ``verify_factor`` x the median t_verify of the
+    same model's steps of the same kind (decode / not) and about the same batched tokens (within a factor 1.25;
+    at least ``min_comparable`` such steps), by more than ``floor_s`` (a new shape compiled in the forward).
+    A run is ``stalled`` when its steps' excess time is at least ``min_share`` of its wall time (``runs``:
+    spec, run_id, wall_s; else of the summed step time).
+
+    Pure (tables in, table out). Returns spec, run_id, model, method, batch_size, stall_steps, stall_s, wall_s,
+    stall_share, stalled."""
+    key = [c for c in ("spec", "run_id") if c in steps.columns]
+    df = steps.copy()
+    nonv = df["t_total"] - df["t_verify"]
+    med = nonv.groupby([df[c] for c in key]).transform("median")
+    jit = (nonv > jit_factor * med) & (nonv > floor_s)
+    if "outlier" in df.columns:
+        jit |= df["outlier"].astype(bool)
+    jit_excess = np.where(jit, nonv - med, 0.0)
+    kind = (df["phase"].astype(str) == "decode") if "phase" in df.columns else pd.Series(True, index=df.index)
+    tok_bin = np.floor(np.log(df["batched_tokens"].clip(lower=1).astype(float)) / np.log(1.25)).astype(int)
+    grp = [df["model"].astype(str), kind, tok_bin]
+    ref = df["t_verify"].groupby(grp).transform("median")
+    cnt = df["t_verify"].groupby(grp).transform("size")
+    slow = (cnt >= min_comparable) & (df["t_verify"] > verify_factor * ref) & (df["t_verify"] - ref > floor_s)
+    ver_excess = np.where(slow, df["t_verify"] - ref, 0.0)
+    df["_stall_s"] = np.maximum(jit_excess, 0) + np.maximum(ver_excess, 0)
+    df["_stall"] = jit | slow
+    out = (df.groupby(key, observed=True)
+           .agg(model=("model", "first"), method=("method", "first"), batch_size=("batch_size", "first"),
+                stall_steps=("_stall", "sum"), stall_s=("_stall_s", "sum"), step_s=("t_total", "sum"))
+           .reset_index())
+    if runs is not None and set(key) <= set(runs.columns) and "wall_s" in runs.columns:
+        out = out.merge(runs[key + ["wall_s"]].drop_duplicates(key), on=key, how="left")
+        out["wall_s"] = out["wall_s"].fillna(out["step_s"])
+    else:
+        out["wall_s"] = out["step_s"]
+    out["stall_share"] = out["stall_s"] / out["wall_s"]
+    out["stalled"] = out["stall_share"] >= min_share
+    return out.drop(columns="step_s")
+
+
+def flag_stalled_points(measured: pd.DataFrame, stalls: pd.DataFrame, runs: pd.DataFrame | None = None
+                        ) -> pd.DataFrame:
+    """Mark measured speedups (``gpu_speedups`` rows) whose SD run or whose no-SD baseline run (method
+    ``none``, same model and batch size) is ``stalled`` in ``stalls`` (``stalled_runs``). ``runs`` (runs.csv:
+    spec, run_id, synthetic_acceptance_length, primary, task) tells runs with an imposed acceptance apart;
+    without it every run of that model, method and batch size counts. Adds ``stalled`` and ``stall_reason``."""
+    st = stalls[stalls["stalled"]].copy()
+    if runs is not None and {"spec", "run_id"} <= set(runs.columns):
+        r = runs
+        if "primary" in r.columns:
+            r = r[r["primary"].astype(bool)]
+        if "task" in r.columns:
+            r = r[r["task"].astype(str) == "batches"]
+        cols = ["spec", "run_id"] + [c for c in ("synthetic_acceptance_length",) if c in r.columns]
+        st = st.merge(r[cols], on=["spec", "run_id"], how="inner")
+    syn = pd.to_numeric(st["synthetic_acceptance_length"], errors="coerce") if "synthetic_acceptance_length" in st \
+        else pd.Series(np.nan, index=st.index)
+    bad = {(str(m), str(me), int(b), None if pd.isna(s) else float(s)): sh
+           for m, me, b, s, sh in zip(st["model"], st["method"], st["batch_size"], syn, st["stall_share"])}
+    flags, reasons = [], []
+    msyn = (pd.to_numeric(measured["synthetic"], errors="coerce") if "synthetic" in measured.columns
+            else pd.Series(np.nan, index=measured.index))
+    for (_, r), s in zip(measured.iterrows(), msyn):
+        s = None if pd.isna(s) else float(s)
+        own = bad.get((str(r["model"]), str(r["method"]), int(r["batch_size"]), s))
+        if own is None and runs is None:
+            own = next((v for k, v in bad.items() if k[:3] == (str(r["model"]), str(r["method"]),
+                                                              int(r["batch_size"]))), None)
+        base = bad.get((str(r["model"]), "none", int(r["batch_size"]), None))
+        why = ([f"SD run {own:.0%} stalled"] if own is not None else []) + \
+              ([f"no-SD baseline {base:.0%} stalled"] if base is not None else [])
+        flags.append(bool(why))
+        reasons.append("; ".join(why))
+    return measured.assign(stalled=flags, stall_reason=reasons)
+
+
+def gpu_stalls() -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(``stalled_runs`` over the committed ``data/gpu/steps.parquet``, runs.csv), or (None, None)."""
+    folder = data_dir() / "gpu"
+    if not (folder / "steps.parquet").exists() or not (folder / "runs.csv").exists():
+        return None, None
+    runs = pd.read_csv(folder / "runs.csv")
+    return stalled_runs(pd.read_parquet(folder / "steps.parquet"), runs), runs
 
 
 def gpu_cost_model_path() -> Path | None:

@@ -12,7 +12,7 @@ from .traces import Trace, TraceError
 __all__ = [
     "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
-    "overlap_threshold", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
+    "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
 ]
 
 
@@ -191,22 +191,51 @@ def ngram_advantage_by_model(trace: Trace, other: str | None = None, k: int = 3,
     return pd.concat(parts, ignore_index=True)
 
 
-def overlap_threshold(adv: pd.DataFrame, edges: Sequence[float] = tuple(np.round(np.arange(0, 1.01, 0.1), 2))
-                      ) -> tuple[float | None, pd.DataFrame]:
-    """Where n-gram starts to win: the lowest BLEU bin edge from which every non-empty higher bin has a
-    median advantage > 1 (None if no such edge). Also returns the per-bin table (bin, n, median, win share)."""
+#: Fewest requests a BLEU bin needs to count toward the overlap threshold, and the fewest on each side of it.
+MIN_OVERLAP_REQUESTS = 10
+
+
+def overlap_threshold(adv: pd.DataFrame, edges: Sequence[float] = tuple(np.round(np.arange(0, 1.01, 0.1), 2)),
+                      min_requests: int = MIN_OVERLAP_REQUESTS) -> tuple[float | None, pd.DataFrame]:
+    """Where n-gram starts to win, on one comparator's rows: the lowest BLEU bin edge from which every higher bin
+    holding at least ``min_requests`` requests has a median advantage > 1, provided at least ``min_requests``
+    requests lie on each side of it (None otherwise: a bin of one or two requests decides nothing). Also returns
+    the per-bin table (bin, n, median advantage, win share, whether the bin counted)."""
     b = pd.cut(adv["bleu"], bins=list(edges), include_lowest=True)
     tab = (adv.assign(bin=b).groupby("bin", observed=True)
            .agg(n=("advantage", "size"), median_advantage=("advantage", "median"),
                 ngram_win_share=("ngram_wins", "mean")).reset_index())
     tab["bin_lo"] = [iv.left if iv.left > 0 else 0.0 for iv in tab["bin"]]
+    tab["counted"] = tab["n"] >= min_requests
+    c = tab[tab["counted"]]
     thr = None
-    for i in range(len(tab)):
-        if (tab["median_advantage"].iloc[i:] > 1).all():
-            thr = float(max(tab["bin_lo"].iloc[i], 0.0))
+    for i in range(len(c)):
+        if (c["median_advantage"].iloc[i:] > 1).all():
+            thr = float(max(c["bin_lo"].iloc[i], 0.0))
             break
+    if thr is not None and min(overlap_support(adv, thr)) < min_requests:
+        thr = None
     tab["bin"] = tab["bin"].astype(str)
     return thr, tab
+
+
+def overlap_support(adv: pd.DataFrame, threshold: float) -> tuple[int, int]:
+    """Requests below / at or above a BLEU threshold."""
+    b = adv["bleu"].to_numpy(float)
+    return int((b < threshold).sum()), int((b >= threshold).sum())
+
+
+def overlap_thresholds(adv: pd.DataFrame, min_requests: int = MIN_OVERLAP_REQUESTS) -> pd.DataFrame:
+    """``overlap_threshold`` per comparator (``adv["other"]``, from ``ngram_advantage_by_model``): other, model,
+    threshold (None where the rule finds none), n_below, n_above (requests on each side of it), n."""
+    adv = adv if "other" in adv.columns else adv.assign(other="other")
+    rows = []
+    for oth, d in adv.groupby("other", sort=False):
+        thr, _ = overlap_threshold(d, min_requests=min_requests)
+        below, above = overlap_support(d, thr) if thr is not None else (None, None)
+        models = ", ".join(sorted(d["model"].astype(str).unique())) if "model" in d.columns else ""
+        rows.append(dict(other=oth, model=models, threshold=thr, n_below=below, n_above=above, n=len(d)))
+    return pd.DataFrame(rows)
 
 
 # ---- step-time breakdown ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 
 from .findings import PAPER
-from .metrics import SHARE_COLUMNS
+from .metrics import MIN_OVERLAP_REQUESTS, SHARE_COLUMNS, overlap_support, overlap_threshold
 
 __all__ = [
     "PALETTE", "PHASE_COLORS", "color", "palette_for", "save", "speedup_vs_batch", "stalled_runs",
@@ -202,130 +202,27 @@ _STYLE_MK = ["o", "s", "^", "D"]
 _STYLE_MK_NAME = {"o": "●", "s": "■", "^": "▲", "D": "◆"}
 
 
-def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,
-                 verify_factor: float = 3.0, floor_s: float = 0.05, min_comparable: int = 3,
-                 min_share: float = 0.05) -> pd.DataFrame:
-    """Which timed vLLM runs contain a compilation / CUDA-graph-capture stall (a batch shape met for the first
-    time inside the timed window), from their per-step timings (``data/gpu/steps.parquet``).
-
-    A step stalls when (a) its time outside the target forward (t_total - t_verify) exceeds ``jit_factor`` x its
-    run's median and ``floor_s`` (Triton JIT in drafting; the ``outlier`` column of the step logs, recomputed
-    when absent), or (b) its target forward (t_verify) exceeds ``verify_factor`` x the median t_verify of the
-    same model's steps of the same kind (decode / not) and about the same batched tokens (within a factor 1.25;
-    at least ``min_comparable`` such steps), by more than ``floor_s`` (a new shape compiled in the forward).
-    A run is ``stalled`` when its steps' excess time is at least ``min_share`` of its wall time (``runs``:
-    spec, run_id, wall_s; else of the summed step time).
-
-    Pure (tables in, table out). Belongs in the analysis layer (beside ``gpu_speedups``); it lives here until
-    that is restructured. Returns spec, run_id, model, method, batch_size, stall_steps, stall_s, wall_s,
-    stall_share, stalled."""
-    key = [c for c in ("spec", "run_id") if c in steps.columns]
-    df = steps.copy()
-    nonv = df["t_total"] - df["t_verify"]
-    med = nonv.groupby([df[c] for c in key]).transform("median")
-    jit = (nonv > jit_factor * med) & (nonv > floor_s)
-    if "outlier" in df.columns:
-        jit |= df["outlier"].astype(bool)
-    jit_excess = np.where(jit, nonv - med, 0.0)
-    kind = (df["phase"].astype(str) == "decode") if "phase" in df.columns else pd.Series(True, index=df.index)
-    tok_bin = np.floor(np.log(df["batched_tokens"].clip(lower=1).astype(float)) / np.log(1.25)).astype(int)
-    grp = [df["model"].astype(str), kind, tok_bin]
-    ref = df["t_verify"].groupby(grp).transform("median")
-    cnt = df["t_verify"].groupby(grp).transform("size")
-    slow = (cnt >= min_comparable) & (df["t_verify"] > verify_factor * ref) & (df["t_verify"] - ref > floor_s)
-    ver_excess = np.where(slow, df["t_verify"] - ref, 0.0)
-    df["_stall_s"] = np.maximum(jit_excess, 0) + np.maximum(ver_excess, 0)
-    df["_stall"] = jit | slow
-    out = (df.groupby(key, observed=True)
-           .agg(model=("model", "first"), method=("method", "first"), batch_size=("batch_size", "first"),
-                stall_steps=("_stall", "sum"), stall_s=("_stall_s", "sum"), step_s=("t_total", "sum"))
-           .reset_index())
-    if runs is not None and set(key) <= set(runs.columns) and "wall_s" in runs.columns:
-        out = out.merge(runs[key + ["wall_s"]].drop_duplicates(key), on=key, how="left")
-        out["wall_s"] = out["wall_s"].fillna(out["step_s"])
-    else:
-        out["wall_s"] = out["step_s"]
-    out["stall_share"] = out["stall_s"] / out["wall_s"]
-    out["stalled"] = out["stall_share"] >= min_share
-    return out.drop(columns="step_s")
-
-
-def flag_stalled_points(measured: pd.DataFrame, stalls: pd.DataFrame, runs: pd.DataFrame | None = None
-                        ) -> pd.DataFrame:
-    """Mark measured speedups (``analysis.gpu_speedups`` rows) whose SD run or whose no-SD baseline run (method
-    ``none``, same model and batch size) is ``stalled`` in ``stalls`` (``stalled_runs``). ``runs`` (runs.csv:
-    spec, run_id, synthetic_acceptance_length, primary, task) tells runs with an imposed acceptance apart;
-    without it every run of that model, method and batch size counts. Adds ``stalled`` and ``stall_reason``."""
-    st = stalls[stalls["stalled"]].copy()
-    if runs is not None and {"spec", "run_id"} <= set(runs.columns):
-        r = runs
-        if "primary" in r.columns:
-            r = r[r["primary"].astype(bool)]
-        if "task" in r.columns:
-            r = r[r["task"].astype(str) == "batches"]
-        cols = ["spec", "run_id"] + [c for c in ("synthetic_acceptance_length",) if c in r.columns]
-        st = st.merge(r[cols], on=["spec", "run_id"], how="inner")
-    syn = pd.to_numeric(st["synthetic_acceptance_length"], errors="coerce") if "synthetic_acceptance_length" in st \
-        else pd.Series(np.nan, index=st.index)
-    bad = {(str(m), str(me), int(b), None if pd.isna(s) else float(s)): sh
-           for m, me, b, s, sh in zip(st["model"], st["method"], st["batch_size"], syn, st["stall_share"])}
-    flags, reasons = [], []
-    msyn = (pd.to_numeric(measured["synthetic"], errors="coerce") if "synthetic" in measured.columns
-            else pd.Series(np.nan, index=measured.index))
-    for (_, r), s in zip(measured.iterrows(), msyn):
-        s = None if pd.isna(s) else float(s)
-        own = bad.get((str(r["model"]), str(r["method"]), int(r["batch_size"]), s))
-        if own is None and runs is None:
-            own = next((v for k, v in bad.items() if k[:3] == (str(r["model"]), str(r["method"]),
-                                                              int(r["batch_size"]))), None)
-        base = bad.get((str(r["model"]), "none", int(r["batch_size"]), None))
-        why = ([f"SD run {own:.0%} stalled"] if own is not None else []) + \
-              ([f"no-SD baseline {base:.0%} stalled"] if base is not None else [])
-        flags.append(bool(why))
-        reasons.append("; ".join(why))
-    return measured.assign(stalled=flags, stall_reason=reasons)
-
-
-def _default_gpu_stalls():
-    """(stalls, runs) from the committed ``data/gpu`` step logs and runs.csv, or (None, None)."""
-    from .analysis import data_dir
-
-    folder = data_dir() / "gpu"
-    if not (folder / "steps.parquet").exists() or not (folder / "runs.csv").exists():
-        return None, None
-    runs = pd.read_csv(folder / "runs.csv")
-    steps = pd.read_parquet(folder / "steps.parquet")
-    return stalled_runs(steps, runs), runs
-
-
-def _drop_stalled(df: pd.DataFrame | None, stalls, stall_runs, fig_notes: list) -> pd.DataFrame | None:
-    """Drop the measured points ``flag_stalled_points`` marks; record a note saying how many and which."""
-    if df is None or not len(df) or stalls is None or not {"model", "method", "batch_size"} <= set(df.columns):
+def _drop_stalled(df: pd.DataFrame | None, fig_notes: list) -> pd.DataFrame | None:
+    """Drop measured points marked ``stalled`` (``measured.gpu_speedups`` marks them); record a note saying how
+    many and which. Rows without the column are kept as they are."""
+    if df is None or not len(df) or "stalled" not in df.columns:
         return df
-    if isinstance(stalls, str):   # "auto": only for measured vLLM rows (they carry their no-SD baseline)
-        if stalls != "auto" or "base_tokens_per_s" not in df.columns:
-            return df
-        stalls, stall_runs = _default_gpu_stalls()
-        if stalls is None:
-            return df
-    flagged = flag_stalled_points(df, stalls, stall_runs)
-    bad = flagged[flagged["stalled"]]
+    bad = df[df["stalled"].astype(bool)]
     if len(bad):
         which = ", ".join(f"{m} {p.split(' (')[0]}{' (synthetic)' if 'synthetic' in p else ''} B={b}"
                           for m, p, b in zip(bad["model"], bad["proposers"], bad["batch_size"]))
         fig_notes.append(
-            f"Dropped {len(bad)} of {len(flagged)} measured points: their timed run (or its no-SD baseline) hit a "
+            f"Dropped {len(bad)} of {len(df)} measured points: their timed run (or its no-SD baseline) hit a "
             f"batch shape for the first time inside the timed window (JIT compilation / CUDA-graph capture; step "
             f"logs show >= 5% of the wall time in such stalls): {which}.")
     else:
-        fig_notes.append(f"No measured point dropped: no timed run shows a compilation stall (step logs).")
-    return flagged[~flagged["stalled"]].drop(columns=["stalled", "stall_reason"])
+        fig_notes.append("No measured point dropped: no timed run shows a compilation stall (step logs).")
+    return df[~df["stalled"].astype(bool)].drop(columns=[c for c in ("stalled", "stall_reason") if c in df])
 
 
 def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
                      source: str | None = None, paper_refs: Mapping[str, float] | None = None,
-                     style: str | None = None, paper_dataset: str | None = None, stalls="auto",
-                     stall_runs: pd.DataFrame | None = None, ncols: int | None = None):
+                     style: str | None = None, paper_dataset: str | None = None, ncols: int | None = None):
     """Speedup vs batch size, one panel per dataset, one colour per proposer (simulated rows of ``simulate``:
     dataset, proposers, batch_size, speedup). ``style`` (default ``cost_model`` when the rows hold several) gives
     each of its values its own line style AND marker (solid ●, dashed ■, dotted ▲, dash-dot ◆), named in the
@@ -333,13 +230,11 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
     hollow squares. ``paper_refs`` draws labelled reference lines, only on ``paper_dataset``'s panels (every
     panel when None).
 
-    Measured vLLM rows (``analysis.gpu_speedups``, passed as ``sim`` or ``measured``) lose the points whose run
-    or no-SD baseline stalled on a first-use compilation: ``stalls`` = a ``stalled_runs`` table (with
-    ``stall_runs``, runs.csv), ``"auto"`` (read ``data/gpu``) or None (keep all). The figure says how many
-    points were dropped and which."""
+    Measured vLLM rows (``measured.gpu_speedups``, passed as ``sim`` or ``measured``) lose the points marked
+    ``stalled`` (their run or no-SD baseline hit a first-use compilation); the figure says how many and which."""
     notes: list[str] = []
-    sim = _drop_stalled(sim, stalls, stall_runs, notes)
-    measured = _drop_stalled(measured, stalls, stall_runs, notes)
+    sim = _drop_stalled(sim, notes)
+    measured = _drop_stalled(measured, notes)
     sim, measured = _panels(sim), _panels(measured)
     datasets = sorted(sim["dataset"].unique())
     if measured is not None and len(measured):
@@ -574,40 +469,19 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
 # ---- finding 3b: overlap --------------------------------------------------------------------------------
 
 
-def _overlap_support(adv: pd.DataFrame, threshold: float) -> tuple[int, int]:
-    """Requests below / at or above a BLEU threshold."""
-    b = adv["bleu"].to_numpy(float)
-    return int((b < threshold).sum()), int((b >= threshold).sum())
-
-
-def _panel_threshold(adv: pd.DataFrame, edges=tuple(np.round(np.arange(0, 1.01, 0.1), 2)),
-                     min_requests: int = 10) -> float | None:
-    """``analysis.overlap_threshold``'s rule on one comparator's rows, counting only bins with at least
-    ``min_requests`` requests: the lowest BLEU bin edge from which every such higher bin has a median advantage
-    > 1 (None if none)."""
-    b = pd.cut(adv["bleu"], bins=list(edges), include_lowest=True)
-    g = adv.groupby(b, observed=True)["advantage"]
-    med = g.median()[g.size() >= min_requests]
-    los = [max(float(iv.left), 0.0) for iv in med.index]
-    for i in range(len(med)):
-        if (med.iloc[i:] > 1).all():
-            return los[i]
-    return None
-
-
 def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | None = None,
                          paper_threshold: float | None = PAPER["bleu_threshold"], title: str = "",
-                         source: str | None = None, min_requests: int = 10, paper_other: str = "eagle"):
+                         source: str | None = None, min_requests: int = MIN_OVERLAP_REQUESTS,
+                         paper_other: str = "eagle"):
     """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over the comparator (log scale), one
     panel per comparator (``adv["other"]``, from ``analysis.ngram_advantage_by_model``; else ``other``), colour =
     dataset. Each 0.1-wide BLEU bin is labelled with its request count (n=).
 
-    A threshold ("n-gram wins above") is drawn in a panel only when at least ``min_requests`` (default 10)
-    requests of that panel lie on EACH side of it; otherwise the panel says why it is not drawn. The threshold
-    is ``threshold`` when one comparator is shown, else re-derived per panel with ``analysis.overlap_threshold``'s
-    rule over the bins holding at least ``min_requests`` requests (a pooled value belongs to no single
-    comparator; a bin of one or two requests decides nothing). The paper's threshold (``paper_threshold``, measured
-    vs EAGLE) is drawn only in the ``paper_other`` panel."""
+    Each panel's threshold ("n-gram wins above") is ``metrics.overlap_threshold`` over that comparator's rows:
+    only bins of at least ``min_requests`` (default 10) requests count, and at least that many must lie on each
+    side; where there is none, the panel says so. ``threshold`` is ignored (kept for old callers: a pooled value
+    belongs to no single comparator). The paper's threshold (``paper_threshold``, measured vs EAGLE) is drawn only
+    in the ``paper_other`` panel."""
     adv = adv.copy()
     if "other" not in adv.columns:
         adv["other"] = other
@@ -636,20 +510,17 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
         if paper_threshold is not None and oth == paper_other:
             ax.axvline(paper_threshold, color="0.4", ls="--", lw=1, gid="paper-threshold",
                        label=f"paper: n-gram wins above {paper_threshold} (vs EAGLE)")
-        thr = threshold if len(others) == 1 else _panel_threshold(d, min_requests=min_requests)
+        thr, _ = overlap_threshold(d, min_requests=min_requests)
         if thr is not None:
-            below, above = _overlap_support(d, thr)
-            if min(below, above) >= min_requests:
-                ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
-                           label=f"this run: n-gram wins above {thr:.1f}")
-            else:
-                ax.text(0.98, 0.04, f"threshold {thr:.1f} not drawn:\n{below} / {above} requests below / above "
-                        f"(< {min_requests})", transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5,
-                        color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
+            below, above = overlap_support(d, thr)
+            ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
+                       label=f"this run: n-gram wins above {thr:.1f}")
+            ax.text(0.98, 0.04, f"{below} / {above} requests below / above {thr:.1f}", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=6.5, color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
         else:
-            ax.text(0.98, 0.04, "no BLEU threshold: n-gram's median\nnever wins in every higher bin",
-                    transform=ax.transAxes, ha="right", va="bottom", fontsize=6.5, color="0.2",
-                    bbox=dict(fc="white", ec="0.7", lw=0.5))
+            ax.text(0.98, 0.04, f"no supported threshold: n-gram's median\ndoes not win in every higher bin of "
+                    f">= {min_requests}\nrequests with >= {min_requests} on each side", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=6.5, color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
         ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
         ax.set_ylabel(f"tokens/step n-gram ÷ {oth} (log)")
         models = sorted(d["model"].astype(str).unique()) if "model" in d.columns else []

@@ -108,9 +108,10 @@ def test_ngram_advantage_and_threshold():
     assert adv.loc["hi0", "advantage"] == pytest.approx(2.0)
     # 20 tokens: n-gram 20 steps; eagle 3 per step -> 7 steps -> (20/20) / (20/7)
     assert adv.loc["lo0", "advantage"] == pytest.approx(7 / 20)
-    thr, tab = A.overlap_threshold(adv.reset_index())
+    thr, tab = A.overlap_threshold(adv.reset_index(), min_requests=1)
     assert thr is not None and 0.0 < thr <= 0.9
     assert tab["n"].sum() == 12
+    assert A.overlap_threshold(adv.reset_index())[0] is None, "6 requests a side cannot carry a threshold (< 10)"
 
 
 def test_phase_shares_sum_to_one_and_drop_prefill_and_outliers():
@@ -151,11 +152,11 @@ def test_oracle_gap_and_hybrid_table():
 def test_summary_roundtrip(tmp_path):
     rows = [A.SummaryRow("4 oracle bound", "oracle speedup", "≈2.75x", "2.10x", "simulated", np.float64(2.1))]
     df = A.write_summary(rows, tmp_path / "s.json")
-    assert list(df.columns) == ["finding", "quantity", "paper", "this_run", "source", "value"]
+    assert list(df.columns) == ["finding", "quantity", "paper", "this_run", "source", "value", "verdict", "headline"]
     back = A.read_summaries([tmp_path / "s.json"])
     assert back.equals(df)
     md = A.summary_markdown(back)
-    assert md.splitlines()[0].startswith("| finding | quantity | paper | this run | source |")
+    assert md.splitlines()[2] == "| quantity | paper | this run | verdict | source |"
     with pytest.raises(TypeError):
         A.write_summary([{"finding": "x"}], None)
 

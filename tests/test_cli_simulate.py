@@ -83,3 +83,27 @@ def test_console_script(tmp_path):
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert len(pd.read_csv(out)) == 2 and "speedup" in r.stdout
+
+
+def test_every_committed_proposer_runs_from_the_cli_with_named_presets(tmp_path, capsys):
+    """Every proposer of the committed traces has a drafting cost under the named presets of the measured machines
+    (stand-ins named on stderr), so the CLI runs each notebook's simulation; the result equals the library's."""
+    from spec_repro.costmodel import PRESETS
+    from spec_repro.grids import cost_model_for
+    from spec_repro.paths import data_dir
+
+    assert {"llama3.1-8b-h100", "llama3.1-8b-h200", "smollm2-135m-cpu"} <= set(PRESETS)
+    qwen = data_dir() / "traces" / "qwen2.5-coder-1.5b__code-edit.parquet"
+    out = tmp_path / "sim.csv"
+    main(["simulate", "--traces", str(qwen), "--proposers", "ngram,eagle", "--policy", "oracle-combine",
+          "--cost-model", "llama3.1-8b-h200", "--draft-cost", "all", "--out", str(out), "--no-progress"])
+    assert len(pd.read_csv(out)) == 1
+    for props in ("early-exit", "draft"):
+        main(["simulate", "--traces", str(qwen), "--proposers", props, "--policy", "oracle", "--cost-model",
+              "llama3.1-8b-h200", "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert f"note: proposer {props!r} has no drafting model in 'llama3.1-8b-h200'" in err
+        t = read_trace(qwen)
+        cm, _ = cost_model_for(t, "llama3.1-8b-h200", proposers=[props])
+        direct = simulate(t, cm, props, "oracle", progress=False).iloc[0]
+        assert pd.read_csv(out).iloc[0].speedup == pytest.approx(direct.speedup, rel=1e-12)

@@ -25,13 +25,22 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
     measured = pd.DataFrame({"dataset": ["llama31-8b dims, random prompt"] * 2, "model": ["llama31-8b"] * 2,
                              "proposers": ["ngram (AL 3.95, dummy weights)"] * 2, "batch_size": [1, 256],
                              "speedup": [3.333, 1.404]})
-    assert _rows(F.finding1_rows(sim, measured, sim_source="sim", measured_source="meas")) == [
+    rows = F.finding1_rows(sim, measured, sim_source="sim", measured_source="meas")
+    assert _rows(rows) == [
         ("1 speedup vs batch", "code-edit (m): best proposer (ngram), bs 1 -> 64 (simulated)",
          "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "2.00x -> 1.25x", "sim", 2.0),
+        ("1 speedup vs batch", "m: datasets where the best proposer's speedup shrinks from the smallest to the largest "
+         "batch (simulated)", "every dataset", "1 of 1", "sim", 1.0),
         ("1 speedup vs batch", "llama31-8b dims, random prompt: best proposer (ngram (AL 3.95, dummy weights)), "
          "bs 1 -> 256 (measured vLLM, dummy weights)",
          "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "3.33x -> 1.40x", "meas", 3.333),
     ]
+    assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), ("agrees", True)]
+    grows = sim.assign(speedup=[1.0, 0.9, 1.3, 1.1])        # ngram best at bs 1 (1.0), then 1.3 at bs 64
+    stalled = measured.assign(stalled=[False, True])        # a compilation stall is not the method's speed
+    rows = F.finding1_rows(grows, stalled, sim_source="sim", measured_source="meas")
+    assert [r.verdict for r in rows] == ["departs: grows with batch", "departs: grows on 1", "departs: grows with batch"]
+    assert rows[2].this_run == "3.33x -> 3.33x"             # bs 256 dropped: only bs 1 is left
 
 
 def test_finding2_shares_rejection_and_cpu_verify_cost():
@@ -70,13 +79,18 @@ def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
 
 
 def test_finding3b_overlap_threshold_and_win_shares():
-    adv = pd.DataFrame({"bleu": [0.1, 0.2, 0.7, 0.8], "ngram_wins": [False, True, True, True]})
-    assert _rows(F.finding3b_rows(adv, 0.6, "eagle", source="src")) == [
-        ("3 n-gram vs overlap", "BLEU-4 above which n-gram beats eagle", "≈0.6 (vs EAGLE)", "0.6", "src", 0.6),
-        ("3 n-gram vs overlap", "share of requests where n-gram beats eagle: BLEU < 0.6 | >= 0.6", "low | high",
-         "50% (n=2) | 100% (n=2)", "src", 1.0),
+    adv = pd.DataFrame({"bleu": [0.1, 0.2, 0.7, 0.8], "ngram_wins": [False, True, True, True], "other": "eagle"})
+    thr = pd.DataFrame([dict(other="eagle", model="m", threshold=0.6, n_below=2, n_above=2, n=4)])
+    rows = F.finding3b_rows(adv, thr, source="src")
+    assert _rows(rows) == [
+        ("3 n-gram vs overlap", "BLEU-4 above which n-gram beats eagle (m)", "≈0.6 (vs EAGLE)",
+         "0.6 (2 / 2 requests below / above)", "src", 0.6),
+        ("3 n-gram vs overlap", "share of requests where n-gram beats eagle (m): BLEU < 0.6 / >= 0.6", "low / high",
+         "50% (n=2) / 100% (n=2)", "src", 1.0),
     ]
-    assert F.finding3b_rows(adv, None, "eagle", source="src")[0].this_run == "none found"
+    assert [r.verdict for r in rows] == ["agrees", "agrees"]
+    none = thr.assign(threshold=None, n_below=None, n_above=None)
+    assert F.finding3b_rows(adv, none, source="src")[0].this_run == "none supported"
 
 
 def test_finding4_oracle_vs_best_fixed_from_a_simulation_table():
@@ -125,14 +139,65 @@ def test_agreement_rows():
 
 
 def test_summary_markdown_is_the_exact_table():
-    df = F.write_summary([F.SummaryRow("4 oracle bound", "a | b", "≈2.75x", "2.10x", "line1\nline2", 2.1)], None)
-    assert F.summary_markdown(df) == ("| finding | quantity | paper | this run | source |\n"
-                                      "|---|---|---|---|---|\n"
-                                      "| 4 oracle bound | a / b | ≈2.75x | 2.10x | line1 line2 |\n")
+    df = F.write_summary([F.SummaryRow("4 oracle bound", "a | b", "≈2.75x", "2.10x", "line1\nline2", 2.1, "agrees"),
+                          F.SummaryRow("4 oracle bound", "c", "p", "r", "other", None, "departs: narrows"),
+                          F.SummaryRow("6b adaptive selector", "d", "n/a", "r2", "line1\nline2", 1.0,
+                                       "beyond the study")], None)
+    assert F.summary_markdown(df) == (
+        "## Finding 4: an oracle proposal length beats every fixed k\n\n"
+        "| quantity | paper | this run | verdict | source |\n"
+        "|---|---|---|---|---|\n"
+        "| a / b | ≈2.75x | 2.10x | agrees | S1 |\n"
+        "| c | p | r | departs: narrows | S2 |\n\n"
+        "## Beyond the study: a causal proposer-and-length selector\n\n"
+        "| quantity | paper | this run | verdict | source |\n"
+        "|---|---|---|---|---|\n"
+        "| d | n/a | r2 | beyond the study | S1 |\n\n"
+        "## Sources\n\n"
+        "- **S1**: line1 line2\n"
+        "- **S2**: other\n")
+    long = F.write_summary([F.SummaryRow("1 speedup vs batch", "q", "p", "r", "x " * 400, 1.0, "agrees")], None)
+    assert max(len(line) for line in F.summary_markdown(long).splitlines()) <= F.MAX_LINE
+
+
+def test_headline_markdown_keeps_headline_rows_in_finding_order_with_keys_per_table():
+    ours = F.write_summary([F.SummaryRow("5 hybrid oracle", "combine", "4.9x", "6.17x", "sim ours", 6.17, "agrees",
+                                         True),
+                            F.SummaryRow("1 speedup vs batch", "b", "p", "r", "sim ours", 1.0, "agrees", True),
+                            F.SummaryRow("1 speedup vs batch", "hidden", "p", "r", "sim ours", 1.0, "agrees")], None)
+    study = F.write_summary([F.SummaryRow("4 oracle bound", "oracle", "2.75x", "2.76x", "study", 2.76, "agrees",
+                                          True)], None)
+    assert F.headline_markdown([("published", study), ("ours", ours)]) == (
+        "| finding | quantity | paper | this run | verdict | source |\n"
+        "|---|---|---|---|---|---|\n"
+        "| 1 speedup vs batch | b | p | r | agrees | B1 |\n"
+        "| 4 oracle bound | oracle | 2.75x | 2.76x | agrees | A1 |\n"
+        "| 5 hybrid oracle | combine | 4.9x | 6.17x | agrees | B1 |\n\n"
+        "- **A1** (published): study\n"
+        "- **B1** (ours): sim ours\n")
+
+
+def test_verdicts_of_findings_2_to_5():
+    shares = pd.DataFrame({"model": "m", "method": ["ngram", "ngram", "draft_model"], "batch_size": [1, 64, 1],
+                           "verification_share": [0.55, 0.7, 0.3], "rejection_sampling_share": [0.01, 0.02, 0.0]})
+    assert [r.verdict for r in F.finding2_rows(shares, "s", None, "")] == [
+        "departs: below the paper's range (a light drafter)", "agrees", "departs: slightly above, still small"]
+    adv = pd.DataFrame({"bleu": [0.1, 0.2, 0.9], "ngram_wins": [False, False, True], "other": "eagle"})
+    thr = pd.DataFrame([dict(other="eagle", model="", threshold=0.9, n_below=2, n_above=1, n=3)])
+    assert [r.verdict for r in F.finding3b_rows(adv, thr, source="s")] == ["departs: higher", "agrees"]
+    draft = thr.assign(other="draft", threshold=None)
+    assert F.finding3b_rows(adv.assign(other="draft"), draft, source="s")[0].verdict == \
+        "not in the paper (vs draft); departs"
+    sim = _sim([("code-edit", "ngram", "oracle", "ngram-only", 1, 2.0), ("code-edit", "eagle", "oracle", "all", 1, 2.5),
+                ("code-edit", "ngram+eagle", "oracle-combine", "all", 1, 2.4)]).assign(model="m")
+    assert [r.verdict for r in F.finding5_rows(sim, source="s")][-1] == \
+        "departs: not above the best single oracle (2.50x)"
 
 
 def test_paper_table_is_the_only_source_of_the_figures_reference_lines():
     assert F.paper_refs("oracle_gap") == {"paper oracle 2.75x": 2.75, "paper fixed 2.1x": 2.1}
+    assert F.paper_refs("hybrid", ["ngram", "draft", "early-exit"]) == {
+        "combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85, "ngram oracle": 2.75}
     assert F.paper_refs("hybrid", ["ngram", "eagle"]) == {
         "combine, ngram-only": 4.9, "combine, winner": 4.3, "combine, all": 3.85, "ngram oracle": 2.75,
         "eagle oracle": 2.7}

@@ -10,6 +10,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from spec_repro import analysis as A  # noqa: E402
+from spec_repro import measured as M  # noqa: E402
 from spec_repro import plots as P  # noqa: E402
 from spec_repro.traces import Trace  # noqa: E402
 
@@ -175,31 +176,31 @@ def _steps():
 
 
 def test_stalled_runs_found_in_drafting_and_in_the_forward():
-    st = P.stalled_runs(_steps())
+    st = M.stalled_runs(_steps())
     bad = set(st.loc[st.stalled, "run_id"])
     assert bad == {"m-eagle-k3-b4", "m-none-k3-b16"}
 
 
 def test_measured_speedup_drops_stalled_points_and_says_so():
-    meas = _measured()
-    stalls = P.stalled_runs(_steps())
-    fig = P.speedup_vs_batch(meas, style="acceptance", stalls=stalls)
-    xs = {(l.get_color(), x) for ax in fig.axes for l in ax.get_lines() for x in l.get_xdata()}
+    meas = M.flag_stalled_points(_measured(), M.stalled_runs(_steps()))
+    assert meas.stalled.sum() == 3, "eagle B=4 (own stall) and eagle + ngram B=16 (baseline stall)"
+    assert all(meas.loc[meas.stalled, "stall_reason"].str.contains("stalled"))
+    fig = P.speedup_vs_batch(meas, style="acceptance")
     pts = sum(len(l.get_xdata()) for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("line|"))
-    assert pts == len(meas) - 3, "eagle B=4 (own stall) and eagle + ngram B=16 (baseline stall) are dropped"
+    assert pts == len(meas) - 3
     notes = " ".join(t.get_text() for t in fig.texts)
     assert "Dropped 3 of 6 measured points" in notes.replace("\n", " ")
     plt.close(fig)
-    fig = P.speedup_vs_batch(meas, style="acceptance", stalls=None)
+    fig = P.speedup_vs_batch(meas.drop(columns=["stalled", "stall_reason"]), style="acceptance")
     pts = sum(len(l.get_xdata()) for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("line|"))
-    assert pts == len(meas)
+    assert pts == len(meas), "rows without the stalled column are all kept"
     plt.close(fig)
 
 
 def test_cost_models_get_distinct_line_styles_and_markers():
     sim = _sim()
     sim = pd.concat([sim.assign(cost_model="A"), sim.assign(cost_model="B", speedup=sim.speedup * 1.1)])
-    fig = P.speedup_vs_batch(sim[sim.policy == "fixed-3"], stalls=None)
+    fig = P.speedup_vs_batch(sim[sim.policy == "fixed-3"])
     styles = {}
     for ax in fig.axes:
         for l in ax.get_lines():
