@@ -34,7 +34,7 @@ live_requests = 4      # live runs only: requests per dataset
 live_max_new_tokens = 64
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
 summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there
-other_proposer = None   # the proposer n-gram is compared with; None: the first non-n-gram one
+other_proposer = "eagle"   # the proposer n-gram is compared with (the paper's); a model without it: its first other
 
 # %%
 from spec_repro import analysis as A, plots as P

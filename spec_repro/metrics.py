@@ -226,15 +226,15 @@ def overlap_support(adv: pd.DataFrame, threshold: float) -> tuple[int, int]:
 
 
 def overlap_thresholds(adv: pd.DataFrame, min_requests: int = MIN_OVERLAP_REQUESTS) -> pd.DataFrame:
-    """``overlap_threshold`` per comparator (``adv["other"]``, from ``ngram_advantage_by_model``): other, model,
-    threshold (None where the rule finds none), n_below, n_above (requests on each side of it), n."""
+    """``overlap_threshold`` per model and comparator (``adv["other"]``, from ``ngram_advantage_by_model``): other,
+    model, threshold (None where the rule finds none), n_below, n_above (requests on each side of it), n."""
     adv = adv if "other" in adv.columns else adv.assign(other="other")
+    adv = adv if "model" in adv.columns else adv.assign(model="")
     rows = []
-    for oth, d in adv.groupby("other", sort=False):
+    for (mdl, oth), d in adv.groupby(["model", "other"], sort=True):
         thr, _ = overlap_threshold(d, min_requests=min_requests)
         below, above = overlap_support(d, thr) if thr is not None else (None, None)
-        models = ", ".join(sorted(d["model"].astype(str).unique())) if "model" in d.columns else ""
-        rows.append(dict(other=oth, model=models, threshold=thr, n_below=below, n_above=above, n=len(d)))
+        rows.append(dict(other=oth, model=str(mdl), threshold=thr, n_below=below, n_above=above, n=len(d)))
     return pd.DataFrame(rows)
 
 

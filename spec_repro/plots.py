@@ -474,10 +474,10 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
                          source: str | None = None, min_requests: int = MIN_OVERLAP_REQUESTS,
                          paper_other: str = "eagle"):
     """Per request: prompt-output BLEU-4 vs n-gram's tokens-per-step ratio over the comparator (log scale), one
-    panel per comparator (``adv["other"]``, from ``analysis.ngram_advantage_by_model``; else ``other``), colour =
-    dataset. Each 0.1-wide BLEU bin is labelled with its request count (n=).
+    panel per model and comparator (``adv["other"]``, from ``metrics.ngram_advantage_by_model``; else ``other``),
+    colour = dataset. Each 0.1-wide BLEU bin is labelled with its request count (n=).
 
-    Each panel's threshold ("n-gram wins above") is ``metrics.overlap_threshold`` over that comparator's rows:
+    Each panel's threshold ("n-gram wins above") is ``metrics.overlap_threshold`` over that panel's rows:
     only bins of at least ``min_requests`` (default 10) requests count, and at least that many must lie on each
     side; where there is none, the panel says so. ``threshold`` is ignored (kept for old callers: a pooled value
     belongs to no single comparator). The paper's threshold (``paper_threshold``, measured vs EAGLE) is drawn only
@@ -485,13 +485,15 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     adv = adv.copy()
     if "other" not in adv.columns:
         adv["other"] = other
-    others = list(dict.fromkeys(adv["other"].astype(str)))
-    fig, axes = _facets(len(others), ncols=2, w=3.5, h=3.0)
+    if "model" not in adv.columns:
+        adv["model"] = ""
+    panels = list(dict.fromkeys(zip(adv["model"].astype(str), adv["other"].astype(str))))
+    fig, axes = _facets(len(panels), ncols=2, w=3.5, h=3.0)
     datasets = sorted(adv["dataset"].unique())
     pal = dict(zip(datasets, sns.color_palette("tab10", len(datasets))))
     edges = np.round(np.arange(0, 1.01, 0.1), 2)
-    for ax, oth in zip(axes, others):
-        d = adv[adv["other"].astype(str) == oth]
+    for ax, (mdl, oth) in zip(axes, panels):
+        d = adv[(adv["other"].astype(str) == oth) & (adv["model"].astype(str) == mdl)]
         for ds, g in d.groupby("dataset"):
             ax.scatter(g["bleu"], g["advantage"], s=9, alpha=0.6, color=pal[ds], lw=0, label=ds)
         ax.set_yscale("log")
@@ -523,8 +525,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
                     ha="right", va="bottom", fontsize=6.5, color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
         ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
         ax.set_ylabel(f"tokens/step n-gram ÷ {oth} (log)")
-        models = sorted(d["model"].astype(str).unique()) if "model" in d.columns else []
-        ax.set_title(f"n-gram vs {oth}" + (f" ({', '.join(models)})" if models else ""), fontsize=8.5, pad=10)
+        ax.set_title(f"n-gram vs {oth}" + (f" ({mdl})" if mdl else ""), fontsize=8.5, pad=10)
     for ax in axes:
         for h in ax.collections:
             h.set_sizes([9])

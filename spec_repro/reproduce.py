@@ -265,7 +265,7 @@ def update_readme_results(readme: Path | None = None) -> bool:
     for label, f in (("the study's published traces", figs / "published" / "summary.csv"),
                      ("this package's data", figs / "summary.csv")):
         if f.exists():
-            tables.append((label, pd.read_csv(f)))
+            tables.append((label, pd.read_csv(f, keep_default_na=False)))  # "n/a" is text here, not a NaN
     if not readme.exists() or not tables:
         return False
     text = readme.read_text()

@@ -71,9 +71,9 @@ def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
          "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0", "src", 12.04),
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, early-exit",
          "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3", "src", 3.26),
-        ("3 acceptance varies", "early-exit: median tokens/step, range across datasets", "varies by dataset",
+        ("3 acceptance varies", "early-exit (m): median tokens/step, range across datasets", "varies by dataset",
          "1.20 (sharegpt) - 1.50 (code-edit)", "src", pytest.approx(1.25)),
-        ("3 acceptance varies", "ngram: median tokens/step, range across datasets", "varies by dataset",
+        ("3 acceptance varies", "ngram (m): median tokens/step, range across datasets", "varies by dataset",
          "1.50 (sharegpt) - 2.00 (code-edit)", "src", pytest.approx(4 / 3)),
     ]
 
@@ -88,7 +88,9 @@ def test_finding3b_overlap_threshold_and_win_shares():
         ("3 n-gram vs overlap", "share of requests where n-gram beats eagle (m): BLEU < 0.6 / >= 0.6", "low / high",
          "50% (n=2) / 100% (n=2)", "src", 1.0),
     ]
-    assert [r.verdict for r in rows] == ["agrees", "agrees"]
+    assert [r.verdict for r in rows] == ["agrees", "too few requests on one side (< 10)"]
+    many = pd.DataFrame({"bleu": [0.1] * 10 + [0.8] * 10, "ngram_wins": [False] * 10 + [True] * 10, "other": "eagle"})
+    assert F.finding3b_rows(many, thr, source="src")[1].verdict == "agrees"
     none = thr.assign(threshold=None, n_below=None, n_above=None)
     assert F.finding3b_rows(adv, none, source="src")[0].this_run == "none supported"
 
@@ -184,7 +186,8 @@ def test_verdicts_of_findings_2_to_5():
         "departs: below the paper's range (a light drafter)", "agrees", "departs: slightly above, still small"]
     adv = pd.DataFrame({"bleu": [0.1, 0.2, 0.9], "ngram_wins": [False, False, True], "other": "eagle"})
     thr = pd.DataFrame([dict(other="eagle", model="", threshold=0.9, n_below=2, n_above=1, n=3)])
-    assert [r.verdict for r in F.finding3b_rows(adv, thr, source="s")] == ["departs: higher", "agrees"]
+    assert [r.verdict for r in F.finding3b_rows(adv, thr, source="s")] == ["departs: higher",
+                                                                          "too few requests on one side (< 10)"]
     draft = thr.assign(other="draft", threshold=None)
     assert F.finding3b_rows(adv.assign(other="draft"), draft, source="s")[0].verdict == \
         "not in the paper (vs draft); departs"
@@ -203,3 +206,36 @@ def test_paper_table_is_the_only_source_of_the_figures_reference_lines():
         "eagle oracle": 2.7}
     with pytest.raises(ValueError, match="use 'oracle_gap' or 'hybrid'"):
         F.paper_refs("speedup")
+
+
+def test_adaptive_rows_focus_dataset_and_never_below_count():
+    def row(ds, st, pol, adaptive, worst):
+        return dict(dataset=ds, model="m", set=st, policy=pol, batch_size=1, best_fixed=2.0, best_fixed_config="ngram k=5",
+                    combine_all=3.0, adaptive=adaptive, gap_closed=(adaptive - 2.0) / 1.0, worst_ratio=worst,
+                    worst_ratio_batch=64, best_fixed_any=2.5, batch_sizes="1-128")
+    summary = pd.DataFrame([row("code-edit", "ngram+eagle", "adaptive-rule", 2.5, 0.99),
+                            row("code-edit", "ngram+eagle", "adaptive-learned", 2.8, 1.01),
+                            row("sharegpt", "ngram+eagle", "adaptive-learned", 1.9, 0.95)])
+    rows = F.adaptive_rows(summary, source="src")
+    assert _rows(rows) == [
+        ("6b adaptive selector", "code-edit (m), ngram+eagle, bs 1: best causal policy vs best fixed k (1-7 / any) and "
+         "Oracle Combine (all)", "n/a (the study stops at oracles)",
+         "adaptive-learned 2.80x vs 2.00x / 2.50x and 3.00x: 80% of the gap closed; worst ratio 1.010", "src",
+         pytest.approx(0.8)),
+        ("6b adaptive selector", "m: (dataset, proposer set) pairs where a causal policy never falls below the best "
+         "fixed k, bs 1-128", "n/a", "1 of 2", "src", 0.5),
+    ]
+    assert [(r.verdict, r.headline) for r in rows] == [("beyond the study", True), ("beyond the study", False)]
+
+
+def test_headline_markdown_shows_a_shared_row_once_from_the_later_table():
+    shared = F.SummaryRow("2 verification bottleneck", "vllm share", "42%-95%", "57%-71%", "steps", 0.7, "agrees", True)
+    a = F.write_summary([shared, F.SummaryRow("4 oracle bound", "o", "p", "r", "study", 1.0, "agrees", True)], None)
+    b = F.write_summary([shared], None)
+    md = F.headline_markdown([("published", a), ("ours", b)])
+    assert md.count("vllm share") == 1 and "| 57%-71% | agrees | B1 |" in md
+    assert "- **A1** (published): study" in md and "- **B1** (ours): steps" in md and "A2" not in md
+    # a CSV round trip keeps "n/a" and the boolean flag
+    import io
+    back = pd.read_csv(io.StringIO(b.assign(paper="n/a").to_csv(index=False)), keep_default_na=False)
+    assert "| n/a | 57%-71% |" in F.headline_markdown([("ours", back)])
