@@ -323,9 +323,9 @@ def _run_cpu_verify_cost(args):
 
     from . import models
     from .engines.torch import measure_verify_cost, weight_bytes
-    from .provenance import record
-
     from .io import atomic_path, check_writable
+    from .metrics import verify_cost_summary
+    from .provenance import record
 
     _set_threads(args.threads)
     out = check_writable(args.out, "--out")
@@ -337,14 +337,8 @@ def _run_cpu_verify_cost(args):
     except (ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {e}")
     raw = measure_verify_cost(model, kv_len=args.kv_len, ks=range(0, args.k_max + 1), repeats=args.repeats)
-    g = raw.groupby(["k", "n_tokens", "kv_len"])["seconds"]
-    df = g.median().rename("median_s").to_frame()
-    df["p10_s"], df["p90_s"], df["repeats"] = g.quantile(0.1), g.quantile(0.9), g.size()
-    df = df.reset_index()
+    df = verify_cost_summary(raw)
     base = float(df.loc[df.k == 0, "median_s"].iloc[0])
-    df["ratio_to_1_token"] = df["median_s"] / base
-    # on a shared CPU the low percentile is the steadier estimate of the uncontended cost
-    df["p10_ratio_to_1_token"] = df["p10_s"] / float(df.loc[df.k == 0, "p10_s"].iloc[0])
     with atomic_path(out) as tmp:
         df.to_csv(tmp, index=False, float_format="%.6g")
     wb = weight_bytes(model)

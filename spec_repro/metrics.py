@@ -12,7 +12,7 @@ from .traces import Trace, TraceError
 __all__ = [
     "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
-    "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
+    "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "verify_cost_summary", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
 ]
 
 
@@ -236,6 +236,19 @@ def overlap_thresholds(adv: pd.DataFrame, min_requests: int = MIN_OVERLAP_REQUES
         below, above = overlap_support(d, thr) if thr is not None else (None, None)
         rows.append(dict(other=oth, model=str(mdl), threshold=thr, n_below=below, n_above=above, n=len(d)))
     return pd.DataFrame(rows)
+
+
+def verify_cost_summary(raw: pd.DataFrame) -> pd.DataFrame:
+    """Timed target forwards (k, n_tokens, kv_len, seconds; ``engines.torch.measure_verify_cost``) -> per k: the
+    median, p10 and p90 seconds, the repeat count, and the median and p10 ratios to the one-token forward (k = 0;
+    on a shared CPU the low percentile is the steadier estimate of the uncontended cost)."""
+    g = raw.groupby(["k", "n_tokens", "kv_len"])["seconds"]
+    df = g.median().rename("median_s").to_frame()
+    df["p10_s"], df["p90_s"], df["repeats"] = g.quantile(0.1), g.quantile(0.9), g.size()
+    df = df.reset_index()
+    df["ratio_to_1_token"] = df["median_s"] / float(df.loc[df.k == 0, "median_s"].iloc[0])
+    df["p10_ratio_to_1_token"] = df["p10_s"] / float(df.loc[df.k == 0, "p10_s"].iloc[0])
+    return df
 
 
 # ---- step-time breakdown ----------------------------------------------------------------------------------

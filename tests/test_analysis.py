@@ -239,3 +239,15 @@ def test_cost_model_standins_for_proposers_the_model_lacks():
                                                                         for n in notes)
     with pytest.raises(ValueError, match="no drafting model"):
         A.cost_model_for(_trace({"r": {"medusa": [1, 2]}}), "llama3.1-8b-h100")
+
+
+def test_verify_cost_summary_medians_percentiles_and_ratios():
+    from spec_repro.metrics import verify_cost_summary
+
+    raw = pd.DataFrame({"k": [0] * 3 + [3] * 3, "n_tokens": [1] * 3 + [4] * 3, "kv_len": 64,
+                        "seconds": [1.0, 2.0, 3.0, 3.0, 4.0, 6.0]})
+    df = verify_cost_summary(raw).set_index("k")
+    assert df.loc[0, "median_s"] == 2.0 and df.loc[3, "median_s"] == 4.0 and df.loc[3, "repeats"] == 3
+    assert df.loc[3, "ratio_to_1_token"] == 2.0
+    assert df.loc[3, "p10_s"] == pytest.approx(3.2) and df.loc[0, "p10_s"] == pytest.approx(1.2)
+    assert df.loc[3, "p10_ratio_to_1_token"] == pytest.approx(3.2 / 1.2)
