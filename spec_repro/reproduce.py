@@ -178,6 +178,8 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     declared = {n: set(pm.inspect_notebook(str(p))) for n, p in sources.items()}
     stray = sorted(set(parameters or {}) - set().union(*declared.values()))
     if stray:
+        for p in sources.values():
+            p.unlink(missing_ok=True)
         known = sorted(set().union(*declared.values()) - {"figures_dir", "summary_path"})
         raise ValueError(f"unknown notebook parameter(s) {stray}: the notebooks declare {known}")
     results: list[NotebookResult] = []

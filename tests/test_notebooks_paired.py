@@ -68,3 +68,12 @@ def test_clean_executed_strips_what_changes_between_runs(tmp_path):
     assert ["".join(x["source"]) for x in out["cells"]] == ["1 + 1"]
     assert out["cells"][0]["metadata"] == {} and "".join(out["cells"][0]["outputs"][0]["data"]["text/plain"]) == "2"
     assert out["metadata"] == {"language_info": {"name": "python"}}
+
+
+def test_unknown_parameter_is_one_line_before_anything_runs(tmp_path):
+    from spec_repro.reproduce import reproduce
+
+    with pytest.raises(ValueError, match=r"unknown notebook parameter\(s\) \['bogus'\]: the notebooks declare .*'k'"):
+        reproduce("embedded", tmp_path / "out", figures_dir=tmp_path / "figs", notebooks=["05_oracle_bound"],
+                  parameters={"bogus": 1}, progress=False)
+    assert not list((tmp_path / "out" / "notebooks").glob("*")), "nothing left behind"
