@@ -164,7 +164,6 @@ def headline_markdown(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
     """The README's results table: the ``headline`` rows of each (label, summary table), in finding order, with
     the label's source keys (A1.. for the first table, B1.. for the second, ...) listed below it."""
     lines = ["| finding | quantity | paper | this run | verdict | source |", "|---|---|---|---|---|---|"]
-    notes = []
     parts = []
     for i, (label, df) in enumerate(tables):
         if df is None or not len(df) or "headline" not in df.columns:
@@ -180,15 +179,11 @@ def headline_markdown(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
             seen.add(key)
             kept.append(part)
     parts = kept[::-1]
-    keys = {}
-    for label, i, _, r in parts:
+    keys: dict[int, dict[str, str]] = {}
+    for _, i, _, r in parts:
         per = keys.setdefault(i, {})
         per.setdefault(_cell(r["source"]), f"{chr(ord('A') + i)}{len(per) + 1}")
-    for label, i, _, r in parts:
-        for src, k in keys[i].items():
-            line = f"- **{k}** ({label}): {src}"
-            if line not in notes:
-                notes.append(line)
+    notes = [f"- **{k}** ({tables[i][0]}): {src}" for i in sorted(keys) for src, k in keys[i].items()]
     order = {k: n for n, k in enumerate(FINDING_TITLES)}
     for label, i, j, r in sorted(parts, key=lambda t: (order.get(str(t[3]["finding"]).split(" ")[0], len(order)),
                                                        t[1], t[2])):
