@@ -8,7 +8,7 @@ A notebook that fails is reported with its failing cell; the others still run. E
 The notebooks are jupytext pairs (``notebooks/NAME.py`` in percent format, ``NAME.ipynb`` with outputs). A
 default run (profile ``embedded``, no parameters, the repo's ``figures/``) writes each executed notebook back to
 ``notebooks/NAME.ipynb`` with its outputs, stripped of what changes from run to run (papermill's injected cell,
-timings, kernel versions), so a re-run rewrites the same bytes. The kernel's own log (ipykernel's start-up and
+timings), so a re-run rewrites the same bytes and a run in JupyterLab changes only outputs. The kernel's own log (ipykernel's start-up and
 shutdown chatter) goes to ``out_dir/notebooks/NAME.kernel.log``, not to the terminal.
 """
 from __future__ import annotations
@@ -67,22 +67,29 @@ def parse_parameters(items: Sequence[str]) -> dict:
 
 
 def clean_executed(src: Path, dst: Path) -> None:
-    """Write the executed notebook ``src`` to ``dst`` without what changes from run to run or machine to machine:
-    papermill's injected-parameters cell (absolute paths) and metadata (timings), cell execution timestamps,
-    the kernel's version strings. Outputs and cell ids stay."""
+    """Write the executed notebook ``src`` to ``dst`` as a top-to-bottom run in JupyterLab would leave it, without
+    what changes from run to run: papermill's injected-parameters cell (absolute paths) and metadata (timings),
+    cell execution timestamps; execution counts renumbered 1, 2, ... Outputs, cell ids and the kernel's
+    ``language_info`` stay."""
     import nbformat
 
     from .io import atomic_write
 
     nb = nbformat.read(str(src), as_version=4)
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    count = 0
     for c in nb.cells:
         c.metadata.pop("papermill", None)
         c.metadata.pop("execution", None)
+        if c.cell_type == "code" and c.get("execution_count") is not None:
+            count += 1  # numbered as a top-to-bottom run in JupyterLab numbers them (no injected cell)
+            c.execution_count = count
+            for o in c.get("outputs", []):
+                if "execution_count" in o:
+                    o["execution_count"] = count
     nb.metadata.pop("papermill", None)
-    nb.metadata["language_info"] = {"name": nb.metadata.get("language_info", {}).get("name", "python")}
     with atomic_write(dst) as f:
-        f.write(nbformat.writes(nb))
+        f.write(nbformat.writes(nb) + "\n")  # as Jupyter's own save ends the file
 
 
 def source_notebook(name: str):

@@ -60,14 +60,17 @@ def test_clean_executed_strips_what_changes_between_runs(tmp_path):
     inj.metadata["tags"] = ["injected-parameters"]
     c = nbformat.v4.new_code_cell("1 + 1")
     c.metadata.update(papermill={"duration": 0.1}, execution={"iopub.status.busy": "t"})
-    c.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
+    inj.execution_count = 1
+    c.execution_count = 2
+    c.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=2)]
     nb.cells = [inj, c]
     nbformat.write(nb, str(tmp_path / "in.ipynb"))
     clean_executed(tmp_path / "in.ipynb", tmp_path / "out.ipynb")
     out = json.loads((tmp_path / "out.ipynb").read_text())
     assert ["".join(x["source"]) for x in out["cells"]] == ["1 + 1"]
     assert out["cells"][0]["metadata"] == {} and "".join(out["cells"][0]["outputs"][0]["data"]["text/plain"]) == "2"
-    assert out["metadata"] == {"language_info": {"name": "python"}}
+    assert out["metadata"] == {"language_info": {"name": "python", "version": "3.11.7"}}
+    assert out["cells"][0]["execution_count"] == 1 and out["cells"][0]["outputs"][0]["execution_count"] == 1
 
 
 def test_unknown_parameter_is_one_line_before_anything_runs(tmp_path):
@@ -77,3 +80,30 @@ def test_unknown_parameter_is_one_line_before_anything_runs(tmp_path):
         reproduce("embedded", tmp_path / "out", figures_dir=tmp_path / "figs", notebooks=["05_oracle_bound"],
                   parameters={"bogus": 1}, progress=False)
     assert not list((tmp_path / "out" / "notebooks").glob("*")), "nothing left behind"
+
+
+def test_a_run_in_jupyterlab_changes_only_outputs(tmp_path):
+    """JupyterLab's side, without a browser: jupytext's contents manager (what `jupyter lab` uses with jupytext)
+    opens a committed notebook, the kernel runs every cell, the contents manager saves it. The committed bytes
+    come back unchanged: the .py (sources) and the .ipynb (outputs equal the committed ones on the same data)."""
+    pytest.importorskip("jupyter_server")
+    from jupyter_server.services.contents.largefilemanager import LargeFileManager
+    from jupytext.sync_contentsmanager import build_sync_jupytext_contents_manager_class
+    from nbclient import NotebookClient
+
+    name = "04_ngram_overlap"
+    for ext in (".py", ".ipynb"):
+        (tmp_path / f"{name}{ext}").write_bytes((NB / f"{name}{ext}").read_bytes())
+    cm = build_sync_jupytext_contents_manager_class(LargeFileManager)(root_dir=str(tmp_path))
+    nb = nbformat.from_dict(cm.get(f"{name}.ipynb")["content"])
+    NotebookClient(nb, record_timing=False, resources={"metadata": {"path": str(NB)}}).execute()
+    cm.save({"type": "notebook", "content": nb}, f"{name}.ipynb")
+    assert (tmp_path / f"{name}.py").read_bytes() == (NB / f"{name}.py").read_bytes()
+    a, b = nbformat.read(str(NB / f"{name}.ipynb"), 4), nbformat.read(str(tmp_path / f"{name}.ipynb"), 4)
+    assert [(c.cell_type, c.source, c.id, c.metadata) for c in a.cells] == \
+        [(c.cell_type, c.source, c.id, c.metadata) for c in b.cells] and a.metadata == b.metadata
+
+    def text(n):  # outputs without images (a new matplotlib may draw other pixels; nbval leaves them lax too)
+        return [[{k: (v if k != "data" else {m: d for m, d in v.items() if not m.startswith("image/")})
+                  for k, v in o.items()} for o in c.get("outputs", [])] for c in n.cells]
+    assert text(b) == text(a), "only outputs may change, and on the same data their text does not"
