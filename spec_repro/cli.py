@@ -47,7 +47,7 @@ def _run_simulate(args):
     from .costmodel import CostModelError
     from .grids import cost_model_for
     from .io import atomic_path, check_writable
-    from .simulate import SimulationError, simulate
+    from .simulate import SimulationError, parse_proposers, simulate
     from .traces import Trace, TraceError, read_trace
 
     out = check_writable(args.out, "--out")                    # before any heavy work
@@ -60,7 +60,7 @@ def _run_simulate(args):
             traces.append(read_trace(f, **kw))
         trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
         extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
-        asked = [q.strip() for q in str(args.proposers).split(",") if q.strip() in trace.proposers]
+        asked = [q for q in parse_proposers(args.proposers) if q in trace.proposers]
         cm, notes = cost_model_for(trace, args.cost_model, proposers=asked)  # the notebooks' stand-ins
         for note in notes:
             print(f"note: {note}", file=sys.stderr)

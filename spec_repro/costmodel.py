@@ -56,8 +56,10 @@ class CostModelError(ValueError):
 def _presets() -> dict[str, Path]:
     """Name -> file: the presets shipped in the package, then (in a checkout) the cost models fitted to this
     package's own measurements, ``data/gpu/costmodel_*.json`` (the H200) and ``data/cpu/costmodel_*.json``."""
+    from .paths import data_dir
+
     out = {}
-    data = Path(__file__).resolve().parents[1] / "data"
+    data = data_dir()
     for p in sorted(PRESET_DIR.glob("*.json")) + sorted(data.glob("*/costmodel_*.json")):
         try:
             out[json.loads(p.read_text())["name"]] = p

@@ -128,16 +128,16 @@ def _cell(v) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).replace("|", "/").replace("\n", " ")
 
 
-def _source_keys(df: pd.DataFrame, prefix: str = "S") -> dict[str, str]:
+def _source_keys(sources: Iterable, prefix: str = "S") -> dict[str, str]:
     """Each distinct source, in order of first appearance -> a short key (S1, S2, ...)."""
-    return {src: f"{prefix}{i}" for i, src in enumerate(dict.fromkeys(df["source"].map(_cell)), 1)}
+    return {src: f"{prefix}{i}" for i, src in enumerate(dict.fromkeys(map(_cell, sources)), 1)}
 
 
 def summary_markdown(df: pd.DataFrame) -> str:
     """The summary a reader scans: one section per finding, columns quantity | paper | this run | verdict | source
     key, the sources listed once at the end. Every line is at most ``MAX_LINE`` characters (longer sources wrap
     onto indented lines)."""
-    keys = _source_keys(df)
+    keys = _source_keys(df["source"])
     cols = ["quantity", "paper", "this_run", "verdict"]
     out = []
     for fid, g in df.groupby(df["finding"].astype(str).str.split(" ").str[0], sort=False):
@@ -179,10 +179,8 @@ def headline_markdown(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
             seen.add(key)
             kept.append(part)
     parts = kept[::-1]
-    keys: dict[int, dict[str, str]] = {}
-    for _, i, _, r in parts:
-        per = keys.setdefault(i, {})
-        per.setdefault(_cell(r["source"]), f"{chr(ord('A') + i)}{len(per) + 1}")
+    keys = {i: _source_keys((r["source"] for _, t, _, r in parts if t == i), chr(ord("A") + i))
+            for i in dict.fromkeys(t for _, t, _, _ in parts)}
     notes = [f"- **{k}** ({tables[i][0]}): {src}" for i in sorted(keys) for src, k in keys[i].items()]
     order = {k: n for n, k in enumerate(FINDING_TITLES)}
     for label, i, j, r in sorted(parts, key=lambda t: (order.get(str(t[3]["finding"]).split(" ")[0], len(order)),

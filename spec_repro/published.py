@@ -165,8 +165,7 @@ def read_published_cached(path: Path, **kw) -> Trace:
     args = {k: kw.get(k) for k in ("dataset", "model", "proposer", "k_max", "strict")}
     if not args["dataset"]:
         args["dataset"] = dataset_from_path(path)  # the default dataset comes from the name: part of the key
-    if not args["proposer"] and _proposer_from_name(path):
-        args["proposer"] = _proposer_from_name(path)
+    args["proposer"] = args["proposer"] or _proposer_from_name(path)
     key = hashlib.sha256(json.dumps([_CACHE_VERSION, h.hexdigest(), args], sort_keys=True).encode())
     cached = cache_root() / "traces" / f"{key.hexdigest()[:32]}.parquet"
     if cached.is_file():

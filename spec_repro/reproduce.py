@@ -8,8 +8,8 @@ A notebook that fails is reported with its failing cell; the others still run. E
 The notebooks are jupytext pairs (``notebooks/NAME.py`` in percent format, ``NAME.ipynb`` with outputs). A
 default run (profile ``embedded``, no parameters, the repo's ``figures/``) writes each executed notebook back to
 ``notebooks/NAME.ipynb`` with its outputs, stripped of what changes from run to run (papermill's injected cell,
-timings), so a re-run rewrites the same bytes and a run in JupyterLab changes only outputs. The kernel's own log (ipykernel's start-up and
-shutdown chatter) goes to ``out_dir/notebooks/NAME.kernel.log``, not to the terminal.
+timings), so a re-run rewrites the same bytes and a run in JupyterLab changes only outputs. The kernel's own log
+(ipykernel's start-up and shutdown chatter) goes to ``out_dir/notebooks/NAME.kernel.log``, not to the terminal.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from .findings import read_summaries, summary_markdown
+from .findings import MAX_LINE, read_summaries, summary_markdown
 from .paths import repo_root
 
 __all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
@@ -240,7 +240,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             for k, v in parameters.items())
     import textwrap
 
-    md = ("# Reproduction summary\n\n" + "\n".join(textwrap.wrap(head + ".", 300, break_on_hyphens=False))
+    md = ("# Reproduction summary\n\n" + "\n".join(textwrap.wrap(head + ".", MAX_LINE, break_on_hyphens=False))
           + "\n\n" + summary_markdown(table))
     failed = [r for r in results if not r.ok]
     if failed:

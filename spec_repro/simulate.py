@@ -70,6 +70,7 @@ request is used unless ``sample`` is given (released: 300 sampled with seed 42).
 """
 from __future__ import annotations
 
+import functools
 import random
 import re
 import zlib
@@ -83,7 +84,7 @@ from .costmodel import CostModel, CostModelError, load_cost_model
 from .traces import Trace, TraceError
 
 __all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
-           "parse_policy", "ngram_match_prob_for", "RESULT_COLUMNS"]
+           "parse_policy", "parse_proposers", "ngram_match_prob_for", "RESULT_COLUMNS"]
 
 POLICIES = ("fixed-K", "oracle", "oracle-combine", "adaptive-rule", "adaptive-learned")
 DRAFT_COSTS = ("ngram-only", "winner", "all", "ran")
@@ -304,20 +305,15 @@ def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> li
 
 
 # ---- mixed batching: continuous batching over all requests ------------------------------------------------------
-_MIXED = []
-
-
+@functools.lru_cache(maxsize=None)
 def _mixed_kernel():
     """``_mixed_run_py`` compiled by numba on first use (numba is imported only here: a duplicate-batching run
     never pays for it); plain Python where numba is missing."""
-    if not _MIXED:
-        try:
-            from numba import njit
-        except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
-            _MIXED.append(_mixed_run_py)
-        else:
-            _MIXED.append(njit(cache=True)(_mixed_run_py))
-    return _MIXED[0]
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
+        return _mixed_run_py
+    return njit(cache=True)(_mixed_run_py)
 
 
 def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always,
@@ -462,6 +458,11 @@ def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: Cost
 
 
 # ---- public entry ------------------------------------------------------------------------------------------------
+def parse_proposers(proposers) -> list[str]:
+    """'ngram', 'ngram,eagle', 'ngram+eagle' or a list -> the proposer names, as ``simulate`` reads them."""
+    return _as_list(proposers, "proposers")
+
+
 def _as_list(x, what) -> list:
     if isinstance(x, str):
         x = [s for s in re.split(r"[,+\s]+", x) if s] if what == "proposers" else [x]
@@ -495,7 +496,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
         raise SimulationError(f"seed must be an integer >= 0, got {seed!r}")
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, (int, np.integer))):
         raise SimulationError(f"sample must be an integer >= 1, got {sample!r}")
-    props = trace.check_proposers(_as_list(proposers, "proposers"))
+    props = trace.check_proposers(parse_proposers(proposers))
     if len(set(props)) != len(props):
         raise SimulationError(f"proposer listed twice in {props}")
     policies = [(p, *parse_policy(p)) for p in _as_list(policy, "policies")]

@@ -432,13 +432,14 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
     return out.reset_index(drop=True)
 
 
-def _key_codes(acc: pd.DataFrame) -> np.ndarray:
-    """One integer per row naming its (dataset, model, request_id)."""
+def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "request_id")) -> np.ndarray:
+    """One integer per row naming its combination of ``cols`` (compacted after each column, so it stays below
+    rows x distinct values and never overflows)."""
     code = np.zeros(len(acc), dtype=np.int64)
-    for c in ("dataset", "model", "request_id"):
+    for c in cols:
         k, uniq = pd.factorize(acc[c])
-        code = code * len(uniq) + k
-    return pd.factorize(code)[0]
+        code = pd.factorize(code * len(uniq) + k)[0]
+    return code
 
 
 def _runs_are_whole(acc: pd.DataFrame) -> bool:
@@ -453,15 +454,15 @@ def _runs_are_whole(acc: pd.DataFrame) -> bool:
     inner = ~start[1:]
     if not (pos[1:][inner] == pos[:-1][inner] + 1).all():
         return False
-    codes = [pd.factorize(acc[c])[0] for c in ("dataset", "model", "request_id", "proposer")]
+    key = _key_codes(acc, ("dataset", "model", "request_id", "proposer"))
     out_len = acc["output_len"].to_numpy(np.int64)
-    for a in codes + [out_len]:
+    for a in (key, out_len):
         if not (a[1:][inner] == a[:-1][inner]).all():  # the key and output_len are constant within a run
             return False
     first = np.flatnonzero(start)
     if not (out_len[first] == np.diff(np.append(first, n))).all():
         return False
-    return len(np.unique(np.stack([a[first] for a in codes]), axis=1)[0]) == len(first)
+    return len(np.unique(key[first])) == len(first)
 
 
 def _check_requests_match(t: "Trace", where) -> None:

@@ -107,3 +107,7 @@ def test_every_committed_proposer_runs_from_the_cli_with_named_presets(tmp_path,
         cm, _ = cost_model_for(t, "llama3.1-8b-h200", proposers=[props])
         direct = simulate(t, cm, props, "oracle", progress=False).iloc[0]
         assert pd.read_csv(out).iloc[0].speedup == pytest.approx(direct.speedup, rel=1e-12)
+    # proposers written as simulate reads them ('+' as well as ','): the stand-in still applies
+    main(["simulate", "--traces", str(qwen), "--proposers", "ngram+early-exit", "--policy", "oracle-combine",
+          "--draft-cost", "all", "--cost-model", "llama3.1-8b-h200", "--out", str(out), "--no-progress"])
+    assert "note: proposer 'early-exit'" in capsys.readouterr().err and len(pd.read_csv(out)) == 1

@@ -239,3 +239,11 @@ def test_headline_markdown_shows_a_shared_row_once_from_the_later_table():
     import io
     back = pd.read_csv(io.StringIO(b.assign(paper="n/a").to_csv(index=False)), keep_default_na=False)
     assert "| n/a | 57%-71% |" in F.headline_markdown([("ours", back)])
+
+
+def test_committed_summaries_keep_their_line_bound():
+    from spec_repro.paths import figures_dir
+
+    for f in (figures_dir() / "SUMMARY.md", figures_dir() / "published" / "SUMMARY.md"):
+        if f.exists():
+            assert max(len(line) for line in f.read_text().splitlines()) <= F.MAX_LINE, f
