@@ -214,6 +214,11 @@ def _add_collect(sub):
     p.add_argument("--model", default="smollm2-135m", help="target: embedded name, HF id or local directory")
     p.add_argument("--workloads", nargs="+", required=True, metavar="NAME", help="e.g. code-edit sharegpt")
     p.add_argument("-n", type=int, default=40, help="requests per workload (default 40)")
+    p.add_argument("--upto", action="store_true",
+                   help="-n is an upper bound: a workload with fewer requests gives them all (humaneval 164, mt-bench 80)")
+    p.add_argument("--compare-engines", type=int, default=0, metavar="N",
+                   help="with --engine vllm: decode N requests with vLLM and the torch engine alone and record both "
+                        "tokens/s in the manifest")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--proposers", nargs="+", default=["ngram", "early-exit"],
                    help="ngram, early-exit, draft (needs --draft-model), eagle / eagle3 (need --eagle-head)")
@@ -228,6 +233,9 @@ def _add_collect(sub):
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
+                   help="greedy decoder: torch (the exact reference, anywhere) or vllm (a GPU host); the proposers "
+                        "are then profiled over its outputs")
     p.add_argument("--out", default="data/traces")
     p.add_argument("--force", action="store_true", help="redo workloads whose trace file exists")
     p.add_argument("--threads", type=int, default=None,
@@ -255,7 +263,8 @@ def _run_collect(args):
                         proposers=args.proposers, out=args.out, k_max=args.k_max, batch_size=args.batch_size,
                         seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
-                        device=args.device, force=args.force, eagle_head=args.eagle_head)
+                        device=args.device, force=args.force, eagle_head=args.eagle_head, engine=args.engine,
+                        compare_engines=args.compare_engines, upto=args.upto)
     except (ValueError, RuntimeError, MemoryError) as e:
         raise SystemExit(f"error: {e}")
     for p in paths:
@@ -267,9 +276,14 @@ def _add_train(sub):
     p.add_argument("what", choices=["eagle"])
     p.add_argument("--target", default="smollm2-135m", help="embedded name, HF id or local directory")
     p.add_argument("--out", required=True, metavar="DIR", help="head directory (vLLM eagle layout + TRAINING.json)")
-    p.add_argument("--workloads", nargs="+", default=["sharegpt", "code-edit"], metavar="NAME")
-    p.add_argument("--eval-n", type=int, default=300,
-                   help="first N requests of each workload's seeded order are never trained on (collect -n N)")
+    p.add_argument("--workloads", nargs="+", default=["sharegpt", "py-functions"], metavar="NAME",
+                   help="training prompt sources (default: sharegpt py-functions); no request sharing a source "
+                        "(HumanEval task, ShareGPT conversation, gsm-symbolic template) with an evaluation request")
+    p.add_argument("--eval-n", type=int, default=None,
+                   help="evaluation requests kept out per workload (default: what collect profiles: 300 each, "
+                        "humaneval 164, mt-bench 80)")
+    p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
+                   help="decoder of the self-distillation data: torch (anywhere) or vllm (a GPU host)")
     p.add_argument("--train-n", type=int, default=1000, help="training prompts per workload (at most)")
     p.add_argument("--val-n", type=int, default=32, help="training decodes held out to track acceptance")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -278,7 +292,7 @@ def _add_train(sub):
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--tokens-per-batch", type=int, default=8192)
-    p.add_argument("--ttt-depth", type=int, default=3, help="chain depths trained (EAGLE-3's training-time test)")
+    p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -295,10 +309,12 @@ def _run_train(args):
                                       train_n=args.train_n, val_n=args.val_n, max_new_tokens=args.max_new_tokens,
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
-                                      tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth)
+                                      tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
+                                      engine=args.engine)
     except (ValueError, RuntimeError, MemoryError) as e:
         raise SystemExit(f"error: {e}")
-    print(f"wrote {args.out} (held-out tokens/step {rec['final_held_out_tokens_per_step']})")
+    print(f"wrote {args.out} (held-out walked tokens/step, mean over requests: "
+          f"{rec['final_held_out_tokens_per_step']})")
 
 
 # ---- cpu-verify-cost (the embedded analogue of finding 2) --------------------------------------------------

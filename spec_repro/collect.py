@@ -154,7 +154,7 @@ def _model_provenance(name: str) -> dict:
         i = models.info(name)
         return {"model_file": i.get("gguf_file"), "model_file_sha256": i.get("gguf_sha256"),
                 "model_source": i.get("source"), "model_hf_id": i.get("hf_id"), "model_license": i.get("license"),
-                "model_quantization": i.get("quantization")}
+                "model_quantization": i.get("quantization"), "converted_sha256": i.get("converted_sha256")}
     except Exception:  # HF ids / local directories: no pinned file
         return {"model_file": name, "model_file_sha256": None}
 
@@ -178,12 +178,27 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             proposers: Sequence[str] = ("ngram", "early-exit"), out: str | Path = "data/traces", k_max: int = 16,
             batch_size: int = 8, seed: int = 0, max_prompt_tokens: int = 1024, draft_model: str | None = None,
             early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
-            force: bool = False, quiet: bool = False, eagle_head: str | None = None) -> list[Path]:
-    """Collect one trace file per workload; returns their paths. See the module doc."""
+            force: bool = False, quiet: bool = False, eagle_head: str | None = None, engine: str = "torch",
+            compare_engines: int = 0, upto: bool = False) -> list[Path]:
+    """Collect one trace file per workload; returns their paths. See the module doc.
+
+    ``engine="vllm"`` (a GPU host): vLLM decodes every request (one engine for all workloads), then the proposers
+    are profiled over its outputs by teacher forcing on ``device``; decoded outputs are kept beside the partial
+    file, so a resume never decodes again. ``compare_engines=N``: the first N requests of the first workload are
+    also decoded by vLLM and by the torch engine alone (at most 256 new tokens each, batch N), and both output
+    tokens/s go into the manifest. ``upto``: ``n`` is an upper bound (a workload with fewer requests gives them
+    all, e.g. humaneval's 164 and mt-bench's 80 beside 300 of the others)."""
     import contextlib
 
     from . import workloads as wl
+    from .engines.vllm_decode import check_engine
     from .io import check_writable_dir
+
+    check_engine(engine, device)
+    if isinstance(compare_engines, bool) or not isinstance(compare_engines, int) or compare_engines < 0:
+        raise ValueError(f"--compare-engines must be an integer >= 0, got {compare_engines!r}")
+    if compare_engines and engine != "vllm":
+        raise ValueError("--compare-engines compares vLLM with the torch engine: it needs --engine vllm")
 
     workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
@@ -205,7 +220,8 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
         return _collect_locked(model, workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, out=out,
                                k_max=k_max, batch_size=batch_size, seed=seed, max_prompt_tokens=max_prompt_tokens,
                                draft_model=draft_model, early_exit_layers=early_exit_layers, min_n=min_n,
-                               max_n=max_n, device=device, force=force, quiet=quiet, eagle_head=eagle_head)
+                               max_n=max_n, device=device, force=force, quiet=quiet, eagle_head=eagle_head,
+                               engine=engine, compare_engines=compare_engines, upto=upto)
 
 
 def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
@@ -234,18 +250,18 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
 
 def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
                     max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet,
-                    eagle_head=None):
+                    eagle_head=None, engine="torch", compare_engines=0, upto=False):
     from tqdm.auto import tqdm
 
     from . import models
-    from . import workloads as wl
 
     def resume_settings(w):
         return _resume_settings(model, w, n=n, max_new_tokens=max_new_tokens, k_max=k_max, seed=seed,
                                 proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
                                 early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
                                 max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device),
-                                **({"eagle_head": _head_identity(eagle_head)} if eagle_head else {}))
+                                **({"eagle_head": _head_identity(eagle_head)} if eagle_head else {}),
+                                **({"engine": engine} if engine != "torch" else {}))
 
     if force:  # --force redoes the workloads from scratch: a partial file of an earlier run goes too
         for w in workloads:
@@ -283,13 +299,21 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                 "k_max": k_max, "max_new_tokens": max_new_tokens, "n": n, "seed": seed,
                 "max_prompt_tokens": max_prompt_tokens, "batch_size": batch_size, "device": device,
                 "decoding": "greedy", "engine": "spec_repro.engines.torch", "dtype": str(target.dtype)}
+    decoded: dict = {}
+    if engine == "vllm":
+        decoded, vstats = _vllm_decode(model, todo_wl, target, tok, out=out, n=n, seed=seed,
+                                       max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+                                       settings_of=resume_settings, compare=compare_engines, quiet=quiet,
+                                       upto=upto)
+        settings.update(engine="vllm", decode_engine=vstats, dtype="bfloat16 (vLLM decode); "
+                        f"{target.dtype} (profiling passes)", profiling="teacher-forced over vLLM's outputs")
     for w, missing in augment.items():
         add_proposers(trace_path(out, model, w), {n: props[n] for n in missing}, quiet=quiet,
                       settings={n: _proposer_settings(props[n], draft_model) for n in missing},
                       provenance=_model_provenance(draft_model) if draft_model and "draft" in missing else None)
     for w in todo_wl:
         final, part = trace_path(out, model, w), partial_path(out, model, w)
-        reqs = wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+        reqs = _load(w, n, seed, tok, max_prompt_tokens, upto)
         if not part.exists():
             _start_partial(part, resume_settings(w))
         done = _read_partial(part, resume_settings(w))
@@ -304,8 +328,16 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         for todo in batches:
             if all(str(r.id) in done for r in todo):
                 continue
-            for batch in profile_requests(target, todo, props, k_max=k_max, max_new_tokens=max_new_tokens,
-                                          batch_size=len(todo), tokenizer=tok, dataset=w):
+            if engine == "vllm":
+                from .profiler import profile_decoded
+
+                dec = decoded[w]
+                gen = [profile_decoded(todo, [dec[str(r.id)][0] for r in todo], props, k_max=k_max, tokenizer=tok,
+                                       dataset=w, decode_s=[dec[str(r.id)][1] for r in todo])]
+            else:
+                gen = profile_requests(target, todo, props, k_max=k_max, max_new_tokens=max_new_tokens,
+                                       batch_size=len(todo), tokenizer=tok, dataset=w)
+            for batch in gen:
                 batch = [p for p in batch if p.request_id not in done]
                 _append(part, batch)
                 toks += sum(len(p.output_token_ids) for p in batch)
@@ -331,10 +363,128 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
                kind="acceptance trace (measured: real greedy decodes + exact per-position profiling)")
         part.unlink(missing_ok=True)
+        _decoded_path(part).unlink(missing_ok=True)
         if not quiet:
             print(f"[collect] wrote {final} ({len(profiles)} requests, {out_toks} output tokens, "
                   f"mean acc_len {summary})")
     return paths
+
+
+def _load(w, n, seed, tok, max_prompt_tokens, upto):
+    """``n`` requests of ``w`` (``upto``: at most ``n``, all of a smaller workload, in the same seeded order)."""
+    from . import workloads as wl
+
+    try:
+        return wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+    except wl.WorkloadError:
+        if not upto:
+            raise
+        return wl.load(w, n=len(wl.load(w, n=None, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)),
+                       seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+
+
+def _decoded_path(part: Path) -> Path:
+    return part.with_name(part.name.replace(".jsonl", ".decoded.jsonl"))
+
+
+def _read_decoded(path: Path, settings: dict) -> dict:
+    """{request id: (output ids, decode seconds)} of a decoded-outputs file started with ``settings`` (else {});
+    a last line cut by a kill is ignored."""
+    if not path.exists():
+        return {}
+    out, lines = {}, path.read_bytes().split(b"\n")
+    try:
+        head = json.loads(lines[0])
+    except ValueError:
+        return {}
+    if head.get("settings") != _norm_settings(settings):
+        return {}
+    for raw in lines[1:]:
+        try:
+            rec = json.loads(raw)
+            out[str(rec["id"])] = ([int(x) for x in rec["output"]], float(rec["s"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_tokens, max_new_tokens, settings_of, compare,
+                 quiet, upto=False):
+    """vLLM's greedy outputs for every request of ``workloads`` (one engine start), kept in a decoded-outputs file
+    beside each partial file; returns ({workload: {request id: (output, seconds)}}, decode stats)."""
+    from . import models
+    from .engines.torch import eos_ids_of, generate
+    from .engines.vllm_decode import vllm_greedy
+
+    eos = sorted(eos_ids_of(target, tok))
+    reqs = {w: _load(w, n, seed, tok, max_prompt_tokens, upto) for w in workloads}
+    decoded = {w: _read_decoded(_decoded_path(partial_path(out, model, w)), settings_of(w)) for w in workloads}
+    todo = [(w, r) for w in workloads for r in reqs[w] if str(r.id) not in decoded[w]]
+    stats: dict = {"decoded_before_resume": sum(map(len, decoded.values()))}
+    cmp_prompts = [list(r.prompt_token_ids) for r in reqs[workloads[0]][:compare]] if compare and workloads else []
+    if todo or cmp_prompts:
+        path = models.converted_dir(model) if model in models.names() else model
+        todo_prompts = [list(r.prompt_token_ids) for _, r in todo] or cmp_prompts[:1]
+        cmp_new = min(256, max_new_tokens)
+        marker = partial_path(out, model, workloads[0]).parent / "engine_comparison.json"
+        if cmp_prompts:   # the torch engine first, alone on the GPU (vLLM has not started)
+            t1 = time.perf_counter()
+            res = generate(target, cmp_prompts, max_new_tokens=cmp_new, eos_token_ids=eos)
+            wall = time.perf_counter() - t1
+            nt = sum(map(len, res.output_ids))
+            stats["engine_comparison"] = {
+                "requests": len(cmp_prompts), "workload": workloads[0], "max_new_tokens": cmp_new,
+                "torch_output_tokens_per_s": round(nt / wall, 1), "torch_output_tokens": nt,
+                "torch_batch_size": len(cmp_prompts), "torch_dtype": str(target.dtype),
+                "note": "same requests, each engine alone on the GPU, all submitted at once (torch: one batch)"}
+
+        def compared(extras):
+            _, cst = extras[0]
+            c = stats["engine_comparison"]
+            c.update(vllm_output_tokens_per_s=cst["output_tokens_per_s"], vllm_output_tokens=cst["output_tokens"])
+            from .io import atomic_write
+
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(marker) as f:
+                f.write(json.dumps(c) + "\n")
+            if not quiet:
+                print(f"[collect] decode throughput on {len(cmp_prompts)} {workloads[0]} requests: vLLM "
+                      f"{c['vllm_output_tokens_per_s']} tok/s, torch engine {c['torch_output_tokens_per_s']} tok/s")
+
+        outs, st = vllm_greedy(str(path), todo_prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                               extra=[(cmp_prompts, cmp_new)] if cmp_prompts else (), progress=not quiet,
+                               on_extra_done=compared if cmp_prompts else None)
+        stats.update({k: v for k, v in st.items() if k != "extra"})
+        share = st["decode_wall_s"] / max(len(todo_prompts), 1)
+        for w in workloads:
+            new = [(r, o) for (w2, r), o in zip(todo, outs) if w2 == w]
+            if not new:
+                continue
+            p = _decoded_path(partial_path(out, model, w))
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not decoded[w]
+            with open(p, "w" if fresh else "a") as f:
+                if fresh:
+                    f.write(json.dumps({"spec_repro_decoded": 1, "settings": _norm_settings(settings_of(w))}) + "\n")
+                for r, o in new:
+                    f.write(json.dumps({"id": str(r.id), "output": o, "s": share}) + "\n")
+                    decoded[w][str(r.id)] = (o, share)
+                f.flush()
+                os.fsync(f.fileno())
+    elif marker_done(out, model, workloads):
+        stats["engine_comparison"] = marker_done(out, model, workloads)
+    return decoded, stats
+
+
+def marker_done(out, model, workloads) -> dict | None:
+    """The engine comparison of an interrupted run (kept beside the partial files), if any."""
+    if not workloads:
+        return None
+    m = partial_path(out, model, workloads[0]).parent / "engine_comparison.json"
+    try:
+        return json.loads(m.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _trace_name(proposer: str) -> str:

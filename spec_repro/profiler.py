@@ -37,7 +37,7 @@ from .proposers.ngram import NgramProposer, ngram_lookup_all
 from .traces import Trace
 
 __all__ = ["RequestProfile", "ngram_acceptance", "chain_acceptance", "model_argmax_after_outputs",
-           "proposer_acceptance", "profile_requests", "profiles_to_trace"]
+           "proposer_acceptance", "profile_requests", "profile_decoded", "profiles_to_trace"]
 
 
 @dataclass
@@ -163,6 +163,31 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
                 prof.draft_len[name] = dl.astype(int).tolist()
             out.append(prof)
         yield out
+
+
+def profile_decoded(requests: Sequence, outputs: Sequence[Sequence[int]], proposers: Mapping[str, Proposer], *,
+                    k_max: int = 16, tokenizer=None, dataset: str | None = None,
+                    decode_s: Sequence[float] | None = None) -> list[RequestProfile]:
+    """Profile outputs decoded elsewhere (vLLM): every proposer teacher-forced over prompt + output, as in
+    :func:`profile_requests` (n-gram by lookup, EAGLE by one pass per chain depth, a drafter or early exit by one
+    pass each). Acceptance is judged against these outputs, i.e. what the decoding engine's target produced."""
+    for name, p in proposers.items():
+        if not isinstance(p, NgramProposer) and getattr(p, "model", None) is None and not hasattr(p, "head"):
+            raise ValueError(f"proposer {name!r} has neither n-gram settings, an EAGLE head nor a drafter model to "
+                             "profile")
+    out = []
+    for i, (r, o) in enumerate(zip(requests, outputs)):
+        rid, ds, prompt, ptext = _req_fields(r, i, dataset)
+        prof = RequestProfile(rid, ds, prompt, [int(x) for x in o], prompt_text=ptext,
+                              decode_s=float(decode_s[i]) if decode_s is not None else 0.0)
+        if tokenizer is not None:
+            prof.output_text = tokenizer.decode(prof.output_token_ids)
+        for name, p in proposers.items():
+            acc, dl = proposer_acceptance(p, prompt, prof.output_token_ids, k_max)
+            prof.acc[name] = acc.astype(int).tolist()
+            prof.draft_len[name] = dl.astype(int).tolist()
+        out.append(prof)
+    return out
 
 
 def profiles_to_trace(profiles: Sequence[RequestProfile], *, model: str, k_max: int,

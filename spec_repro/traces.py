@@ -58,6 +58,9 @@ REQ_COLUMNS: dict[str, str] = {
 }
 # Optional per-request columns (lists or text), kept when present.
 REQ_OPTIONAL = ("prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
+# In a parquet file the token ids are list<int32> columns of the acc table, set on each request's first row
+# (null elsewhere): compact, and the file stays one self-contained table. Files without them read as before.
+ID_COLUMNS = ("prompt_token_ids", "output_token_ids")
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string",        # one engine configuration's run
@@ -255,8 +258,13 @@ class Trace:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pandas(self.acc, preserve_index=False)
+        req = self.requests
+        for col in ID_COLUMNS:   # token ids: compact list<int32> columns (set on each request's first row)
+            if col in req.columns and req[col].notna().any():
+                table = table.append_column(col, _id_column(self.acc, req, col))
+                req = req.drop(columns=[col])
         md = dict(table.schema.metadata or {})
-        md[b"spec_repro.requests"] = self.requests.to_json(orient="records").encode()
+        md[b"spec_repro.requests"] = req.to_json(orient="records").encode()
         md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
         md[b"spec_repro.schema"] = b"acc-v1"
         from .io import atomic_path
@@ -277,6 +285,8 @@ class Trace:
         except Exception as e:  # pyarrow raises several types for a bad file
             raise TraceError(f"{path}: not a readable parquet file ({e})") from e
         md = table.schema.metadata or {}
+        ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
+        table = table.drop_columns(list(ids))
         acc = table.to_pandas()
         missing = [c for c in ACC_COLUMNS if c not in acc.columns]
         if missing:
@@ -292,6 +302,8 @@ class Trace:
             raise TraceError(f"{path}: unreadable spec_repro metadata ({type(e).__name__})") from e
         if not isinstance(meta, dict):
             raise TraceError(f"{path}: spec_repro metadata is not a JSON object")
+        if ids:
+            requests = _attach_ids(acc, requests, ids, path)
         try:
             t = cls(acc, requests, meta)
         except TraceError as e:
@@ -540,3 +552,36 @@ def _as_list(v):
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return []
     return [int(x) for x in v]
+
+
+_KEY = ["dataset", "model", "request_id"]
+
+
+def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
+    """A list<int32> column over ``acc``'s rows: the request's ids on its first row, null on the others."""
+    import pyarrow as pa
+
+    first = ~acc.duplicated(_KEY).to_numpy()
+    lookup = {tuple(str(x) for x in k): v for k, v in zip(req[_KEY].itertuples(index=False, name=None), req[col])}
+    keys = acc.loc[first, _KEY].astype(str).itertuples(index=False, name=None)
+    vals: list = [None] * len(acc)
+    for row, k in zip(np.flatnonzero(first), keys):
+        v = lookup.get(tuple(k))
+        vals[row] = None if v is None or (isinstance(v, float) and np.isnan(v)) else [int(x) for x in v]
+    return pa.array(vals, type=pa.list_(pa.int32()))
+
+
+def _attach_ids(acc: pd.DataFrame, requests: pd.DataFrame, ids: dict, path) -> pd.DataFrame:
+    """Put the id columns read from a parquet file back on ``requests`` (one list per request)."""
+    requests = requests.copy()
+    keys = list(acc[_KEY].astype(str).itertuples(index=False, name=None))
+    rkeys = [tuple(str(x) for x in k) for k in requests[_KEY].itertuples(index=False, name=None)]
+    for col, arr in ids.items():
+        found: dict = {}
+        for k, v in zip(keys, arr.to_pylist()):
+            if v is not None:
+                if k in found:
+                    raise TraceError(f"{path}: request {k[2]!r} carries {col} twice")
+                found[k] = v
+        requests[col] = [found.get(k) for k in rkeys]
+    return requests

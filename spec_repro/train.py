@@ -33,22 +33,64 @@ from .io import atomic_path, atomic_write
 from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, new_head, save_head, \
     target_features
 
-__all__ = ["split_prompts", "distill", "train_eagle", "held_out_tokens_per_step"]
+__all__ = ["EVAL_SETS", "eval_requests", "split_by_source", "distill", "batched_features", "train_eagle",
+           "held_out_acceptance", "train_from_workloads"]
 
 
-def split_prompts(name: str, *, eval_n: int, train_n: int, seed: int, tokenizer, max_prompt_tokens: int | None):
-    """(eval requests, training requests) of one workload, disjoint (see the module doc)."""
+#: what ``spec-repro collect`` profiles (workload -> requests, seed 0): the evaluation requests whose sources
+#: training never sees
+EVAL_SETS = {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
+
+
+def eval_requests(*, tokenizer, eval_sets=None, seed: int = 0, max_prompt_tokens: int | None = 1024) -> list:
+    """The evaluation requests: the first ``n`` of each workload's seeded order (exactly what ``collect -n n``
+    profiles)."""
     from . import workloads as wl
 
-    kw = dict(seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
-    try:
-        reqs = wl.load(name, n=eval_n + train_n, **kw)
-    except wl.WorkloadError:  # fewer than asked: every request, in the same seeded order (n=None is source order)
-        reqs = wl.load(name, n=len(wl.load(name, n=None, **kw)), **kw)
-    if len(reqs) <= eval_n:
-        raise ValueError(f"workload {name!r} has {len(reqs)} requests: none left for training after the first "
-                         f"{eval_n} (the evaluation part); lower --eval-n")
-    return reqs[:eval_n], reqs[eval_n:]
+    out = []
+    for w, n in (EVAL_SETS if eval_sets is None else eval_sets).items():
+        try:
+            out += wl.load(w, n=n, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+        except wl.WorkloadError:   # fewer than n: collect would take them all
+            out += wl.load(w, n=None, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+    return out
+
+
+def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: int = 0,
+                    max_prompt_tokens: int | None = 1024, eval_sets=None) -> tuple[dict, dict]:
+    """Training requests of ``workloads`` (at most ``train_n`` each, seeded order) sharing no source with any
+    evaluation request (:data:`EVAL_SETS`): no HumanEval task, ShareGPT conversation, gsm-symbolic template
+    (:func:`spec_repro.workloads.source_key`) and no identical prompt. Returns ({workload: requests}, facts)."""
+    from random import Random
+
+    from . import workloads as wl
+
+    held = eval_requests(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed, max_prompt_tokens=max_prompt_tokens)
+    banned = {wl.source_key(r) for r in held}
+    texts = {r.prompt_text for r in held}
+    out, facts = {}, {}
+    for w in workloads:
+        reqs = wl.load(w, n=None, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+        Random(seed + 1).shuffle(reqs)
+        keep, seen, dropped = [], set(), 0
+        for r in reqs:
+            if wl.source_key(r) in banned or r.prompt_text in texts:
+                dropped += 1
+                continue
+            if r.prompt_text in seen:      # identical prompts (ShareGPT repeats some): once
+                continue
+            seen.add(r.prompt_text)
+            keep.append(r)
+            if len(keep) >= train_n:
+                break
+        if not keep:
+            raise ValueError(f"workload {w!r} has no request whose source is outside the evaluation sets")
+        out[w] = keep
+        facts[w] = {"train_requests": len(keep), "dropped_sharing_an_eval_source": dropped,
+                    "sources": len({wl.source_key(r) for r in keep})}
+    facts["eval_sets"] = dict(EVAL_SETS if eval_sets is None else eval_sets)
+    facts["eval_sources_excluded"] = len(banned)
+    return out, facts
 
 
 @torch.no_grad()
@@ -69,6 +111,36 @@ def distill(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, ba
                 outs[i] = o
             bar.update(len(idx))
     return outs
+
+
+@torch.no_grad()
+def batched_features(target, seqs, layers, *, tokens_per_batch: int = 32768, progress: bool = True) -> list:
+    """Teacher-forced target features of every position of every sequence, in length-sorted right-padded batches
+    (causal attention: right padding changes nothing before it), kept on the target's device in its dtype."""
+    from tqdm.auto import tqdm
+
+    dev = next(target.parameters()).device
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list = [None] * len(seqs)
+    b = 0
+    with tqdm(total=sum(map(len, seqs)), desc="feature pass", unit="tok", unit_scale=True,
+              disable=not progress) as bar:
+        while b < len(order):
+            n = len(seqs[order[b]])
+            e = b + 1
+            while e < len(order) and len(seqs[order[e]]) * (e + 1 - b) <= max(tokens_per_batch, n):
+                e += 1
+            idx = order[b:e]
+            T = len(seqs[idx[-1]])
+            ids = torch.zeros(len(idx), T, dtype=torch.long, device=dev)
+            for r, i in enumerate(idx):
+                ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=dev)
+            f = target_features(target, ids, layers)
+            for r, i in enumerate(idx):
+                out[i] = f[r, : len(seqs[i])].clone()
+            bar.update(sum(len(seqs[i]) for i in idx))
+            b = e
+    return out
 
 
 def _soft_ce(head: EagleHead, out, p_feat):
@@ -129,10 +201,28 @@ def _pad(seqs, feats, idx, device):
 
 
 @torch.no_grad()
-def held_out_tokens_per_step(head: EagleHead, pairs, ks=(1, 2, 3, 4, 5)) -> dict[int, float]:
-    """Mean tokens per step at each k over held-out (prompt, output) pairs (exact chained drafting)."""
-    acc = np.concatenate([eagle_chain_acceptance(head, p, o, max(ks)) for p, o in pairs if len(o) > 1])
-    return {k: float(np.minimum(acc, k + 1).mean()) for k in ks}
+def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
+    """Held-out acceptance of exact chained drafting over (prompt, output) pairs:
+
+    * ``tokens_per_step``: {k: walked tokens per step, mean over requests} (a greedy run with draft length k
+      walks each output, a step advancing by min(acc_len, k + 1): the study's tokens per step);
+    * ``draft_position_rate``: the study's per-position rate at k = max(ks) (drafts whose i-th token was
+      accepted / drafts, over the walked steps);
+    * ``position_mean``: {k: mean over output positions of min(acc_len, k + 1)}, which is not what a run
+      produces per step (kept, named, for comparison with earlier records)."""
+    from .metrics import walk_steps
+
+    accs = [eagle_chain_acceptance(head, p, o, max(ks)) for p, o in pairs if len(o) > 1]
+    tps = {k: float(np.mean([len(a) / len(walk_steps(a, k)) for a in accs])) for k in ks}
+    K = max(ks)
+    hist = np.zeros(K + 1, np.int64)
+    for a in accs:
+        s = walk_steps(a, K)
+        hist += np.bincount(np.minimum(a[s] - 1, K), minlength=K + 1)[: K + 1]
+    rate = {i: float(hist[i:].sum() / hist.sum()) for i in range(1, K + 1)}
+    flat = np.concatenate(accs)
+    pos = {k: float(np.minimum(flat, k + 1).mean()) for k in ks}
+    return {"tokens_per_step": tps, "draft_position_rate": rate, "position_mean": pos, "requests": len(accs)}
 
 
 def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
@@ -155,8 +245,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     layers = feature_layers(head)
     seqs = [list(p) + list(o) for p, o in train_pairs]
     t_feat = time.time()
-    # one teacher-forced target pass per sequence, its features kept on the device
-    feats = [target_features(target, torch.as_tensor([s], dtype=torch.long, device=dev), layers)[0] for s in seqs]
+    feats = batched_features(target, seqs, layers, progress=progress)
     t_feat = time.time() - t_feat
     settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
                 "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs))}
@@ -202,10 +291,10 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         post = {"loss": f"{curve[-1][1]:.3f}"}
         if val_pairs and (step % eval_every == 0 or step == steps):
             head.eval()
-            tps = held_out_tokens_per_step(head, val_pairs)
+            ev = held_out_acceptance(head, val_pairs)
             head.train()
-            evals.append({"step": step, "tokens_per_step": tps})
-            post["heldout_k3"] = f"{tps[3]:.2f}"
+            evals.append({"step": step, **ev})
+            post["heldout_k3"] = f"{ev['tokens_per_step'][3]:.2f}"
         bar.set_postfix(post)
         bar.update(1)
         if step % ckpt_every == 0 and step < steps:
@@ -221,6 +310,9 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     record = {"settings": settings, "feature_pass_s": round(t_feat, 1), "train_wall_s": round(time.time() - t0, 1),
               "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:], "held_out": evals,
               "final_held_out_tokens_per_step": evals[-1]["tokens_per_step"] if evals else None,
+              "final_held_out_draft_position_rate": evals[-1]["draft_position_rate"] if evals else None,
+              "metric": "tokens_per_step: walked steps (each advances min(acc_len, k + 1)), mean over held-out "
+                        "requests; position_mean: mean over positions of min(acc_len, k + 1) (not per step)",
               "machine": machine_info(), "versions": package_versions(),
               "target": getattr(target.config, "_name_or_path", None), **(log or {})}
     save_head(head, out, extra_config={"spec_repro_training": {k: settings[k] for k in ("kind", "steps", "seed")}})
@@ -234,33 +326,49 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     return head, record
 
 
-def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("sharegpt", "code-edit"),
-                         eval_n: int = 300, train_n: int = 1000, val_n: int = 32, max_new_tokens: int = 256,
+def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("sharegpt", "py-functions"),
+                         eval_n: int | None = None, train_n: int = 1000, val_n: int = 32, max_new_tokens: int = 256,
                          max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
-                         kind: str = "eagle", **train_kw) -> tuple[EagleHead, dict]:
-    """The whole recipe of ``spec-repro train eagle``: split prompts, decode, train, write the head + record."""
+                         kind: str = "eagle", engine: str = "torch", **train_kw) -> tuple[EagleHead, dict]:
+    """The whole recipe of ``spec-repro train eagle``: split prompts by source, decode (the torch engine, or vLLM
+    on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
+    (None: the sets as collected, humaneval 164 and mt-bench 80)."""
     from . import models
 
     out = Path(out)
     if kind != "eagle":
         raise ValueError("training supports kind 'eagle' (EAGLE-1 layout, chain-trained); EAGLE-3 heads load and "
                          "draft but are not trained here")
+    from .engines.vllm_decode import check_engine
+
+    check_engine(engine, device)
+    eval_sets = None if eval_n is None else {w: min(n, eval_n) for w, n in EVAL_SETS.items()}
     t0 = time.time()
     target, tok = models.load(target_name, device=device)
-    prompts, data = [], {}
-    for w in workloads:
-        ev, tr = split_prompts(w, eval_n=eval_n, train_n=train_n, seed=seed, tokenizer=tok,
-                               max_prompt_tokens=max_prompt_tokens)
-        prompts += [list(r.prompt_token_ids) for r in tr]
-        data[w] = {"eval_requests_excluded": len(ev), "train_requests": len(tr),
-                   "first_train_id": str(tr[0].id), "seed": seed}
+    split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
+                                   max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets)
+    prompts = [list(r.prompt_token_ids) for w in workloads for r in split[w]]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(prompts))
     prompts = [prompts[i] for i in order]
-    outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    t_dec = time.time()
+    if engine == "vllm":
+        from .engines.torch import eos_ids_of
+        from .engines.vllm_decode import vllm_greedy
+
+        outs, dstats = vllm_greedy(str(models.converted_dir(target_name)), prompts, max_new_tokens=max_new_tokens,
+                                   eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed)
+    else:
+        outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        n_out = sum(map(len, outs))
+        dstats = {"engine": "spec_repro.engines.torch", "output_tokens": n_out,
+                  "decode_wall_s": round(time.time() - t_dec, 1),
+                  "output_tokens_per_s": round(n_out / max(time.time() - t_dec, 1e-9), 1)}
     pairs = [(p, o) for p, o in zip(prompts, outs) if len(o) > 1]
     val, train = pairs[:val_n], pairs[val_n:]
-    log = {"data": {"workloads": data, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
-                    "decode": "greedy, spec_repro.engines.torch", "target": target_name,
+    log = {"data": {"workloads": facts, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
+                    "decode": {"greedy": True, **dstats}, "target": target_name,
+                    "target_tokens": sum(len(p) + len(o) for p, o in pairs),
+                    "output_tokens": sum(len(o) for _, o in pairs),
                     "decode_s": round(time.time() - t0, 1)}}
     return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0, **train_kw)

