@@ -54,8 +54,8 @@ case "$1" in
     # B starts once A's engine comparison is done (each engine timed alone on the GPU), at most 400 s
     for i in $(seq 80); do [ -f $R/traces/.partial/engine_comparison.json ] && break; grep -q "rc=" $R/log_collect_A.txt 2>/dev/null && break; sleep 5; done
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads sharegpt py-functions --train-n ${TRAIN_N:-12000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
-      --steps ${STEPS:-600} --lr 6e-4 --tokens-per-batch 16384 --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
+      --workloads sharegpt py-functions --train-n ${TRAIN_N:-9000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
+      --steps ${STEPS:-500} --time-limit ${TRAIN_LIMIT:-330} --lr 6e-4 --tokens-per-batch 16384 --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
     echo "train rc=$?" >> $R/log_train.txt
     wait
     # (C) the eagle proposer added to the finished traces (teacher-forced, no new decode)

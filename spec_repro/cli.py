@@ -293,6 +293,8 @@ def _add_train(sub):
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--tokens-per-batch", type=int, default=8192)
     p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop the training loop after this long and write the head as trained so far (recorded)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -310,7 +312,7 @@ def _run_train(args):
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
-                                      engine=args.engine)
+                                      engine=args.engine, time_limit_s=args.time_limit)
     except (ValueError, RuntimeError, MemoryError) as e:
         raise SystemExit(f"error: {e}")
     print(f"wrote {args.out} (held-out walked tokens/step, mean over requests: "

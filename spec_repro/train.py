@@ -228,7 +228,8 @@ def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
 def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
                 lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
                 seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
-                progress: bool = True, started: float | None = None) -> tuple[EagleHead, dict]:
+                progress: bool = True, started: float | None = None,
+                time_limit_s: float | None = None) -> tuple[EagleHead, dict]:
     """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
 
     ``log``: facts about the data to keep in the record (workloads, prompt counts ...); ``started``: when the
@@ -273,7 +274,11 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                                                                                                        enabled=False)
     head.train()
     bar = tqdm(total=steps, initial=step, desc=f"train {kind}", disable=not progress)
+    stopped_at = None
     while step < steps:
+        if time_limit_s is not None and time.time() - t0 > time_limit_s:
+            stopped_at = step            # out of time: the head as trained so far, evaluated below
+            break
         if not queue:
             queue = _batches(lengths, tokens_per_batch, rng)
         idx = queue.pop()
@@ -305,9 +310,15 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                             "rng": rng.bit_generator.state, "queue": queue}, tmp)
     bar.close()
     head.eval()
+    if stopped_at is not None and val_pairs and (not evals or evals[-1]["step"] != step):
+        evals.append({"step": step, **held_out_acceptance(head, val_pairs)})
     from .provenance import machine_info, package_versions
 
+    n_feat = sum(map(len, seqs))
     record = {"settings": settings, "feature_pass_s": round(t_feat, 1), "train_wall_s": round(time.time() - t0, 1),
+              "feature_pass_tokens_per_s": round(n_feat / t_feat, 1) if t_feat else None,
+              "train_tokens_per_s": round(step * tokens_per_batch / max(time.time() - t0, 1e-9), 1),
+              "steps_done": step, "stopped_by_time_limit": stopped_at is not None, "time_limit_s": time_limit_s,
               "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:], "held_out": evals,
               "final_held_out_tokens_per_step": evals[-1]["tokens_per_step"] if evals else None,
               "final_held_out_draft_position_rate": evals[-1]["draft_position_rate"] if evals else None,
