@@ -49,13 +49,14 @@ case "$1" in
     sleep 2; echo started ;;
   run)
     # (A) traces without eagle (vLLM decode + teacher-forced draft / early-exit / n-gram), beside (B) training
-    ( EXTRA_COLLECT="--compare-engines 64" collect ngram draft early-exit > $R/log_collect_A.txt 2>&1;
+    ( EXTRA_COLLECT="${COMPARE:+--compare-engines $COMPARE}" collect ngram draft early-exit > $R/log_collect_A.txt 2>&1;
       echo "collect A rc=$?" >> $R/log_collect_A.txt ) &
-    # B starts once A's engine comparison is done (each engine timed alone on the GPU), at most 400 s
-    for i in $(seq 80); do [ -f $R/traces/.partial/engine_comparison.json ] && break; grep -q "rc=" $R/log_collect_A.txt 2>/dev/null && break; sleep 5; done
+    # B starts once A's engine comparison (if asked: COMPARE=N) is done (each engine timed alone), at most 400 s
+    for i in $(seq 80); do [ -z "${COMPARE:-}" ] && break; [ -f $R/traces/.partial/engine_comparison.json ] && break
+      grep -q "rc=" $R/log_collect_A.txt 2>/dev/null && break; sleep 5; done; sleep 15
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads sharegpt py-functions --train-n ${TRAIN_N:-9000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
-      --steps ${STEPS:-500} --time-limit ${TRAIN_LIMIT:-330} --lr 6e-4 --tokens-per-batch 16384 --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
+      --workloads sharegpt py-functions --train-n ${TRAIN_N:-6000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
+      --steps ${STEPS:-500} --time-limit ${TRAIN_LIMIT:-180} --lr 6e-4 --tokens-per-batch 16384 --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
     echo "train rc=$?" >> $R/log_train.txt
     wait
     # (C) the eagle proposer added to the finished traces (teacher-forced, no new decode)
@@ -67,6 +68,8 @@ case "$1" in
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v '^\s*$' | tail -n 6; }
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+  packtraces)   # the finished traces alone, as soon as they exist
+    tar czf $OUT/traces_$2.tgz -C $R --exclude='.partial' --exclude='*.lock' traces log_collect_A.txt && ls -la $OUT ;;
   pack)
     tar czf $OUT/res_$2.tgz -C $R --exclude='heads/*/model.safetensors' --exclude='*.ckpt' --exclude='.partial' \
       --exclude='*.lock' . && ls -la $OUT/res_$2.tgz
