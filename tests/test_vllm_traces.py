@@ -1,0 +1,188 @@
+"""The vLLM decoding path's CPU-checkable parts: leak-free training splits by source, token ids stored compactly
+in traces (and old files still read), the n-gram profile recomputed from the stored ids, the profiler over outputs
+decoded elsewhere, and one clear line where ``--engine vllm`` cannot run."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spec_repro import workloads as wl
+from spec_repro.profiler import ngram_acceptance
+from spec_repro.traces import Trace, read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = sorted((ROOT / "data" / "traces").glob("qwen2.5-coder-1.5b__*.parquet"))
+
+
+# ---- splits by source -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tok():
+    from spec_repro import models
+
+    return models.load("smollm2-135m")[1]
+
+
+@pytest.fixture(scope="module")
+def held(tok):
+    from spec_repro.train import eval_requests
+
+    return eval_requests(tokenizer=tok)
+
+
+def test_eval_requests_are_what_collect_profiles(held):
+    counts = {w: sum(r.dataset == w for r in held) for w in ("sharegpt", "code-edit", "gsm-symbolic", "humaneval",
+                                                              "mt-bench")}
+    assert counts == {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
+
+
+@pytest.mark.parametrize("workload", ["sharegpt", "py-functions", "code-edit", "humaneval", "gsm-symbolic",
+                                      "mt-bench"])
+def test_training_split_shares_no_source_with_any_evaluation_request(tok, held, workload):
+    """Every workload that has sources: training never sees an evaluation request's HumanEval task, ShareGPT
+    conversation, gsm-symbolic template or prompt; where every source is taken by evaluation, nothing is left."""
+    from spec_repro.train import split_by_source
+
+    banned = {wl.source_key(r) for r in held}
+    texts = {r.prompt_text for r in held}
+    if workload in ("code-edit", "humaneval", "mt-bench"):
+        # humaneval's 164 evaluation requests are every HumanEval task (code-edit's sources too); mt-bench's 80
+        # are all of it
+        with pytest.raises(ValueError, match="no request whose source is outside the evaluation sets"):
+            split_by_source([workload], train_n=10**6, tokenizer=tok)
+        return
+    split, facts = split_by_source([workload], train_n=10**6, tokenizer=tok)
+    train = split[workload]
+    keys = {wl.source_key(r) for r in train}
+    assert len(train) > (1000 if workload in ("sharegpt", "py-functions") else 0)
+    assert not keys & banned and not {r.prompt_text for r in train} & texts
+    assert len({r.prompt_text for r in train}) == len(train)
+    if workload == "sharegpt":   # conversations split into parts share a key: a part of an eval conversation is out
+        assert facts["sharegpt"]["dropped_sharing_an_eval_source"] >= 300
+
+
+def test_source_keys_name_the_origin(tok):
+    ce = wl.load("code-edit", n=3)
+    assert all(wl.source_key(r) == f"humaneval:{r.meta['task_id']}" for r in ce)
+    assert wl.source_key(wl.load("humaneval", n=1)[0]).startswith("humaneval:HumanEval/")
+    g = wl.load("gsm-symbolic", n=2)
+    assert all(wl.source_key(r) == f"gsm-symbolic:template{r.meta['template']}" for r in g)
+    s = wl.load("sharegpt", n=50)
+    assert all(wl.source_key(r) == "sharegpt:" + r.id.split("/", 1)[1].rsplit("_", 1)[0] for r in s)
+    assert wl.source_key(wl.load("py-functions", n=1)[0]).startswith("networkx:networkx.")
+
+
+# ---- token ids in parquet traces ------------------------------------------------------------------------------
+def test_token_ids_are_list_columns_and_round_trip(tmp_path):
+    import pyarrow.parquet as pq
+
+    info = {"a": {"prompt_token_ids": [1, 2, 3, 4, 5], "output_token_ids": [6, 7, 8, 9]},
+            "b": {"prompt_token_ids": [1, 2, 3], "output_token_ids": [4, 5]}}
+    t = Trace.from_arrays({"a": {"ngram": [3, 1, 1, 1], "eagle": [2, 2, 1, 1]}, "b": {"ngram": [1, 1], "eagle": [2, 1]}},
+                          prompt_lens={"a": 5, "b": 3}, dataset="x", model="m", k_max=4, request_info=info)
+    f = t.to_parquet(tmp_path / "t.parquet")
+    schema = pq.read_schema(f)
+    assert str(schema.field("output_token_ids").type) == "list<element: int32>"
+    assert b"token_ids" not in schema.metadata[b"spec_repro.requests"]     # not duplicated as JSON
+    u = read_trace(f)
+    got = u.requests.set_index("request_id")
+    for rid, v in info.items():
+        assert list(got.loc[rid, "prompt_token_ids"]) == v["prompt_token_ids"]
+        assert list(got.loc[rid, "output_token_ids"]) == v["output_token_ids"]
+    assert list(u.acc.columns) == list(t.acc.columns)
+    u.to_parquet(tmp_path / "u.parquet")                                  # and again, byte for byte
+    assert (tmp_path / "u.parquet").read_bytes() == f.read_bytes()
+
+
+def test_old_traces_with_ids_in_json_still_read():
+    old = ROOT / "data" / "traces" / "smollm2-135m__mt-bench.parquet"
+    t = read_trace(old)
+    assert len(t.requests) == 40 and "prompt_len" in t.requests
+
+
+@pytest.mark.skipif(not QWEN, reason="no committed Qwen traces")
+@pytest.mark.parametrize("path", QWEN, ids=lambda p: p.stem.split("__")[1])
+def test_ngram_recomputed_from_stored_ids_equals_stored_acc_len(path):
+    t = read_trace(path)
+    if "output_token_ids" not in t.requests or t.requests["output_token_ids"].isna().any():
+        pytest.skip(f"{path.name} carries no token ids")
+    st = t.meta.get("proposers", {}).get("ngram", {})
+    k_max = int(t.acc.k_max.iloc[0])
+    acc = t.acc[t.acc.proposer == "ngram"].sort_values(["request_id", "position"])
+    stored = {rid: g["acc_len"].to_numpy() for rid, g in acc.groupby("request_id", observed=True)}
+    n_pos = 0
+    for r in t.requests.itertuples():
+        a, _ = ngram_acceptance(list(r.prompt_token_ids), list(r.output_token_ids), k_max, st.get("min_n", 3),
+                                st.get("max_n", 7))
+        np.testing.assert_array_equal(a[: len(stored[r.request_id])], stored[r.request_id], err_msg=r.request_id)
+        n_pos += len(stored[r.request_id])
+    assert n_pos == len(acc)
+
+
+# ---- --engine vllm where it cannot run -----------------------------------------------------------------------
+def _cli(args, cwd):
+    return subprocess.run([sys.executable, "-m", "spec_repro.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("cmd", [["collect", "--workloads", "mt-bench", "-n", "1", "--engine", "vllm",
+                                  "--device", "cuda", "--out", "tr"],
+                                 ["train", "eagle", "--engine", "vllm", "--device", "cuda", "--out", "head"]])
+def test_engine_vllm_without_vllm_is_one_line_and_writes_nothing(tmp_path, cmd):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    r = _cli(cmd, tmp_path)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["error: --engine vllm needs vLLM (pip install 'spec-repro[vllm]' on a GPU host); the torch "
+                     "engine (--engine torch, the default) runs anywhere"], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_engine_vllm_without_a_gpu_or_on_the_cpu_is_refused(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    from spec_repro.engines import vllm_decode
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "vllm" else real(n, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(vllm_decode.EngineError, match="needs a CUDA GPU and none is visible"):
+        vllm_decode.check_engine("vllm", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(vllm_decode.EngineError, match="--device cpu would profile elsewhere"):
+        vllm_decode.check_engine("vllm", "cpu")
+    with pytest.raises(vllm_decode.EngineError, match="unknown --engine 'tpu'"):
+        vllm_decode.check_engine("tpu")
+    vllm_decode.check_engine("vllm", "cuda")          # both present: accepted
+
+
+def test_compare_engines_needs_vllm(tmp_path):
+    r = _cli(["collect", "--workloads", "mt-bench", "-n", "1", "--compare-engines", "4", "--out", "tr"], tmp_path)
+    assert r.returncode != 0 and r.stderr.strip() == "error: --compare-engines compares vLLM with the torch engine: " \
+        "it needs --engine vllm"
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- the profiler over outputs decoded elsewhere --------------------------------------------------------------
+def test_profile_decoded_equals_the_profile_of_its_own_decode():
+    """Teacher-forced profiling of given outputs (what follows a vLLM decode) gives the acceptance the profiler
+    finds with its own greedy decode, for n-gram, a draft model and early exit (tiny random Llama)."""
+    from _tiny import prompts, tiny_llama
+
+    from spec_repro.collect import build_proposers
+    from spec_repro.profiler import profile_decoded, profile_requests
+
+    target, drafter = tiny_llama(seed=0), tiny_llama(seed=1)
+    props = build_proposers(["ngram", "early-exit", "draft"], target, draft_model=drafter, early_exit_layers=1)
+    ps = prompts()[:3]
+    own = next(iter(profile_requests(target, ps, props, k_max=6, max_new_tokens=30, batch_size=3, eos_token_ids=[])))
+    ext = profile_decoded(ps, [p.output_token_ids for p in own], props, k_max=6)
+    for a, b in zip(own, ext):
+        assert a.output_token_ids == b.output_token_ids and a.acc == b.acc and a.draft_len == b.draft_len
