@@ -26,13 +26,7 @@ import re
 
 import numpy as np
 
-from .simcore import SimulationError, is_ngram
-
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
-    def njit(*a, **k):
-        return a[0] if a and callable(a[0]) else (lambda f: f)
+from .simcore import SimulationError, is_ngram, walk_compiled
 
 __all__ = ["SWITCH", "parse_switch", "switch_steps", "dynamic_k_for"]
 
@@ -60,35 +54,11 @@ def switch_steps(reqs, proposers, ngdl: np.ndarray, kn: int, ke: int, skip: bool
     served = kmax_n > 0
     a = np.where(served, reqs.acc[ng], reqs.acc[mo])
     prop = np.where(served, kmax_n, ke).astype(np.int64)
-    req, p, idx, inp, gen = _walk(a, prop, reqs.off)
+    req, p, idx, inp, gen = walk_compiled(a, prop, reqs.off, False)
     on = served[idx]
     charges = [(cm.drafter(proposers[ng]), None, ngdl[idx].astype(np.int64), False),
                (cm.drafter(proposers[mo]), ~on if skip else None, np.full(len(idx), ke, np.int64), False)]
     return req, p, idx, inp, gen, charges, on
-
-
-@njit(cache=True)
-def _walk(a, prop, off):
-    """``simcore.walk`` for a fixed choice per position, compiled: one pass over the requests' steps."""
-    n = len(off) - 1
-    total = off[n]
-    req = np.empty(total, np.int64)
-    pb = np.empty(total, np.int64)
-    idx = np.empty(total, np.int64)
-    inp = np.empty(total, np.int64)
-    gen = np.empty(total, np.int64)
-    s = 0
-    for r in range(n):
-        L = off[r + 1] - off[r]
-        p = 1
-        while p < L:
-            j = off[r] + p - 1
-            i = prop[j] + 1
-            g = min(a[j], i)
-            req[s], pb[s], idx[s], inp[s], gen[s] = r, p, j, i, g
-            s += 1
-            p += g
-    return req[:s], pb[:s], idx[:s], inp[:s], gen[:s]
 
 
 def dynamic_k_for(table, B: int) -> int:

@@ -109,7 +109,7 @@ ADAPTIVE_BATCH_SIZES = (1, 8, 16, 32, 64, 128)
 #: the per-proposer k's of ngram-else-eagle the grid tries (capped at the trace's k_max); the best pair per batch
 #: size is the baseline, chosen on the same traces as "the best fixed k"
 SWITCH_KN = (4, 8, 12, 16, 20)
-SWITCH_KE = (1, 2, 3, 4, 6, 10)
+SWITCH_KE = (1, 2, 3, 4, 6)
 LEARNED_SEEDS = (42, 43, 44, 45, 46)
 #: candidate thresholds for out-of-sample tuning (``tune_rule``): around the defaults
 RULE_GRID = tuple(dict(copy_run=c, decay=d, prior_a=a) for c in (1, 2) for d in (0.8, 0.95) for a in (0.6, 0.8))

@@ -21,7 +21,10 @@ step verifies: a look-ahead.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,11 +34,12 @@ import pandas as pd
 from .traces import TraceError
 
 __all__ = ["SimulationError", "is_ngram", "Requests", "group_arrays", "KIND_CODE", "NgramMatch", "ngram_match",
-           "NGRAM_AGREEMENT", "walk"]
+           "NGRAM_AGREEMENT", "walk", "walk_compiled"]
 
 KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
 #: share of scorable positions at which the recomputed lookup must reproduce the trace's n-gram acc_len
 NGRAM_AGREEMENT = 0.95
+_MATCH_CACHE: dict = {}   # content digest -> NgramMatch: the grids ask for one group's match many times
 
 
 class SimulationError(ValueError):
@@ -99,12 +103,63 @@ def group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence[
 
 
 # ---- the step walk (one request's path through its positions) --------------------------------------------------
+def _walk_py(a, prop, off, oracle):
+    """``walk`` as one pass over the requests' steps (compiled by numba in ``walk_compiled``)."""
+    n = len(off) - 1
+    total = off[n]
+    req = np.empty(total, np.int64)
+    pb = np.empty(total, np.int64)
+    idx = np.empty(total, np.int64)
+    inp = np.empty(total, np.int64)
+    gen = np.empty(total, np.int64)
+    s = 0
+    for r in range(n):
+        L = off[r + 1] - off[r]
+        p = 1
+        while p < L:
+            j = off[r] + p - 1
+            i = a[j] if oracle else prop[j] + 1
+            g = min(a[j], i)
+            req[s] = r
+            pb[s] = p
+            idx[s] = j
+            inp[s] = i
+            gen[s] = g
+            s += 1
+            p += g
+    return req[:s], pb[:s], idx[:s], inp[:s], gen[:s]
+
+
+@functools.lru_cache(maxsize=None)
+def _walk_kernel():
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return _walk_py
+    return njit(cache=True)(_walk_py)
+
+
+def walk_compiled(a, prop, off, oracle):
+    """``walk``, compiled (numba): the same steps, for callers that run many walks."""
+    a = np.ascontiguousarray(a, np.int64)
+    prop = np.ascontiguousarray(prop if len(prop) else np.zeros(len(a)), np.int64)
+    return _walk_kernel()(a, prop, np.ascontiguousarray(off, np.int64), bool(oracle))
+
+
 def walk(a, prop, off, oracle):
     """For every request: the positions it visits. Returns per step, ordered by request then step: request,
     p before the step, array index (off[r] + p - 1), input length i and tokens produced g.
 
     All requests walk in lockstep (one numpy pass per step number), so the loop runs as many times as the
-    longest request has steps, not once per step; no compiler needed."""
+    longest request has steps, not once per step; no compiler needed. Where numba is loaded already (the
+    policies use it) or the trace is large, the compiled one-pass walk gives the same steps faster."""
+    if "numba" in sys.modules or int(off[-1]) > 200_000:
+        return walk_compiled(a, prop, off, oracle)
+    return walk_lockstep(a, prop, off, oracle)
+
+
+def walk_lockstep(a, prop, off, oracle):
+    """``walk`` in lockstep numpy (no compiler)."""
     off = np.asarray(off, np.int64)
     L = np.diff(off)
     r = np.flatnonzero(L > 1)
@@ -169,21 +224,31 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
     by_id = requests.drop_duplicates("request_id").set_index("request_id")
     pcol = next((c for c in ("prompt_token_ids", "prompt_ids") if c in by_id.columns), None)
     ocol = next((c for c in ("output_token_ids", "output_ids") if c in by_id.columns), None)
-    total = int(reqs.off[-1])
-    lens = {a: np.zeros(total, np.int64) for a in ("study", "package")}
-    agree = {a: [0, 0] for a in lens}
-    for r, rid in enumerate(reqs.ids):
+    toks_all = []
+    for rid in reqs.ids:
         pr = by_id.at[rid, pcol] if pcol and rid in by_id.index else None
         ou = by_id.at[rid, ocol] if ocol and rid in by_id.index else None
         if not isinstance(pr, (list, np.ndarray)) or not isinstance(ou, (list, np.ndarray)) or len(pr) == 0:
             return NgramMatch(None, "none", {}, f"request {rid!r} records no draft_len and lacks the prompt/output "
                                                 f"token ids to recompute it")
-        pr, ou = np.asarray(pr, np.int64), np.asarray(ou, np.int64)
+        toks_all.append((np.asarray(pr, np.int64), np.asarray(ou, np.int64)))
+    h = hashlib.sha1(repr((kmax, min_n, max_n, q)).encode())
+    for arr in (reqs.acc[q], reqs.off, *(x for t in toks_all for x in (np.array([len(t[0])]), t[0], t[1]))):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    key = h.hexdigest()
+    if key in _MATCH_CACHE:
+        return _MATCH_CACHE[key]
+    total = int(reqs.off[-1])
+    lens = {a: np.zeros(total, np.int64) for a in ("study", "package")}
+    agree = {a: [0, 0] for a in lens}
+    for r, (pr, ou) in enumerate(toks_all):
         toks = np.concatenate([pr, ou])
         L = int(reqs.L[r])
         a = reqs.acc[q, reqs.off[r]:reqs.off[r + 1]]
+        # contexts prompt + output[:i], i = 0 .. len(output): the study's position j reads i = j, the package's i = j+1
+        st_all, ln_all = ngram_lookup_all(toks, len(pr) - 1, kmax, min_n, max_n)
         for align, shift in (("study", 0), ("package", 1)):
-            st, ln = ngram_lookup_all(toks, len(pr) - 1 + shift, kmax, min_n, max_n)
+            st, ln = st_all[shift:], ln_all[shift:]
             n = min(L, len(st))   # positions past the end of the published output cannot be recomputed: 0 there
             st, ln = st[:n], ln[:n]
             lens[align][reqs.off[r]:reqs.off[r] + n] = ln
@@ -194,8 +259,14 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
     share = {k: (v[0] / v[1] if v[1] else float("nan")) for k, v in agree.items()}
     best = max(share, key=lambda k: (share[k] if np.isfinite(share[k]) else -1))
     if not share[best] >= NGRAM_AGREEMENT:
-        return NgramMatch(None, "none", share, f"the lookup recomputed from the token ids reproduces n-gram's acc_len "
+        out = NgramMatch(None, "none", share, f"the lookup recomputed from the token ids reproduces n-gram's acc_len "
                                                f"at only {share[best]:.1%} of positions (study alignment "
                                                f"{share['study']:.1%}, package {share['package']:.1%}): the ids do "
                                                f"not belong to these arrays")
-    return NgramMatch(lens[best], best, share)
+    else:
+        lens[best].flags.writeable = False   # shared through the cache
+        out = NgramMatch(lens[best], best, share)
+    if len(_MATCH_CACHE) >= 16:
+        _MATCH_CACHE.pop(next(iter(_MATCH_CACHE)))
+    _MATCH_CACHE[key] = out
+    return out

@@ -200,3 +200,16 @@ def test_cli_switch_and_dynamic_k(tmp_path):
     assert pd.read_csv(out).policy.tolist() == ["dynamic-k (k=3)", "dynamic-k (k=1)"]
     bad = run("--proposers", "eagle", "--policy", "dynamic-k", "--dynamic-k", "1-3")
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_compiled_walk_takes_the_lockstep_walks_steps(oracle):
+    from spec_repro.simcore import walk_compiled, walk_lockstep
+
+    rng = np.random.default_rng(3)
+    L = rng.integers(1, 60, 40)
+    off = np.r_[0, np.cumsum(L)]
+    a = rng.integers(1, 9, off[-1])
+    prop = rng.integers(0, 8, off[-1])
+    for x, y in zip(walk_compiled(a, prop, off, oracle), walk_lockstep(a, prop, off, oracle)):
+        np.testing.assert_array_equal(x, y)
