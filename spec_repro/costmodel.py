@@ -249,8 +249,8 @@ class CostModel:
             elif dr.kind == "linear":
                 lines.append(f"  drafting {k:<14} = {dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*n + {dr.c0:.6g} s per step")
             else:
-                lines.append(f"  drafting {k:<14} = {dr.c_step:.6g} + proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + "
-                             f"{dr.c0:.6g}) s where it drafts (per drafted token)")
+                d0 = f"{dr.c_step:.6g} + " if dr.c_step else ""
+                lines.append(f"  drafting {k:<14} = {d0}proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + {dr.c0:.6g}) s")
             if dr.catch_up:
                 lines.append(f"  {'':<23}   + {dr.catch_up:g} draft forward(s) on re-entry after skipped steps")
         if self.source:

@@ -84,7 +84,7 @@ def test_per_token_drafter_fields_round_trip_and_price():
     cm = CostModel("x", 1e-8, 2e-5, 5e-3, 1e-3, {"eagle": d})
     back = CostModel.from_dict(cm.to_dict())
     assert back.drafter("eagle") == d
-    assert "re-entry" in back.summary() and "per drafted token" in back.summary()
+    assert "re-entry" in back.summary() and "0.0003 + proposal * (1e-09*kv" in back.summary()
     study = load_cost_model("llama3.1-8b-h100").drafter("eagle")
     per = load_cost_model("llama3.1-8b-h100-per-token").drafter("eagle")
     # anchored at the study's k = 3: the same drafting time there (kv = 1000, one request), a third of it per token
