@@ -34,7 +34,8 @@ import pandas as pd
 from .traces import TraceError
 
 __all__ = ["SimulationError", "is_ngram", "Requests", "group_arrays", "KIND_CODE", "NgramMatch", "ngram_match",
-           "NGRAM_AGREEMENT", "walk", "walk_compiled"]
+           "NGRAM_AGREEMENT", "walk", "walk_compiled",
+           "catch_up_charges"]
 
 KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
 #: share of scorable positions at which the recomputed lookup must reproduce the trace's n-gram acc_len
@@ -180,6 +181,32 @@ def walk_lockstep(a, prop, off, oracle):
     req, p_before, idx, inp, gen = (np.concatenate(x).astype(np.int64) for x in zip(*parts))
     order = np.argsort(req, kind="stable")  # steps were appended in step order: stable keeps it per request
     return req[order], p_before[order], idx[order], inp[order], gen[order]
+
+
+def catch_up_charges(req: np.ndarray, charges: list) -> list:
+    """(Charges: [(Drafter, active mask or None, proposal, always)], per step ordered by request then step.) The
+    charges plus, per drafter with ``catch_up`` > 0 that skips steps (an active mask), one more charge: its
+    draft forward(s) at each re-entry (it runs at a step of a request, not at that request's previous step)."""
+    from .costmodel import Drafter
+
+    out = list(charges)
+    if not len(req):
+        return out
+    first = np.r_[True, req[1:] != req[:-1]]
+    for dr, active, _prop, _alw in charges:
+        if active is None or not dr.catch_up:
+            continue
+        prev = np.r_[False, active[:-1]]
+        reentry = active & ~prev & ~first
+        if not reentry.any():
+            continue
+        if dr.kind == "per_token":
+            fwd = Drafter("per_token", dr.c_kv, dr.c_tok, dr.c0)
+            out.append((fwd, reentry, np.full(len(req), max(int(round(dr.catch_up)), 1), np.int64), False))
+        else:
+            out.append((Drafter(dr.kind, dr.c_kv, dr.c_tok, dr.c0, dr.fraction), reentry,
+                        np.ones(len(req), np.int64), True))
+    return out
 
 
 # ---- n-gram's match from the token ids ----------------------------------------------------------------------

@@ -85,7 +85,7 @@ from .simcore import KIND_CODE as _KIND_CODE
 from .simcore import Requests as _Requests
 from .simcore import SimulationError, group_arrays as _group_arrays, is_ngram as _is_ngram, ngram_match
 from .simcore import norm_name as _norm
-from .simcore import walk as _walk
+from .simcore import catch_up_charges, walk as _walk
 from .baselines import SWITCH, dynamic_k_for, parse_switch, switch_steps
 from .traces import Trace, TraceError
 
@@ -198,31 +198,6 @@ def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: C
     return _Steps(req, p, inp, gen, charges)
 
 
-def _catch_up_charges(st: _Steps) -> list:
-    """The charges plus, per drafter with ``catch_up`` > 0 that skips steps (an active mask), one more charge: its
-    draft forward(s) at each re-entry (it runs at a step of a request, not at that request's previous step)."""
-    from .costmodel import Drafter
-
-    out = list(st.charges)
-    if not len(st.req):
-        return out
-    first = np.r_[True, st.req[1:] != st.req[:-1]]
-    for dr, active, _prop, _alw in st.charges:
-        if active is None or not dr.catch_up:
-            continue
-        prev = np.r_[False, active[:-1]]
-        reentry = active & ~prev & ~first
-        if not reentry.any():
-            continue
-        if dr.kind == "per_token":
-            fwd = Drafter("per_token", dr.c_kv, dr.c_tok, dr.c0)
-            out.append((fwd, reentry, np.full(len(st.req), max(int(round(dr.catch_up)), 1), np.int64), False))
-        else:
-            out.append((Drafter(dr.kind, dr.c_kv, dr.c_tok, dr.c0, dr.fraction), reentry,
-                        np.ones(len(st.req), np.int64), True))
-    return out
-
-
 # ---- duplicate batching: costs are closed sums over each request's steps -----------------------------------
 def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
     """Per request, the SD step times as affine functions of the batch size B (kv = B*(P+p), n = B*i): target
@@ -257,7 +232,7 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
 
 
 def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> list[dict]:
-    st = _Steps(st.req, st.p, st.inp, st.gen, _catch_up_charges(st))
+    st = _Steps(st.req, st.p, st.inp, st.gen, catch_up_charges(st.req, st.charges))
     n = len(reqs.ids)
     P, L = reqs.P.astype(float), reqs.L.astype(float)
     S = np.bincount(st.req, minlength=n).astype(float)
@@ -377,7 +352,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
             charges = []
         else:
             S = np.bincount(st.req, minlength=n)
-            inp, gen, charges = st.inp, st.gen, _catch_up_charges(st)
+            inp, gen, charges = st.inp, st.gen, catch_up_charges(st.req, st.charges)
         step_off = np.zeros(n + 1, np.int64)
         np.cumsum(S, out=step_off[1:])
         C, T = len(charges), len(inp)
