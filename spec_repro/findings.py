@@ -433,37 +433,32 @@ def adaptive_rows(summary: pd.DataFrame, *, source: str) -> list[SummaryRow]:
         if ds != focus:
             continue
         r = g.iloc[0]
-        vs = (f"vs the rule {r.rule_config} {_x(r.rule)}, best fixed k ({r.best_fixed_config}) {_x(r.best_fixed)}, "
-              f"Oracle Combine (winner) {_x(r.combine_winner)}")
+        fixed = f"fixed {r.best_fixed_config} {_x(r.best_fixed)}; oracle (winner) {_x(r.combine_winner)}"
         if r.beats_rule:
-            gap = f"{r.gap_closed:.0%} of the gap closed" if np.isfinite(r.gap_closed) else "no gap to close"
-            this = (f"{r.best_causal_policy} {_x(r.best_causal)} {vs}: {r.causal_vs_rule:.3f}x the rule, {gap}; "
-                    f"worst {r.worst_vs_rule:.3f}x the rule (bs {r.worst_vs_rule_batch})")
-            verdict, value = "beyond the study: a causal policy beats the rule", float(r.causal_vs_rule)
+            gap = f"gap {r.gap_closed:.0%}" if np.isfinite(r.gap_closed) else "no gap"
+            this = (f"{r.best_causal_policy} {_x(r.best_causal)} = {r.causal_vs_rule:.3f}x rule {r.rule_config} "
+                    f"{_x(r.rule)} (worst {r.worst_vs_rule:.3f}x); {fixed}; {gap}")
+            verdict, value = "beyond the study: beats the rule", float(r.causal_vs_rule)
         else:
-            gap = f"{r.rule_gap_closed:.0%} of the gap closed" if np.isfinite(r.rule_gap_closed) else "no gap"
-            this = (f"the rule {r.rule_config} {_x(r.rule)} (no causal selector beats it: {r.best_causal_policy} "
-                    f"{_x(r.best_causal)} = {r.causal_vs_rule:.3f}x, worst {r.worst_vs_rule:.3f}x at bs "
-                    f"{r.worst_vs_rule_batch}) vs best fixed k ({r.best_fixed_config}) {_x(r.best_fixed)} and Oracle "
-                    f"Combine (winner) {_x(r.combine_winner)}: {gap}")
-            verdict, value = "beyond the study: no causal policy beats the rule (a finding)", float(r.rule)
-        rows.append(SummaryRow("6b adaptive selector", f"{ds} ({mdl}), {st}, bs {r.batch_size}: the causal row (best "
-                               f"causal policy, or the rule ngram-else-eagle where none beats it)",
-                               "n/a (the study stops at oracles)", this, source, value, verdict,
-                               headline=st.endswith("eagle")))
+            gap = f"gap {r.rule_gap_closed:.0%}" if np.isfinite(r.rule_gap_closed) else "no gap"
+            this = (f"rule {r.rule_config} {_x(r.rule)}; causal {r.best_causal_policy} {_x(r.best_causal)} "
+                    f"({r.causal_vs_rule:.3f}x, worst {r.worst_vs_rule:.3f}x); {fixed}; {gap}")
+            verdict, value = "beyond the study: none beats the rule", float(r.rule)
+        rows.append(SummaryRow("6b adaptive selector", f"{ds} ({mdl}), {st}, bs {r.batch_size}: causal row",
+                               "n/a", this, source, value, verdict, headline=st.endswith("eagle")))
     for mdl, g in summary.groupby("model", sort=True):
         n = len(g)
         beats = int(g["beats_rule"].sum())
         near = int((g["worst_vs_fixed"] >= 0.98).sum())
-        rows.append(SummaryRow("6b adaptive selector", f"{mdl}: (dataset, proposer set) pairs where a causal policy "
-                               f"beats the rule (>= 1.05x at bs {int(g['batch_size'].min())}, >= 0.98x at every bs "
-                               f"{g['batch_sizes'].iloc[0]}) / stays within 2% of the best fixed k", "n/a",
+        rows.append(SummaryRow("6b adaptive selector", f"{mdl}: pairs (dataset, set) where a causal policy beats the "
+                               f"rule (>= 1.05x at bs {int(g['batch_size'].min())}, >= 0.98x at bs "
+                               f"{g['batch_sizes'].iloc[0]}) / is within 2% of the best fixed k", "n/a",
                                f"{beats} of {n} / {near} of {n}", source, float(beats / n), "beyond the study"))
         spread = float(g["learned_spread_max"].max())
         if np.isfinite(spread):
             unstable = bool(g["learned_unstable_any"].any())
-            rows.append(SummaryRow("6b adaptive selector", f"{mdl}: adaptive-learned over its seeds, largest spread "
-                                   f"(max - min) / mean over (dataset, set, bs)", "n/a", f"{spread:.1%}", source,
+            rows.append(SummaryRow("6b adaptive selector", f"{mdl}: adaptive-learned, largest spread over its seeds "
+                                   f"((max - min) / mean)", "n/a", f"{spread:.1%}", source,
                                    spread, "beyond the study: " + ("unstable (spread > 5% of the mean somewhere)"
                                                                    if unstable else "stable (<= 5%)")))
     return rows

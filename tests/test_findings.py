@@ -219,19 +219,19 @@ def test_adaptive_rows_the_causal_row_is_the_rule_unless_a_policy_beats_it():
     beat = pd.DataFrame([row("code-edit", 3.3, 1.1, 0.99, True), row("sharegpt", 1.9, 0.95, 0.9, False, 0.08)])
     rows = F.adaptive_rows(beat, source="src")
     assert _rows(rows)[0] == (
-        "6b adaptive selector", "code-edit (m), ngram+eagle, bs 1: the causal row (best causal policy, or the rule "
-        "ngram-else-eagle where none beats it)", "n/a (the study stops at oracles)",
-        "adaptive-rule-oos 3.30x vs the rule ngram-else-eagle-skip-16-2 3.00x, best fixed k (ngram fixed-16) 2.00x, "
-        "Oracle Combine (winner) 4.00x: 1.100x the rule, 65% of the gap closed; worst 0.990x the rule (bs 64)", "src",
-        pytest.approx(1.1))
-    assert rows[0].verdict == "beyond the study: a causal policy beats the rule" and rows[0].headline
+        "6b adaptive selector", "code-edit (m), ngram+eagle, bs 1: causal row", "n/a",
+        "adaptive-rule-oos 3.30x = 1.100x rule ngram-else-eagle-skip-16-2 3.00x (worst 0.990x); fixed ngram "
+        "fixed-16 2.00x; oracle (winner) 4.00x; gap 65%", "src", pytest.approx(1.1))
+    assert rows[0].verdict == "beyond the study: beats the rule" and rows[0].headline
     assert [r.this_run for r in rows[1:]] == ["1 of 2 / 2 of 2", "8.0%"]
     assert rows[2].verdict == "beyond the study: unstable (spread > 5% of the mean somewhere)"
     lose = pd.DataFrame([row("code-edit", 2.9, 0.967, 0.96, False)])
     r = F.adaptive_rows(lose, source="src")[0]
-    assert r.this_run.startswith("the rule ngram-else-eagle-skip-16-2 3.00x (no causal selector beats it: "
-                                 "adaptive-rule-oos 2.90x = 0.967x, worst 0.960x at bs 64)")
-    assert r.verdict == "beyond the study: no causal policy beats the rule (a finding)" and r.value == 3.0
+    assert r.this_run.startswith("rule ngram-else-eagle-skip-16-2 3.00x; causal adaptive-rule-oos 2.90x (0.967x, "
+                                 "worst 0.960x)")
+    assert r.verdict == "beyond the study: none beats the rule" and r.value == 3.0
+    md = F.summary_markdown(F.write_summary(F.adaptive_rows(beat, source="src") + [r], None))
+    assert max(len(line) for line in md.splitlines()) <= F.MAX_LINE
 
 
 def test_headline_markdown_shows_a_shared_row_once_from_the_later_table():
