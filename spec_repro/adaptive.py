@@ -73,6 +73,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .simcore import SimulationError, is_ngram, ngram_match
+
 try:
     from numba import njit
 except ImportError:  # pragma: no cover - numba is a dependency; plain Python still works, only slower
@@ -80,13 +82,13 @@ except ImportError:  # pragma: no cover - numba is a dependency; plain Python st
         return a[0] if a and callable(a[0]) else (lambda f: f)
 
 __all__ = ["ADAPTIVE_POLICIES", "RuleParams", "K_GRID", "MIN_LEARNED_REQUESTS", "adaptive_steps",
-           "ngram_draft_lens", "decisions"]
+           "prev_ran_of", "decisions", "fold_of_requests"]
 
 ADAPTIVE_POLICIES = ("adaptive-rule", "adaptive-learned")
 #: proposal lengths the learned policy chooses among (capped at the trace's k_max; n-gram also at ng_dl)
 K_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 MIN_LEARNED_REQUESTS = 10
-_KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
+from .simcore import KIND_CODE as _KIND_CODE  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,26 @@ class RuleParams:
 
 # ---- the step walk ---------------------------------------------------------------------------------------------
 @njit(cache=True)
-def _draft_time(kind, dk, dt, d0, frac, kv, inp, F, B, d):
+def _draft_time(kind, dk, dt, d0, frac, kv, inp, F, B, d, cs=0.0):
     if kind == 0:
         return dk * kv + dt * inp + d0
     if kind == 1:
         return frac * F if d > 0 else 0.0
-    return d * (dk * kv + dt * B + d0)
+    return d * (dk * kv + dt * B + d0) + (cs if d > 0 else 0.0)
 
 
 @njit(cache=True)
-def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, prm, mode,
+def _catch_up_time(kind, dk, dt, d0, frac, kv, F, B, cup):
+    """``cup`` draft forwards of a drafter coming back after skipped steps (see costmodel.Drafter.catch_up)."""
+    if cup <= 0.0:
+        return 0.0
+    if kind == 2:
+        return cup * (dk * kv + dt * B + d0)
+    return cup * _draft_time(kind, dk, dt, d0, frac, kv, 2, F, B, 1)
+
+
+@njit(cache=True)
+def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep, cup, prm, mode,
           t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record):
     """Walk every request under the policy (mode 0: rule, 1: tree). Returns per step: request, p before the step,
     array index, input length, tokens produced, verified proposer (-1: none), ran (Q, S), proposal (Q, S), and the
@@ -233,7 +245,10 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, prm, m
                         e += term
                         term *= alpha2[q]
                         F = c_kv * kv + c_tok * B * (kk + 1) + c0
-                        t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk)
+                        t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk,
+                                                   cstep[q])
+                        if q != ng and prev_j >= 0 and not prev_ran[q]:   # it skipped the last step: catch up
+                            t += _catch_up_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, F, B, cup[q])
                         if ng >= 0 and q != ng:
                             t += _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, kk + 1, F, B, ng_dl)
                         g = e / t
@@ -302,27 +317,11 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, prm, m
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------------
-def ngram_draft_lens(reqs, requests, kmax: int, min_n: int = 3, max_n: int = 7) -> np.ndarray:
-    """n-gram's proposal length at every position of ``reqs`` (a ``simulate._Requests``), recomputed from the
-    prompt and output token ids in ``requests`` (one row per request id)."""
-    from .proposers.ngram import ngram_lookup_all
-    from .simulate import SimulationError
-
-    by_id = requests.drop_duplicates("request_id").set_index("request_id")
-    out = np.zeros(int(reqs.off[-1]), np.int64)
-    for r, rid in enumerate(reqs.ids):
-        row = by_id.loc[rid] if rid in by_id.index else None
-        pr = row.get("prompt_token_ids") if row is not None else None
-        ou = row.get("output_token_ids") if row is not None else None
-        if not isinstance(pr, (list, np.ndarray)) or not isinstance(ou, (list, np.ndarray)) or \
-                len(ou) < int(reqs.L[r]):
-            raise SimulationError(
-                f"adaptive policies need n-gram's match at each position: request {rid!r} records no draft_len "
-                f"and lacks the prompt/output token ids to recompute it")
-        toks = np.concatenate([np.asarray(pr, np.int64), np.asarray(ou, np.int64)])
-        _, lens = ngram_lookup_all(toks, len(pr), kmax, min_n, max_n)
-        out[reqs.off[r]:reqs.off[r + 1]] = lens[:int(reqs.L[r])]
-    return out
+def prev_ran_of(req, ran) -> np.ndarray:
+    """(Q, S): whether each proposer ran at the same request's previous step (True at a request's first step)."""
+    first = np.r_[True, req[1:] != req[:-1]] if len(req) else np.zeros(0, bool)
+    prev = np.concatenate([np.ones((ran.shape[0], 1), bool), ran[:, :-1]], axis=1) if len(req) else ran.copy()
+    return prev | first
 
 
 @dataclass
@@ -337,19 +336,24 @@ class _Inputs:
     dt: np.ndarray
     d0: np.ndarray
     frac: np.ndarray
+    cstep: np.ndarray  # per_token drafters' d0
+    cup: np.ndarray    # catch-up draft forwards on re-entry
     acts: np.ndarray   # (A, 2): proposer (-1: none), k
+    alignment: str = "recorded"   # where n-gram's match came from (simcore.ngram_match)
 
 
 def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
-    from .simulate import _is_ngram
-
     Q = len(proposers)
-    ngs = [i for i, q in enumerate(proposers) if _is_ngram(q)]
+    ngs = [i for i, q in enumerate(proposers) if is_ngram(q)]
     ng = ngs[0] if ngs else -1
     ngdl = np.zeros(int(reqs.off[-1]), np.int64)
+    alignment = "none"
     if ng >= 0:
-        dl = reqs.dlen[ng]
-        ngdl = dl.copy() if (dl >= 0).all() else ngram_draft_lens(reqs, requests, kmax)
+        m = ngram_match(reqs, requests, ng, kmax)
+        if m.lens is None:
+            raise SimulationError(f"adaptive policies need n-gram's match at each position: {m.why}")
+        ngdl = reqs.dlen[ng].copy() if m.alignment == "recorded" else m.lens
+        alignment = m.alignment
     drs = [cm.drafter(q) for q in proposers]
     acts = [(-1, 0)] + [(q, k) for q in range(Q) for k in K_GRID if k <= kmax]
     return _Inputs(acc=np.ascontiguousarray(reqs.acc, dtype=np.int64), ngdl=ngdl, ng=ng, kmax=int(kmax),
@@ -357,7 +361,8 @@ def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
                    dkind=np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
                    dk=np.array([d.c_kv for d in drs], float), dt=np.array([d.c_tok for d in drs], float),
                    d0=np.array([d.c0 for d in drs], float), frac=np.array([d.fraction for d in drs], float),
-                   acts=np.array(acts, np.int64).reshape(-1, 2))
+                   cstep=np.array([d.c_step for d in drs], float), cup=np.array([d.catch_up for d in drs], float),
+                   acts=np.array(acts, np.int64).reshape(-1, 2), alignment=alignment)
 
 
 _NO_TREE = (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float64), np.full((1, 1), -1, np.int64),
@@ -369,13 +374,14 @@ def _run(reqs, inp: _Inputs, B: int, prm: RuleParams, mode: int, trees=_NO_TREE,
     tor = np.zeros(len(reqs.L), np.int64) if tree_of_req is None else tree_of_req
     ng = inp.ng
     return _walk(inp.acc, inp.ngdl, ng, reqs.P.astype(np.int64), reqs.off, inp.kmax, int(B), inp.tcost,
-                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, prm.array(), mode, *trees, tor,
+                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, inp.cstep, inp.cup, prm.array(), mode, *trees, tor,
                  inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record)
 
 
 # ---- adaptive-learned -------------------------------------------------------------------------------------------
-def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx) -> np.ndarray:
-    """Realised tokens ÷ step cost of every action at the given step states (S, A)."""
+def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=None) -> np.ndarray:
+    """Realised tokens ÷ step cost of every action at the given step states (S, A); ``prev_ran`` (Q, S): whether
+    each proposer ran at the request's previous step (a model proposer that did not pays its catch-up)."""
     c_kv, c_tok, c0, over = inp.tcost
     kv = B * (reqs.P[step_req] + step_p).astype(float)
     ng = inp.ng
@@ -388,7 +394,13 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx) -> np.ndarra
             return inp.dk[q] * kv + inp.dt[q] * inp_len + inp.d0[q]
         if kind == 1:
             return np.where(d > 0, inp.frac[q] * F, 0.0)
-        return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q])
+        return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q]) + np.where(d > 0, inp.cstep[q], 0.0)
+
+    def catch_up(q, F):
+        if prev_ran is None or not inp.cup[q]:
+            return 0.0
+        fwd = (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q]) if inp.dkind[q] == 2 else dtime(q, 2, F, np.ones(len(F)))
+        return np.where(prev_ran[q], 0.0, inp.cup[q] * fwd)
 
     for a, (q, k) in enumerate(inp.acts):
         if q < 0:
@@ -403,7 +415,7 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx) -> np.ndarra
         on = kk > 0
         if q >= 0:
             tok = np.where(on, np.minimum(inp.acc[q, step_idx], kk + 1), 1.0)
-            t = t + np.where(on, dtime(q, kk + 1, F, kk), 0.0)
+            t = t + np.where(on, dtime(q, kk + 1, F, kk) + (catch_up(q, F) if q != ng else 0.0), 0.0)
         if ng >= 0:  # the lookup ran (charged where it matched), unless n-gram itself is verified (counted above)
             t = t + np.where((q == ng) & on, 0.0, dtime(ng, kk + 1, F, ngdl))
         out[:, a] = tok / t
@@ -415,10 +427,10 @@ def _fit_trees(X, Y, groups, folds, prm: RuleParams, seed: int):
     from sklearn.tree import DecisionTreeRegressor
 
     trees = []
-    rng = np.random.default_rng([seed, 14])
     for f in range(folds):
         m = np.flatnonzero(groups != f)
-        if len(m) > prm.max_train:
+        if len(m) > prm.max_train:  # one random stream per fold: its subsample never depends on fold f's own states
+            rng = np.random.default_rng([seed, 14, f])
             m = np.sort(rng.choice(m, prm.max_train, replace=False))
         t = DecisionTreeRegressor(max_depth=prm.max_depth, min_samples_leaf=prm.min_leaf, random_state=seed)
         t.fit(X[m].astype(np.float32), Y[m])
@@ -467,8 +479,6 @@ def adaptive_steps(reqs, requests, proposers, policy: str, B: int, cm, kmax: int
                    seed: int = 42, inputs: _Inputs | None = None) -> AdaptiveSteps:
     """The step sequence of ``policy`` (``adaptive-rule`` / ``adaptive-learned``) at batch size ``B`` over the
     requests of one (dataset, model) group (``reqs``: ``simulate._Requests``; ``requests``: its request table)."""
-    from .simulate import SimulationError
-
     prm = params or RuleParams()
     inp = inputs or _inputs(reqs, requests, list(proposers), cm, kmax)
     if policy == "adaptive-rule":
@@ -481,8 +491,8 @@ def adaptive_steps(reqs, requests, proposers, policy: str, B: int, cm, kmax: int
         raise SimulationError(f"adaptive-learned needs at least {max(MIN_LEARNED_REQUESTS, prm.folds)} requests "
                               f"per (dataset, model) for {prm.folds}-fold request-level cross-validation; got {n}")
     folds = fold_of_requests(reqs.ids, prm.folds, seed)
-    req, p, idx, *_, X = _run(reqs, inp, B, prm, 0, record=True)
-    Y = _labels(reqs, inp, B, req, p, idx)
+    req, p, idx, _i, _g, _v, ran, _pr, X = _run(reqs, inp, B, prm, 0, record=True)
+    Y = _labels(reqs, inp, B, req, p, idx, prev_ran_of(req, ran))
     trees = _fit_trees(X, Y, folds[req], prm.folds, prm, seed)
     out = _run(reqs, inp, B, prm, 1, trees=trees, tree_of_req=folds)
     return AdaptiveSteps(*out[:8], folds=folds)

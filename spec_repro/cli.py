@@ -19,7 +19,9 @@ def _add_simulate(sub):
     p.add_argument("--proposers", required=True, help="comma-separated, e.g. ngram or ngram,eagle")
     p.add_argument("--policy", nargs="+", required=True, metavar="POLICY",
                    help="fixed-K (K >= 1), oracle, oracle-combine, adaptive-rule, adaptive-learned (causal "
-                        "selectors of proposer and length, any proposer set); several allowed")
+                        "selectors of proposer and length, any proposer set), ngram-else-eagle[-skip][-KN-KE] (vLLM "
+                        "PR #24344's rule: n-gram where its lookup matched, else the model proposer), dynamic-k "
+                        "(k by batch size, --dynamic-k); several allowed")
     p.add_argument("--draft-cost", nargs="+", default=["ngram-only"], metavar="ACCOUNTING",
                    help="oracle-combine drafting accounting: ngram-only (released code), winner, all, ran (every "
                         "proposer that ran pays; = all for oracle-combine; adaptive policies are always charged ran)")
@@ -35,6 +37,12 @@ def _add_simulate(sub):
                         "recognized by content; else the file's own 'model' field, else 'unknown')")
     p.add_argument("--ngram-match-prob", type=float, default=None, metavar="P",
                    help="n-gram match probability for fixed-K on traces without draft_len (default: per dataset)")
+    p.add_argument("--ngram-match", choices=["lookup", "random"], default="lookup",
+                   help="fixed-K n-gram on traces without draft_len: lookup (default; the prompt lookup recomputed "
+                        "from the token ids, where they reproduce the trace) or random (the released code's model)")
+    p.add_argument("--dynamic-k", nargs="+", default=None, metavar="B:K",
+                   help="dynamic-k's table, batch size -> k (vLLM's num_speculative_tokens_per_batch_size), e.g. "
+                        "1:5 32:2 128:1")
     p.add_argument("--out", required=True, metavar="OUT.csv")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_run_simulate)
@@ -60,6 +68,12 @@ def _run_simulate(args):
             traces.append(read_trace(f, **kw))
         trace = traces[0] if len(traces) == 1 else Trace.concat(traces)
         extra = {"ngram_match_prob": args.ngram_match_prob} if args.ngram_match_prob is not None else {}
+        extra["ngram_match"] = args.ngram_match
+        if args.dynamic_k:
+            try:
+                extra["dynamic_k"] = {int(b): int(k) for b, k in (x.split(":") for x in args.dynamic_k)}
+            except ValueError:
+                raise SimulationError(f"--dynamic-k takes B:K pairs of integers, got {args.dynamic_k}") from None
         asked = [q for q in parse_proposers(args.proposers) if q in trace.proposers]
         cm, notes = cost_model_for(trace, args.cost_model, proposers=asked)  # the notebooks' stand-ins
         for note in notes:

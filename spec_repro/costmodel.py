@@ -9,8 +9,20 @@ All times are seconds. One engine step (prefill, plain decode, or a speculative 
                                   step; charged at every step (like EAGLE: it runs even when nothing is accepted)
                     ``fraction``  fraction * F of the same step (n-gram lookup); 0 when the proposer proposes
                                   nothing at that step
-                    ``per_token`` proposal * (c_kv * kv + c_tok * m + c0): one small sequential forward per drafted
-                                  token, m = requests in the step (separate draft models, early-exit self-drafts)
+                    ``per_token`` c_step + proposal * (c_kv * kv + c_tok * m + c0) where it drafts (proposal > 0):
+                                  d0 + k * d1, one small sequential forward per drafted token, m = requests in the
+                                  step (vLLM's EAGLE heads, separate draft models, early-exit self-drafts)
+                    ``catch_up``  (any kind, default 0) draft forwards charged when a drafter runs again after
+                                  skipping steps of a request (its head or draft model must first process the
+                                  tokens it did not see); a per_token drafter's forward is c_kv * kv + c_tok * m + c0,
+                                  another kind's its own step time. Charged only where the accounting lets a drafter
+                                  skip steps (Oracle Combine ``winner``, the causal policies, ngram-else-X-skip).
+
+EAGLE pricing: the study's fit (preset ``llama3.1-8b-h100``) prices EAGLE ``linear``, independent of k (drafting
+16 tokens 2.155 ms vs 2.142 ms for one): right at its measured k = 3, free beyond it. ``llama3.1-8b-h100-per-token``
+keeps the study's target forward and overhead and prices EAGLE per drafted token, anchored at the study's k = 3
+fit (d1 = D_e(k = 3) / 3, d0 = 0) with one catch-up forward; the H200 fit (``llama3.1-8b-h200``) is per_token from
+the committed vLLM steps (k = 3 only, so d0 is not separable there: 0). A refit over several k fits d0 too.
     overhead        a constant per step (scheduling, input preparation, rejection sampling, bookkeeping)
 
 A preset is a JSON file (see ``spec_repro/presets/``)::
@@ -40,6 +52,7 @@ __all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PR
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DRAFTER_KINDS = ("linear", "fraction", "per_token")
+_DRAFTER_FIELDS = ("c_kv", "c_tok", "c0", "fraction", "c_step", "catch_up")
 
 
 def _name_key(name: str) -> str:
@@ -82,6 +95,8 @@ class Drafter:
     c_tok: float = 0.0
     c0: float = 0.0
     fraction: float = 0.0
+    c_step: float = 0.0     # per_token: d0, charged once per step where it drafts
+    catch_up: float = 0.0   # draft forwards charged on re-entry after skipped steps
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTER_KINDS:
@@ -98,13 +113,24 @@ class Drafter:
         if self.kind == "fraction":
             on = np.ones_like(np.asarray(proposal), bool) if always else np.asarray(proposal) > 0
             return np.where(on, self.fraction * np.asarray(F, float), 0.0)
-        return np.asarray(proposal, float) * (self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float)
-                                              + self.c0)
+        prop = np.asarray(proposal, float)
+        return prop * (self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float) + self.c0) + \
+            np.where(prop > 0, self.c_step, 0.0)
+
+    def forward_time(self, kv, n, F, m):
+        """One draft forward (the catch-up after skipped steps): a per_token drafter's per-token time, another
+        kind's time for a one-token proposal."""
+        if self.kind == "per_token":
+            return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float) + self.c0
+        return self.time(kv, n, F, m, np.ones_like(np.asarray(F, float)), True)
 
     def to_dict(self) -> dict:
+        extra = {"catch_up": self.catch_up} if self.catch_up else {}
         if self.kind == "fraction":
-            return {"kind": "fraction", "fraction": self.fraction}
-        return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0}
+            return {"kind": "fraction", "fraction": self.fraction, **extra}
+        if self.c_step:
+            extra["c_step"] = self.c_step
+        return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0, **extra}
 
 
 @dataclass
@@ -158,7 +184,7 @@ class CostModel:
                 kind = v.get("kind") if isinstance(v, Mapping) else None
                 if kind not in DRAFTER_KINDS:
                     raise CostModelError(f"{where}: drafter {k!r} has kind {kind!r}; expected one of {DRAFTER_KINDS}")
-                drafters[k] = Drafter(kind, **{x: float(v[x]) for x in ("c_kv", "c_tok", "c0", "fraction") if x in v})
+                drafters[k] = Drafter(kind, **{x: float(v[x]) for x in _DRAFTER_FIELDS if x in v})
             m = cls(name=str(d["name"]), c_kv=float(t["c_kv"]), c_tok=float(t["c_tok"]), c0=float(t["c0"]),
                     overhead=float(d["overhead"]), drafters=drafters, hardware=str(d.get("hardware", "")),
                     target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
@@ -179,7 +205,7 @@ class CostModel:
         named = [("target.c_kv", self.c_kv), ("target.c_tok", self.c_tok), ("target.c0", self.c0),
                  ("overhead", self.overhead)]
         named += [(f"drafters.{k}.{x}", getattr(dr, x)) for k, dr in self.drafters.items()
-                  for x in ("c_kv", "c_tok", "c0", "fraction")]
+                  for x in _DRAFTER_FIELDS]
         for key, v in named:
             if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
                 raise CostModelError(f"{where}: {key} must be a number, got {v!r}")
@@ -223,7 +249,10 @@ class CostModel:
             elif dr.kind == "linear":
                 lines.append(f"  drafting {k:<14} = {dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*n + {dr.c0:.6g} s per step")
             else:
-                lines.append(f"  drafting {k:<14} = proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + {dr.c0:.6g}) s")
+                d0 = f"{dr.c_step:.6g} + " if dr.c_step else ""
+                lines.append(f"  drafting {k:<14} = {d0}proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + {dr.c0:.6g}) s")
+            if dr.catch_up:
+                lines.append(f"  {'':<23}   + {dr.catch_up:g} draft forward(s) on re-entry after skipped steps")
         if self.source:
             lines.append(f"  source: {self.source}")
         return "\n".join(lines)
@@ -371,8 +400,12 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
         else:
             k = g["num_draft_tokens"].to_numpy(float)[drafted] / greq[drafted]
             Xd = np.column_stack([k * gkv[drafted], k * greq[drafted], k])
+            several_k = len(np.unique(np.round(k, 6))) > 1   # d0 (c_step) is separable from d1 only then
+            if several_k:
+                Xd = np.column_stack([Xd, np.ones_like(k)])
             coef = _lstsq(Xd, y[drafted], f"drafting {method!r}")
-            drafters[method] = Drafter("per_token", *map(float, coef))
+            drafters[method] = Drafter("per_token", *map(float, coef[:3]),
+                                       c_step=float(coef[3]) if several_k else 0.0, catch_up=1.0)
             record(f"draft:{method}", idx[drafted], y[drafted], Xd @ coef)
 
     to = df["t_other"].to_numpy(float) + (df["t_reject"].to_numpy(float) if include_reject else 0.0)

@@ -81,12 +81,19 @@ import numpy as np
 import pandas as pd
 
 from .costmodel import CostModel, CostModelError, load_cost_model
+from .simcore import KIND_CODE as _KIND_CODE
+from .simcore import Requests as _Requests
+from .simcore import SimulationError, group_arrays as _group_arrays, is_ngram as _is_ngram, ngram_match
+from .simcore import norm_name as _norm
+from .simcore import catch_up_charges, walk as _walk
+from .baselines import SWITCH, dynamic_k_for, parse_switch, switch_steps
 from .traces import Trace, TraceError
 
 __all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
            "parse_policy", "parse_proposers", "ngram_match_prob_for", "RESULT_COLUMNS"]
 
-POLICIES = ("fixed-K", "oracle", "oracle-combine", "adaptive-rule", "adaptive-learned")
+POLICIES = ("fixed-K", "oracle", "oracle-combine", "adaptive-rule", "adaptive-learned", "ngram-else-eagle[-KN-KE]",
+            "ngram-else-eagle-skip[-KN-KE]", "dynamic-k")
 DRAFT_COSTS = ("ngram-only", "winner", "all", "ran")
 _ADAPTIVE = ("adaptive-rule", "adaptive-learned")
 BATCHING = ("duplicate", "mixed")
@@ -96,21 +103,20 @@ NGRAM_MATCH_PROB = {"sharegpt": 0.2, "cnn": 0.4, "cnndailymail": 0.4, "cnndm": 0
 RESULT_COLUMNS = ["dataset", "model", "proposers", "policy", "draft_cost", "batch_size", "batching", "n_requests",
                   "speedup", "sd_tokens_per_s", "base_tokens_per_s", "mean_tokens_per_step", "verify_share",
                   "draft_share", "overhead_share", "sd_time_s", "base_time_s", "n_tokens"]
-_KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
 MAX_K = 32767                 # int16, the schema's k_max
 MAX_BATCH = 1_000_000         # far above any engine's batch; keeps B * tokens exact in int64 and float64
 
 
-class SimulationError(ValueError):
-    """Bad simulation request (policy, accounting, batch size, ...); the message says what is allowed."""
-
-
 def parse_policy(policy: str) -> tuple[str, int]:
     """'fixed-3' -> ('fixed', 3); 'oracle' -> ('oracle', 0); 'oracle-combine' -> ('oracle-combine', 0);
-    'adaptive-rule' / 'adaptive-learned' -> (that name, 0)."""
+    'adaptive-rule' / 'adaptive-learned' / 'dynamic-k' -> (that name, 0); 'ngram-else-eagle[-skip]-KN-KE' -> (that
+    name without the k's, (KN, KE)) (see :mod:`spec_repro.baselines`)."""
     p = str(policy).strip().lower()
-    if p in ("oracle", "oracle-combine") + _ADAPTIVE:
+    if p in ("oracle", "oracle-combine", "dynamic-k") + _ADAPTIVE:
         return p, 0
+    sw = parse_switch(p)
+    if sw is not None:
+        return sw[0], (sw[1], sw[2])
     m = re.fullmatch(r"fixed-?(-?\d+)", p)
     if m:
         k = int(m.group(1))
@@ -120,11 +126,8 @@ def parse_policy(policy: str) -> tuple[str, int]:
             raise SimulationError(f"policy {policy!r}: K must be <= {MAX_K} (the largest k_max a trace holds)")
         return "fixed", k
     raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle, "
-                          f"oracle-combine, adaptive-rule or adaptive-learned")
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+                          f"oracle-combine, adaptive-rule, adaptive-learned, ngram-else-eagle[-skip][-KN-KE] or "
+                          f"dynamic-k")
 
 
 def ngram_match_prob_for(dataset: str, override=None) -> float:
@@ -145,88 +148,6 @@ def ngram_match_prob_for(dataset: str, override=None) -> float:
     return prob
 
 
-def _is_ngram(proposer: str) -> bool:
-    return _norm(proposer).startswith("ngram")
-
-
-# ---- per-group input arrays ----------------------------------------------------------------------------------
-@dataclass
-class _Requests:
-    """The requests of one (dataset, model) group, concatenated: position j of request r is at off[r] + j."""
-
-    ids: list
-    P: np.ndarray      # prompt lengths (n,)
-    L: np.ndarray      # output lengths (n,)
-    off: np.ndarray    # (n + 1,) offsets into the position arrays
-    acc: np.ndarray    # (Q, total) acc_len per proposer
-    dlen: np.ndarray   # (Q, total) draft_len, -1 = unknown
-
-
-def _group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence[str], order: list) -> _Requests:
-    """Concatenate the arrays of the requests in ``order``; L = the shortest of a request's proposer arrays."""
-    n = len(order)
-    rank = pd.Series(np.arange(n), index=pd.Index(order, dtype=object))
-    d = acc[acc["request_id"].isin(rank.index)]
-    r_all = rank.reindex(d["request_id"].astype(object)).to_numpy(np.int64)
-    pos_all = d["position"].to_numpy(np.int64)
-    acc_all = d["acc_len"].to_numpy(np.int64)
-    dl_all = d["draft_len"].to_numpy(dtype="float64", na_value=np.nan)
-    prop_all = d["proposer"].to_numpy(object)
-    per = []
-    for q in proposers:
-        m = prop_all == q
-        r, pos = r_all[m], pos_all[m]
-        o = np.lexsort((pos, r))
-        r, pos = r[o], pos[o]
-        Lq = np.bincount(r, minlength=n)
-        start = np.zeros(n + 1, np.int64)
-        np.cumsum(Lq, out=start[1:])
-        if not np.array_equal(pos, np.arange(len(pos)) - np.repeat(start[:-1], Lq)):
-            raise TraceError(f"proposer {q!r}: acceptance positions must run 0..L-1 without gaps or repeats")
-        per.append((start, acc_all[m][o], dl_all[m][o], Lq))
-    L = np.min([x[3] for x in per], axis=0)
-    if (L == 0).any():
-        raise TraceError(f"request {order[int(np.flatnonzero(L == 0)[0])]!r} has no positions for {list(proposers)}")
-    off = np.zeros(n + 1, np.int64)
-    np.cumsum(L, out=off[1:])
-    rr = np.repeat(np.arange(n), L)
-    j = np.arange(off[-1]) - off[:-1][rr]
-    a = np.stack([x[1][x[0][rr] + j] for x in per])
-    dl = np.stack([np.nan_to_num(x[2][x[0][rr] + j], nan=-1) for x in per]).astype(np.int64)
-    P = requests.drop_duplicates("request_id").set_index("request_id")["prompt_len"]
-    return _Requests(ids=list(order), P=P.loc[order].to_numpy(np.int64), L=L.astype(np.int64), off=off,
-                     acc=a, dlen=dl)
-
-
-# ---- the step walk (one request's path through its positions) --------------------------------------------------
-def _walk(a, prop, off, oracle):
-    """For every request: the positions it visits. Returns per step, ordered by request then step: request,
-    p before the step, array index (off[r] + p - 1), input length i and tokens produced g.
-
-    All requests walk in lockstep (one numpy pass per step number), so the loop runs as many times as the
-    longest request has steps, not once per step; no compiler needed."""
-    off = np.asarray(off, np.int64)
-    L = np.diff(off)
-    r = np.flatnonzero(L > 1)
-    p = np.ones(len(r), np.int64)
-    parts = []
-    while len(r):
-        j = off[r] + p - 1
-        aj = a[j]
-        i = aj if oracle else prop[j] + 1
-        g = np.minimum(aj, i)
-        parts.append((r, p, j, i, g))
-        p = p + g
-        keep = p < L[r]
-        r, p = r[keep], p[keep]
-    if not parts:
-        e = np.zeros(0, np.int64)
-        return e, e, e, e, e
-    req, p_before, idx, inp, gen = (np.concatenate(x).astype(np.int64) for x in zip(*parts))
-    order = np.argsort(req, kind="stable")  # steps were appended in step order: stable keeps it per request
-    return req[order], p_before[order], idx[order], inp[order], gen[order]
-
-
 @dataclass
 class _Steps:
     req: np.ndarray
@@ -244,7 +165,7 @@ def combine_order(cm: CostModel, proposers) -> list[str]:
 
 
 def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: CostModel, dataset: str,
-           seed: int, match_prob) -> _Steps:
+           seed: int, match_prob, ng_lens=None) -> _Steps:
     a = reqs.acc.max(axis=0) if kind == "oracle-combine" else reqs.acc[0]
     prop = np.zeros(0, np.int64)
     if kind == "fixed":
@@ -253,7 +174,9 @@ def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: C
         prop = np.full(len(a), K, np.int64)
         known = dl >= 0
         prop[known] = np.minimum(K, dl[known])
-        if _is_ngram(q) and not known.all():
+        if _is_ngram(q) and not known.all() and ng_lens is not None:   # the real lookup, from the token ids
+            prop[~known] = np.minimum(K, ng_lens[~known])
+        elif _is_ngram(q) and not known.all():
             p_match = ngram_match_prob_for(dataset, match_prob)
             u = np.concatenate([np.random.default_rng([seed, zlib.crc32(str(rid).encode())]).random(L)
                                 for rid, L in zip(reqs.ids, reqs.L)])
@@ -276,21 +199,49 @@ def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: C
 
 
 # ---- duplicate batching: costs are closed sums over each request's steps -----------------------------------
+def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
+    """Per request, the SD step times as affine functions of the batch size B (kv = B*(P+p), n = B*i): target
+    forwards V1*B + V0 and drafting D1*B + D0 summed over its steps. Every drafter kind is affine in B at fixed
+    steps (see costmodel), so the sums are taken once and each batch size costs a few vector operations."""
+    x = (P_req + st.p).astype(float)
+    inp = st.inp.astype(float)
+
+    def bc(w, mask=None):
+        return np.bincount(st.req, weights=w if mask is None else np.where(mask, w, 0.0), minlength=n)
+
+    one = np.ones(len(x))
+    V1 = cm.c_kv * bc(x) + cm.c_tok * bc(inp)
+    V0 = cm.c0 * bc(one)
+    D1, D0 = np.zeros(n), np.zeros(n)
+    for dr, active, proposal, always in st.charges:
+        prop = np.asarray(proposal, float)
+        if dr.kind == "linear":
+            m = active
+            D1 += dr.c_kv * bc(x, m)
+            D0 += dr.c_tok * bc(inp, m) + dr.c0 * bc(one, m)
+        elif dr.kind == "fraction":
+            on = np.ones(len(x), bool) if always else prop > 0
+            m = on if active is None else on & active
+            D1 += dr.fraction * (cm.c_kv * bc(x, m) + cm.c_tok * bc(inp, m))
+            D0 += dr.fraction * cm.c0 * bc(one, m)
+        else:
+            m = active
+            D1 += dr.c_kv * bc(prop * x, m) + dr.c_tok * bc(prop, m)
+            D0 += dr.c0 * bc(prop, m) + dr.c_step * bc((prop > 0).astype(float), m)
+    return V1, V0, D1, D0
+
+
 def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> list[dict]:
+    st = _Steps(st.req, st.p, st.inp, st.gen, catch_up_charges(st.req, st.charges))
     n = len(reqs.ids)
     P, L = reqs.P.astype(float), reqs.L.astype(float)
     S = np.bincount(st.req, minlength=n).astype(float)
+    V1, V0, D1, D0 = _affine_sums(st, cm, n, P[st.req])
     out = []
     for B in Bs:
-        kv = B * (P[st.req] + st.p)
-        F = cm.forward(kv, B * st.inp)
-        d = np.zeros_like(F)
-        for dr, active, proposal, always in st.charges:
-            t = dr.time(kv, st.inp, F, B, proposal, always)
-            d += t if active is None else np.where(active, t, 0.0)
         pre = cm.forward(0.0, B * P)
-        verify = pre + np.bincount(st.req, weights=F, minlength=n)
-        draft = np.bincount(st.req, weights=d, minlength=n)
+        verify = pre + B * V1 + V0
+        draft = B * D1 + D0
         over = cm.overhead * (1.0 + S)
         sd = verify + draft + over
         # baseline: steps p = 1..L-1 with kv = B*(P+p), n = B
@@ -316,7 +267,7 @@ def _mixed_kernel():
     return njit(cache=True)(_mixed_run_py)
 
 
-def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always,
+def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always, cstep,
                c_kv, c_tok, c0, overhead, B):
     """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time)."""
     n = len(P)
@@ -365,7 +316,7 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
                 elif kind[c] == 1:
                     t = frac[c] * F if (always[c] or proposal[c, j] > 0) else 0.0
                 else:
-                    t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c])
+                    t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c]) + (cstep[c] if proposal[c, j] > 0 else 0.0)
                 if t > dmax[c]:
                     dmax[c] = t
         t_f += F
@@ -401,7 +352,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
             charges = []
         else:
             S = np.bincount(st.req, minlength=n)
-            inp, gen, charges = st.inp, st.gen, st.charges
+            inp, gen, charges = st.inp, st.gen, catch_up_charges(st.req, st.charges)
         step_off = np.zeros(n + 1, np.int64)
         np.cumsum(S, out=step_off[1:])
         C, T = len(charges), len(inp)
@@ -409,6 +360,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
         proposal = np.zeros((C, T), np.int64)
         kind, dk, dt, d0, frac, always = (np.zeros(C, np.int64), np.zeros(C), np.zeros(C), np.zeros(C),
                                           np.zeros(C), np.zeros(C, np.bool_))
+        cstep = np.array([dr.c_step for dr, *_ in charges], float)
         for c, (dr, act, prop, alw) in enumerate(charges):
             if act is not None:
                 active[c] = act
@@ -417,7 +369,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
                                                                 dr.fraction, alw)
         # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
         return _mixed_kernel()(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
-                          proposal, kind, dk, dt, d0, frac, always, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
+                          proposal, kind, dk, dt, d0, frac, always, cstep, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
                           int(min(B, n)))
 
     tokens = float(reqs.L.sum())
@@ -485,11 +437,16 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     sample=N: N requests per group chosen as the released code does, ``random.Random(seed).sample(ids, N)`` over
     the eligible request ids in file order; default: every eligible request. Options: ``ngram_match_prob`` (a
     float, or {dataset: prob}) for fixed-K n-gram on traces without ``draft_len``; ``adaptive_params`` (a
-    ``spec_repro.adaptive.RuleParams``) for the adaptive policies."""
-    unknown = set(options) - {"ngram_match_prob", "adaptive_params"}
+    ``spec_repro.adaptive.RuleParams``) for the adaptive policies; ``ngram_match`` ('lookup', the default: fixed-K
+    n-gram on a trace without draft_len proposes what the prompt lookup recomputed from its token ids proposes,
+    where those ids reproduce its acc_len; 'random': the released code's random match model); ``dynamic_k``
+    ({batch size: k}) for ``dynamic-k``."""
+    allowed = ("ngram_match_prob", "adaptive_params", "ngram_match", "dynamic_k")
+    unknown = set(options) - set(allowed)
     if unknown:
-        raise SimulationError(f"unknown option(s) {sorted(unknown)}; the options are ngram_match_prob and "
-                              f"adaptive_params")
+        raise SimulationError(f"unknown option(s) {sorted(unknown)}; the options are {', '.join(allowed)}")
+    if options.get("ngram_match", "lookup") not in ("lookup", "random"):
+        raise SimulationError(f"ngram_match must be 'lookup' or 'random', got {options['ngram_match']!r}")
     match_prob = options.get("ngram_match_prob")
     cm = load_cost_model(cost_model).validate()
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -515,7 +472,17 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     if (Bs < 1).any() or (Bs > MAX_BATCH).any():
         raise SimulationError(f"batch sizes must be >= 1 and <= {MAX_BATCH:,}, got {Bs.tolist()}")
     for name, kind, K in policies:
-        if kind not in ("oracle-combine",) + _ADAPTIVE and len(props) > 1:
+        if kind in SWITCH and (len(props) != 2 or sum(map(_is_ngram, props)) != 1):
+            raise SimulationError(f"policy {name!r} takes n-gram and one model proposer (e.g. ngram,eagle), got "
+                                  f"{props}")
+        if kind == "dynamic-k":
+            if options.get("dynamic_k") is None:
+                raise SimulationError(f"policy {name!r} needs a table of batch size -> k (dynamic_k={{1: 5, 32: 2}}"
+                                      f"; CLI --dynamic-k 1:5 32:2)")
+            if "mixed" in modes:
+                raise SimulationError(f"policy {name!r} runs under duplicate batching only (a batch of one size)")
+            dynamic_k_for(options["dynamic_k"], 1)
+        if kind not in ("oracle-combine",) + _ADAPTIVE + SWITCH and len(props) > 1:
             raise SimulationError(f"policy {name!r} takes one proposer, got {props}; use oracle-combine to "
                                   f"combine several")
     combine = any(k == "oracle-combine" for _, k, _ in policies)
@@ -531,6 +498,9 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
 
     sub = trace.select(proposers=props)
     fixed_k = [(name, K) for name, kind, K in policies if kind == "fixed"]
+    fixed_k += [(name, max(K)) for name, kind, K in policies if kind in SWITCH]
+    fixed_k += [(name, max(dict(options["dynamic_k"]).values())) for name, kind, K in policies
+                if kind == "dynamic-k"]
     if fixed_k and len(sub.acc):
         k_max = int(sub.acc["k_max"].to_numpy().min())
         name, K = max(fixed_k, key=lambda x: x[1])
@@ -541,8 +511,9 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     groups = [tuple(g) for g in groups]
     if not groups:
         raise TraceError(f"no request has every proposer of {props}")
-    units = [(g, pol, acct) for g in groups for pol in policies if pol[1] not in _ADAPTIVE for acct in accountings]
-    units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE]
+    units = [(g, pol, acct) for g in groups for pol in policies if pol[1] not in _ADAPTIVE + SWITCH
+             for acct in accountings]
+    units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE + SWITCH]
     rows = []
     from tqdm.auto import tqdm
 
@@ -567,7 +538,33 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
                                    acache)
             bar.update(len(modes))
             continue
-        st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob)
+        ng_lens = None
+        if kind in SWITCH or (kind == "fixed" and _is_ngram(props[0]) and options.get("ngram_match") != "random"):
+            if ("ngm",) + key not in acache:
+                g = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
+                kmax = int(sub.acc.loc[(sub.acc["dataset"] == ds) & (sub.acc["model"] == model), "k_max"].max())
+                acache[("ngm",) + key] = ngram_match(reqs, g, [_is_ngram(q) for q in props].index(True), kmax)
+            ngm = acache[("ngm",) + key]
+            if kind in SWITCH and ngm.lens is None:
+                raise SimulationError(f"policy {pname!r} needs n-gram's match at each position: {ngm.why}")
+            ng_lens = ngm.lens
+        if kind in SWITCH:
+            req_, p_, idx_, inp_, gen_, charges, _ = switch_steps(reqs, props, ng_lens, K[0], K[1],
+                                                                   kind.endswith("skip"), cm)
+            st = _Steps(req_, p_, inp_, gen_, charges)
+            acct = "ran"
+        elif kind == "dynamic-k":
+            for B in Bs:
+                Kb = dynamic_k_for(options["dynamic_k"], int(B))
+                st = _steps(reqs, props, "fixed", Kb, acct, cm, ds, seed, match_prob, ng_lens)
+                rows += [dict(dataset=ds, model=model, proposers="+".join(props), policy=f"{pname} (k={Kb})",
+                              draft_cost=acct, n_requests=len(reqs.ids), n_tokens=int(reqs.L.sum()),
+                              mean_tokens_per_step=float(st.gen.sum() / max(len(st.gen), 1)), batching="duplicate",
+                              **r) for r in _duplicate(reqs, st, cm, np.array([B]))]
+            bar.update(len(modes))
+            continue
+        else:
+            st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob, ng_lens)
         common = dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost=acct,
                       n_requests=len(reqs.ids),
                       mean_tokens_per_step=float(st.gen.sum() / max(len(st.gen), 1)),

@@ -208,24 +208,30 @@ def test_paper_table_is_the_only_source_of_the_figures_reference_lines():
         F.paper_refs("speedup")
 
 
-def test_adaptive_rows_focus_dataset_and_never_below_count():
-    def row(ds, st, pol, adaptive, worst):
-        return dict(dataset=ds, model="m", set=st, policy=pol, batch_size=1, best_fixed=2.0, best_fixed_config="ngram k=5",
-                    combine_all=3.0, adaptive=adaptive, gap_closed=(adaptive - 2.0) / 1.0, worst_ratio=worst,
-                    worst_ratio_batch=64, best_fixed_any=2.5, batch_sizes="1-128")
-    summary = pd.DataFrame([row("code-edit", "ngram+eagle", "adaptive-rule", 2.5, 0.99),
-                            row("code-edit", "ngram+eagle", "adaptive-learned", 2.8, 1.01),
-                            row("sharegpt", "ngram+eagle", "adaptive-learned", 1.9, 0.95)])
-    rows = F.adaptive_rows(summary, source="src")
-    assert _rows(rows) == [
-        ("6b adaptive selector", "code-edit (m), ngram+eagle, bs 1: best causal policy vs best fixed k (1-7 / any) and "
-         "Oracle Combine (all)", "n/a (the study stops at oracles)",
-         "adaptive-learned 2.80x vs 2.00x / 2.50x and 3.00x: 80% of the gap closed; worst ratio 1.010", "src",
-         pytest.approx(0.8)),
-        ("6b adaptive selector", "m: (dataset, proposer set) pairs where a causal policy never falls below the best "
-         "fixed k, bs 1-128", "n/a", "1 of 2", "src", 0.5),
-    ]
-    assert [(r.verdict, r.headline) for r in rows] == [("beyond the study", True), ("beyond the study", False)]
+def test_adaptive_rows_the_causal_row_is_the_rule_unless_a_policy_beats_it():
+    def row(ds, causal, vs_rule, worst, beats, spread=0.01):
+        return dict(dataset=ds, model="m", set="ngram+eagle", batch_size=1, best_fixed=2.0,
+                    best_fixed_config="ngram fixed-16", rule=3.0, rule_config="ngram-else-eagle-skip-16-2",
+                    best_causal=causal, best_causal_policy="adaptive-rule-oos", combine_winner=4.0,
+                    gap_closed=(causal - 2.0) / 2.0, rule_gap_closed=0.5, causal_vs_rule=vs_rule,
+                    worst_vs_rule=worst, worst_vs_rule_batch=64, worst_vs_fixed=0.99, beats_rule=beats,
+                    learned_spread_max=spread, learned_unstable_any=spread > 0.05, batch_sizes="1-128")
+    beat = pd.DataFrame([row("code-edit", 3.3, 1.1, 0.99, True), row("sharegpt", 1.9, 0.95, 0.9, False, 0.08)])
+    rows = F.adaptive_rows(beat, source="src")
+    assert _rows(rows)[0] == (
+        "6b adaptive selector", "code-edit (m), ngram+eagle, bs 1: causal row", "n/a",
+        "adaptive-rule-oos 3.30x = 1.100x rule ngram-else-eagle-skip-16-2 3.00x (worst 0.990x); fixed ngram "
+        "fixed-16 2.00x; oracle (winner) 4.00x; gap 65%", "src", pytest.approx(1.1))
+    assert rows[0].verdict == "beyond the study: beats the rule" and rows[0].headline
+    assert [r.this_run for r in rows[1:]] == ["1 of 2 / 2 of 2", "8.0%"]
+    assert rows[2].verdict == "beyond the study: unstable (spread > 5% of the mean somewhere)"
+    lose = pd.DataFrame([row("code-edit", 2.9, 0.967, 0.96, False)])
+    r = F.adaptive_rows(lose, source="src")[0]
+    assert r.this_run.startswith("rule ngram-else-eagle-skip-16-2 3.00x; causal adaptive-rule-oos 2.90x (0.967x, "
+                                 "worst 0.960x)")
+    assert r.verdict == "beyond the study: none beats the rule" and r.value == 3.0
+    md = F.summary_markdown(F.write_summary(F.adaptive_rows(beat, source="src") + [r], None))
+    assert max(len(line) for line in md.splitlines()) <= F.MAX_LINE
 
 
 def test_headline_markdown_shows_a_shared_row_once_from_the_later_table():

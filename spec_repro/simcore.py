@@ -1,0 +1,299 @@
+"""What the simulator (:mod:`spec_repro.simulate`) and the policies (:mod:`spec_repro.adaptive`,
+:mod:`spec_repro.baselines`) share, below all of them: the error type, proposer names, one (dataset, model)
+group's arrays, the drafter-kind codes and n-gram's match at every position recomputed from token ids.
+
+n-gram's match from token ids, and the two alignments
+-----------------------------------------------------
+A trace's ``acc_len[j]`` of n-gram is the acceptance of ONE lookup; which context that lookup read depends on who
+wrote the trace:
+
+- ``study`` (the study's published ``combined_*.jsonl``): the draft made from prompt + output[:j], scored against
+  output[j], output[j+1], ... (vLLM's prompt lookup, min 3 / max 7, recomputed from the ids reproduces 99.96% of
+  the published InstructCoder values this way, 42% one position later);
+- ``package`` (this package's profiler): the draft made from prompt + output[:j+1], scored against output[j+1], ...
+  (its recorded ``draft_len`` is exactly that lookup's length).
+
+``ngram_match`` recomputes the lookup at every position in both alignments, scores each against the output and
+keeps the one that reproduces the trace's own n-gram acc_len (``NGRAM_AGREEMENT`` of the scorable positions at
+least); where neither does (e.g. synthetic fixtures with random ids), it says so and returns no lengths. Reading
+the match one position late (the package's alignment on the study's files) lets a policy see the very token the
+step verifies: a look-ahead.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .traces import TraceError
+
+__all__ = ["SimulationError", "is_ngram", "Requests", "group_arrays", "KIND_CODE", "NgramMatch", "ngram_match",
+           "NGRAM_AGREEMENT", "walk", "walk_compiled",
+           "catch_up_charges"]
+
+KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
+#: share of scorable positions at which the recomputed lookup must reproduce the trace's n-gram acc_len
+NGRAM_AGREEMENT = 0.95
+_MATCH_CACHE: dict = {}   # content digest -> NgramMatch: the grids ask for one group's match many times
+
+
+class SimulationError(ValueError):
+    """Bad simulation request (policy, accounting, batch size, ...); the message says what is allowed."""
+
+
+def norm_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def is_ngram(proposer: str) -> bool:
+    return norm_name(proposer).startswith("ngram")
+
+
+@dataclass
+class Requests:
+    """The requests of one (dataset, model) group, concatenated: position j of request r is at off[r] + j."""
+
+    ids: list
+    P: np.ndarray      # prompt lengths (n,)
+    L: np.ndarray      # output lengths (n,)
+    off: np.ndarray    # (n + 1,) offsets into the position arrays
+    acc: np.ndarray    # (Q, total) acc_len per proposer
+    dlen: np.ndarray   # (Q, total) draft_len, -1 = unknown
+
+
+def group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence[str], order: list) -> Requests:
+    """Concatenate the arrays of the requests in ``order``; L = the shortest of a request's proposer arrays."""
+    n = len(order)
+    rank = pd.Series(np.arange(n), index=pd.Index(order, dtype=object))
+    d = acc[acc["request_id"].isin(rank.index)]
+    r_all = rank.reindex(d["request_id"].astype(object)).to_numpy(np.int64)
+    pos_all = d["position"].to_numpy(np.int64)
+    acc_all = d["acc_len"].to_numpy(np.int64)
+    dl_all = d["draft_len"].to_numpy(dtype="float64", na_value=np.nan)
+    prop_all = d["proposer"].to_numpy(object)
+    per = []
+    for q in proposers:
+        m = prop_all == q
+        r, pos = r_all[m], pos_all[m]
+        o = np.lexsort((pos, r))
+        r, pos = r[o], pos[o]
+        Lq = np.bincount(r, minlength=n)
+        start = np.zeros(n + 1, np.int64)
+        np.cumsum(Lq, out=start[1:])
+        if not np.array_equal(pos, np.arange(len(pos)) - np.repeat(start[:-1], Lq)):
+            raise TraceError(f"proposer {q!r}: acceptance positions must run 0..L-1 without gaps or repeats")
+        per.append((start, acc_all[m][o], dl_all[m][o], Lq))
+    L = np.min([x[3] for x in per], axis=0)
+    if (L == 0).any():
+        raise TraceError(f"request {order[int(np.flatnonzero(L == 0)[0])]!r} has no positions for {list(proposers)}")
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(L, out=off[1:])
+    rr = np.repeat(np.arange(n), L)
+    j = np.arange(off[-1]) - off[:-1][rr]
+    a = np.stack([x[1][x[0][rr] + j] for x in per])
+    dl = np.stack([np.nan_to_num(x[2][x[0][rr] + j], nan=-1) for x in per]).astype(np.int64)
+    P = requests.drop_duplicates("request_id").set_index("request_id")["prompt_len"]
+    return Requests(ids=list(order), P=P.loc[order].to_numpy(np.int64), L=L.astype(np.int64), off=off,
+                    acc=a, dlen=dl)
+
+
+# ---- the step walk (one request's path through its positions) --------------------------------------------------
+def _walk_py(a, prop, off, oracle):
+    """``walk`` as one pass over the requests' steps (compiled by numba in ``walk_compiled``)."""
+    n = len(off) - 1
+    total = off[n]
+    req = np.empty(total, np.int64)
+    pb = np.empty(total, np.int64)
+    idx = np.empty(total, np.int64)
+    inp = np.empty(total, np.int64)
+    gen = np.empty(total, np.int64)
+    s = 0
+    for r in range(n):
+        L = off[r + 1] - off[r]
+        p = 1
+        while p < L:
+            j = off[r] + p - 1
+            i = a[j] if oracle else prop[j] + 1
+            g = min(a[j], i)
+            req[s] = r
+            pb[s] = p
+            idx[s] = j
+            inp[s] = i
+            gen[s] = g
+            s += 1
+            p += g
+    return req[:s], pb[:s], idx[:s], inp[:s], gen[:s]
+
+
+@functools.lru_cache(maxsize=None)
+def _walk_kernel():
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return _walk_py
+    return njit(cache=True)(_walk_py)
+
+
+def walk_compiled(a, prop, off, oracle):
+    """``walk``, compiled (numba): the same steps, for callers that run many walks."""
+    a = np.ascontiguousarray(a, np.int64)
+    prop = np.ascontiguousarray(prop if len(prop) else np.zeros(len(a)), np.int64)
+    return _walk_kernel()(a, prop, np.ascontiguousarray(off, np.int64), bool(oracle))
+
+
+def walk(a, prop, off, oracle):
+    """For every request: the positions it visits. Returns per step, ordered by request then step: request,
+    p before the step, array index (off[r] + p - 1), input length i and tokens produced g.
+
+    All requests walk in lockstep (one numpy pass per step number), so the loop runs as many times as the
+    longest request has steps, not once per step; no compiler needed. Where numba is loaded already (the
+    policies use it) or the trace is large, the compiled one-pass walk gives the same steps faster."""
+    if "numba" in sys.modules or int(off[-1]) > 200_000:
+        return walk_compiled(a, prop, off, oracle)
+    return walk_lockstep(a, prop, off, oracle)
+
+
+def walk_lockstep(a, prop, off, oracle):
+    """``walk`` in lockstep numpy (no compiler)."""
+    off = np.asarray(off, np.int64)
+    L = np.diff(off)
+    r = np.flatnonzero(L > 1)
+    p = np.ones(len(r), np.int64)
+    parts = []
+    while len(r):
+        j = off[r] + p - 1
+        aj = a[j]
+        i = aj if oracle else prop[j] + 1
+        g = np.minimum(aj, i)
+        parts.append((r, p, j, i, g))
+        p = p + g
+        keep = p < L[r]
+        r, p = r[keep], p[keep]
+    if not parts:
+        e = np.zeros(0, np.int64)
+        return e, e, e, e, e
+    req, p_before, idx, inp, gen = (np.concatenate(x).astype(np.int64) for x in zip(*parts))
+    order = np.argsort(req, kind="stable")  # steps were appended in step order: stable keeps it per request
+    return req[order], p_before[order], idx[order], inp[order], gen[order]
+
+
+def catch_up_charges(req: np.ndarray, charges: list) -> list:
+    """(Charges: [(Drafter, active mask or None, proposal, always)], per step ordered by request then step.) The
+    charges plus, per drafter with ``catch_up`` > 0 that skips steps (an active mask), one more charge: its
+    draft forward(s) at each re-entry (it runs at a step of a request, not at that request's previous step)."""
+    from .costmodel import Drafter
+
+    out = list(charges)
+    if not len(req):
+        return out
+    first = np.r_[True, req[1:] != req[:-1]]
+    for dr, active, _prop, _alw in charges:
+        if active is None or not dr.catch_up:
+            continue
+        prev = np.r_[False, active[:-1]]
+        reentry = active & ~prev & ~first
+        if not reentry.any():
+            continue
+        if dr.kind == "per_token":
+            fwd = Drafter("per_token", dr.c_kv, dr.c_tok, dr.c0)
+            out.append((fwd, reentry, np.full(len(req), max(int(round(dr.catch_up)), 1), np.int64), False))
+        else:
+            out.append((Drafter(dr.kind, dr.c_kv, dr.c_tok, dr.c0, dr.fraction), reentry,
+                        np.ones(len(req), np.int64), True))
+    return out
+
+
+# ---- n-gram's match from the token ids ----------------------------------------------------------------------
+@dataclass
+class NgramMatch:
+    """n-gram's proposal length at every position of a group (``lens``, None where it cannot be recomputed),
+    the alignment that reproduced the trace (``study`` / ``package`` / ``recorded`` for a recorded draft_len) and
+    the share of scorable positions where the recomputed acceptance equals the trace's, per alignment."""
+
+    lens: np.ndarray | None
+    alignment: str
+    agreement: dict
+    why: str = ""
+
+
+def _score(toks, out, first, start, length, shift, kmax):
+    """Acceptance (accepted + 1) of each lookup draft against the output and whether it is fully scorable."""
+    L = len(start)
+    ar = np.arange(kmax)
+    j = np.arange(L)
+    src = np.clip(start[:, None] + ar, 0, len(toks) - 1)
+    tgt_pos = j[:, None] + shift + ar
+    tgt = out[np.clip(tgt_pos, 0, max(len(out) - 1, 0))] if len(out) else np.zeros_like(tgt_pos)
+    inside = ar < length[:, None]
+    ok = inside & (tgt_pos < len(out)) & (toks[src] == tgt)
+    hits = np.cumprod(ok, axis=1).sum(axis=1)
+    # scorable: the draft ended (all its tokens matched, or one failed) before the output ran out
+    scorable = (j + shift + np.minimum(hits + 1, length) <= len(out)) & (start >= 0) | (length == 0)
+    return 1 + hits, scorable
+
+
+def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n: int = 3,
+                max_n: int = 7) -> NgramMatch:
+    """n-gram's proposal length at every position of ``reqs`` (proposer row ``q``): the recorded draft_len where
+    the trace has it, else recomputed from the prompt and output token ids in ``requests`` in the alignment that
+    reproduces the trace's acc_len (see the module docstring)."""
+    dl = reqs.dlen[q]
+    if (dl >= 0).all():
+        return NgramMatch(np.minimum(dl, kmax).astype(np.int64), "recorded", {})
+    from .proposers.ngram import ngram_lookup_all
+
+    by_id = requests.drop_duplicates("request_id").set_index("request_id")
+    pcol = next((c for c in ("prompt_token_ids", "prompt_ids") if c in by_id.columns), None)
+    ocol = next((c for c in ("output_token_ids", "output_ids") if c in by_id.columns), None)
+    toks_all = []
+    for rid in reqs.ids:
+        pr = by_id.at[rid, pcol] if pcol and rid in by_id.index else None
+        ou = by_id.at[rid, ocol] if ocol and rid in by_id.index else None
+        if not isinstance(pr, (list, np.ndarray)) or not isinstance(ou, (list, np.ndarray)) or len(pr) == 0:
+            return NgramMatch(None, "none", {}, f"request {rid!r} records no draft_len and lacks the prompt/output "
+                                                f"token ids to recompute it")
+        toks_all.append((np.asarray(pr, np.int64), np.asarray(ou, np.int64)))
+    h = hashlib.sha1(repr((kmax, min_n, max_n, q)).encode())
+    for arr in (reqs.acc[q], reqs.off, *(x for t in toks_all for x in (np.array([len(t[0])]), t[0], t[1]))):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    key = h.hexdigest()
+    if key in _MATCH_CACHE:
+        return _MATCH_CACHE[key]
+    total = int(reqs.off[-1])
+    lens = {a: np.zeros(total, np.int64) for a in ("study", "package")}
+    agree = {a: [0, 0] for a in lens}
+    for r, (pr, ou) in enumerate(toks_all):
+        toks = np.concatenate([pr, ou])
+        L = int(reqs.L[r])
+        a = reqs.acc[q, reqs.off[r]:reqs.off[r + 1]]
+        # contexts prompt + output[:i], i = 0 .. len(output): the study's position j reads i = j, the package's i = j+1
+        st_all, ln_all = ngram_lookup_all(toks, len(pr) - 1, kmax, min_n, max_n)
+        for align, shift in (("study", 0), ("package", 1)):
+            st, ln = st_all[shift:], ln_all[shift:]
+            n = min(L, len(st))   # positions past the end of the published output cannot be recomputed: 0 there
+            st, ln = st[:n], ln[:n]
+            lens[align][reqs.off[r]:reqs.off[r] + n] = ln
+            hat, scorable = _score(toks, ou, len(pr), st, ln, shift, kmax)
+            same = np.minimum(hat, kmax + 1) == np.minimum(a[:n], kmax + 1)
+            agree[align][0] += int(same[scorable].sum())
+            agree[align][1] += int(scorable.sum())
+    share = {k: (v[0] / v[1] if v[1] else float("nan")) for k, v in agree.items()}
+    best = max(share, key=lambda k: (share[k] if np.isfinite(share[k]) else -1))
+    if not share[best] >= NGRAM_AGREEMENT:
+        out = NgramMatch(None, "none", share, f"the lookup recomputed from the token ids reproduces n-gram's acc_len "
+                                               f"at only {share[best]:.1%} of positions (study alignment "
+                                               f"{share['study']:.1%}, package {share['package']:.1%}): the ids do "
+                                               f"not belong to these arrays")
+    else:
+        lens[best].flags.writeable = False   # shared through the cache
+        out = NgramMatch(lens[best], best, share)
+    if len(_MATCH_CACHE) >= 16:
+        _MATCH_CACHE.pop(next(iter(_MATCH_CACHE)))
+    _MATCH_CACHE[key] = out
+    return out
