@@ -411,6 +411,8 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
             out[c] = out[c].astype(dt)
         except (TypeError, ValueError) as e:
             raise TraceError(f"{where}: column {c!r} cannot be read as {dt} ({e})") from e
+    if where in ("acc", "requests") and len(out):
+        _check_fields(out, schema, where)
     if where == "acc" and len(out):
         if (out["acc_len"] < 1).any():
             raise TraceError("acc: acc_len values must be >= 1 (accepted + 1)")
@@ -430,6 +432,19 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
             raise TraceError(f"acc: length mismatch for {key}: positions {r.lo}..{r.hi} ({r.n} rows, "
                              f"{r.u} distinct) but output_len = {r.L}; positions must be 0..output_len-1")
     return out.reset_index(drop=True)
+
+
+def _check_fields(out: pd.DataFrame, schema: Mapping[str, str], where: str) -> None:
+    """Every name present (no null dataset, model, proposer or request id), every length in range: a null would
+    drop its requests from every group (0 requests, NaN), a negative prompt length would price negative KV."""
+    for c, dt in schema.items():
+        if dt == "string" and out[c].isna().any():
+            i = int(np.flatnonzero(out[c].isna().to_numpy())[0])
+            raise TraceError(f"{where}: column {c!r} is null in row {i}; every row needs a {c}")
+    for c, lo in (("prompt_len", 0), ("output_len", 1), ("position", 0), ("k_max", 1)):
+        if c in schema and (out[c] < lo).any():
+            i = int(np.flatnonzero((out[c] < lo).to_numpy())[0])
+            raise TraceError(f"{where}: column {c!r} = {out[c].iloc[i]} in row {i}; it must be >= {lo}")
 
 
 def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "request_id")) -> np.ndarray:

