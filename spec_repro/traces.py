@@ -274,10 +274,11 @@ class Trace:
             raise TraceError(f"{path}: no such trace file")
         try:
             table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a bad file
-            raise TraceError(f"{path}: not a readable parquet file ({e})") from e
-        md = table.schema.metadata or {}
-        acc = table.to_pandas()
+            md = table.schema.metadata or {}
+            acc = table.to_pandas()
+        except Exception as e:  # pyarrow raises several types for a bad file (a damaged footer, pages, schema)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise TraceError(f"{path}: not a readable parquet file ({first})") from None
         missing = [c for c in ACC_COLUMNS if c not in acc.columns]
         if missing:
             raise TraceError(f"{path}: not an acceptance trace, missing columns {missing}")

@@ -38,6 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .eagle_files import EagleError, _read_weights, check_head_dir, read_config
+
 from . import Proposer
 
 __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_head", "save_head", "new_head", "target_features",
@@ -45,10 +47,6 @@ __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_h
 
 KINDS = ("eagle", "eagle3")
 ARCH = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
-
-
-class EagleError(ValueError):
-    """A head that cannot be loaded or does not fit its target (one clear line)."""
 
 
 class _RMSNorm(nn.Module):
@@ -323,24 +321,6 @@ def eagle_chain_acceptance(head: EagleHead, prompt, output, k_max: int, feats=No
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
-def _read_weights(d: Path) -> dict:
-    st = sorted(d.glob("*.safetensors"))
-    if st:
-        from safetensors.torch import load_file
-
-        w = {}
-        for f in st:
-            w.update(load_file(str(f)))
-        return w
-    bins = sorted(d.glob("pytorch_model*.bin"))
-    if bins:
-        w = {}
-        for f in bins:
-            w.update(torch.load(str(f), map_location="cpu", weights_only=True))
-        return w
-    raise EagleError(f"{d}: no model.safetensors or pytorch_model.bin (expected an EAGLE head checkpoint)")
-
-
 def _detect(w: dict) -> str:
     keys = set(w)
     if "fc.weight" not in keys:
@@ -355,25 +335,10 @@ def _detect(w: dict) -> str:
                      "(EAGLE-3) keys")
 
 
-def check_head_dir(path) -> Path:
-    """The checkpoint directory, or one clear error naming what is missing (before any model is loaded)."""
-    if not path:
-        raise EagleError("proposer 'eagle' needs --eagle-head DIR (a head in vLLM's eagle/eagle3 layout: "
-                         "config.json + model.safetensors, e.g. from `spec-repro train eagle`)")
-    d = Path(path).expanduser()
-    if not d.is_dir():
-        raise EagleError(f"EAGLE head {d}: no such directory (expected config.json + model.safetensors)")
-    if not (d / "config.json").is_file():
-        raise EagleError(f"{d}: no config.json (expected an EAGLE head checkpoint directory)")
-    if not (list(d.glob("*.safetensors")) or list(d.glob("pytorch_model*.bin"))):
-        raise EagleError(f"{d}: no model.safetensors or pytorch_model.bin (expected an EAGLE head checkpoint)")
-    return d
-
-
 def load_head(path, target, *, device=None, dtype=None) -> EagleHead:
     """Load an EAGLE-1/EAGLE-3 checkpoint directory (config.json + safetensors or .bin) for ``target``."""
     d = check_head_dir(path)
-    cfg = json.loads((d / "config.json").read_text())
+    cfg = read_config(d)
     w = _read_weights(d)
     kind = _detect(w)
     w = {k.replace("midlayer.", "layers.0."): v for k, v in w.items() if k not in ("t2d",)}
