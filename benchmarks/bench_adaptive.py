@@ -32,7 +32,8 @@ from make_fixtures import make_records, write_jsonl  # noqa: E402
 
 from spec_repro.analysis import cost_model_for  # noqa: E402
 from spec_repro.simulate import simulate  # noqa: E402
-from spec_repro.traces import Trace, read_trace  # noqa: E402
+from spec_repro.traces import Trace  # noqa: E402
+from spec_repro.tracefiles import read_trace  # noqa: E402
 
 COMMITTED = ["code-edit", "sharegpt", "gsm-symbolic", "mt-bench"]
 SYNTHETIC = ("instructcoder", "cnn", "sharegpt", "gsm8k")

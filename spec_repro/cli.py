@@ -49,7 +49,8 @@ def _run_simulate(args):
     from .guard import out_file
     from .io import atomic_path
     from .simulate import SimulationError, parse_proposers, simulate
-    from .traces import Trace, TraceError, read_trace
+    from .traces import Trace, TraceError
+    from .tracefiles import read_trace
 
     cm_file = [args.cost_model] if Path(args.cost_model).expanduser().exists() else []
     out = out_file(args.out, "--out", inputs=[*args.traces, *cm_file])  # before any heavy work
@@ -145,7 +146,7 @@ def _run_reproduce(args):
         out_dir(args.figures, "--figures", inputs=inputs)
     if args.traces:  # a bad trace file is refused now, not after six notebooks have failed on it
         from .paths import trace_files
-        from .traces import read_trace
+        from .tracefiles import read_trace
 
         for f in trace_files(args.traces):
             read_trace(f)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .provenance import record
-from .traces import read_trace
+from .tracefiles import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
 

@@ -25,8 +25,9 @@ output_len      int32    L, output tokens of the request (first token included)
 when known, ``prompt_token_ids``/``output_token_ids`` (lists) and ``prompt_text``/``output_text``.
 
 Files: ``Trace.to_parquet`` writes ``acc`` as the parquet table and ``requests``/``meta`` as JSON in the
-file's key-value metadata, so one parquet file is one self-contained trace. ``read_trace`` also reads the
-study's published JSON-lines format (``spec_repro.published.read_published_jsonl``).
+file's key-value metadata, so one parquet file is one self-contained trace. This module is the schema and
+imports no reader of other formats: ``spec_repro.published`` (the study's JSON lines) sits above it, and
+``spec_repro.tracefiles.read_trace`` above both reads any trace file.
 
 Step timings (what the cost-model fits and the verification-bottleneck notebook read)
 -------------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
-    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace", "read_trace", "read_traces",
+    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
     "read_steps", "validate_steps", "dataset_from_path",
 ]
 
@@ -334,29 +335,6 @@ class Trace:
             raise TraceError(f"duplicate rows after concat, e.g. request {r.request_id!r} of {r.dataset!r}")
         meta = {"parts": [t.meta for t in traces]}
         return Trace(acc, req.drop_duplicates(["dataset", "model", "request_id"]), meta)
-
-
-def read_trace(path: str | Path, **kw) -> Trace:
-    """Read one trace file: the package's parquet, or the study's JSON lines (``.jsonl``/``.json``)."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise TraceError(f"{p}: not a regular file")
-    if p.suffix == ".parquet":
-        if kw.get("dataset"):
-            t = Trace.from_parquet(p)
-            t.acc["dataset"] = kw["dataset"]
-            t.requests["dataset"] = kw["dataset"]
-            return Trace(t.acc, t.requests, t.meta)
-        return Trace.from_parquet(p)
-    if p.suffix in (".jsonl", ".json"):
-        from .published import read_published_cached
-
-        return read_published_cached(p, **kw)
-    raise TraceError(f"{p}: unknown trace format {p.suffix!r} (expected .parquet, .jsonl or .json)")
-
-
-def read_traces(paths: Iterable[str | Path], **kw) -> Trace:
-    return Trace.concat(read_trace(p, **kw) for p in paths)
 
 
 # ---- step timings ---------------------------------------------------------------------------------------

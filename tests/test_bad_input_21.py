@@ -287,7 +287,7 @@ def test_edited_workload_records_are_never_served(tmp_path, monkeypatch):
 
 
 def test_tampered_trace_cache_entry_is_parsed_again(tmp_path, monkeypatch):
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
     tr = write_jsonl(tmp_path / "x.jsonl", good_records())
@@ -319,7 +319,7 @@ def test_trace_fields_validated(tmp_path, name, mutate, pattern):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     t = read_trace(write_jsonl(tmp_path / "src.jsonl", good_records()))
     acc, req = mutate(t.acc.copy()), mutate(t.requests.copy())
@@ -390,7 +390,7 @@ def test_workloads_show_chars_negative():
 # ---- a finished trace resumed with other settings -------------------------------------------------------------
 def _finished(tmp_path, **meta):
     from spec_repro.collect import trace_path
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     t = read_trace(write_jsonl(tmp_path / "src.jsonl", good_records()))
     t.meta.update(meta)
@@ -536,3 +536,24 @@ def test_out_a_symlink_is_written_through(tmp_path):
 def test_no_hint_names_an_option_the_command_lacks():
     src = (Path(__file__).resolve().parents[1] / "spec_repro" / "engines" / "torch.py").read_text()
     assert "(--batch-size)" not in src                         # the command adds its own options' hint
+
+
+def test_no_import_circle_between_schema_readers_and_models():
+    """traces (the schema) imports no reader; published sits above it; models and provenance need no trace type
+    to hash a file (spec_repro.fetch, below models and workloads, does)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "spec_repro"
+
+    def imports(rel):
+        tree = ast.parse((root / rel).read_text())
+        out = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.level and "TYPE_CHECKING" not in ast.unparse(n):
+                out.add((n.module or "").split(".")[0] or n.names[0].name)
+        return out
+
+    assert not {"published", "tracefiles", "models", "provenance"} & imports("traces.py")
+    assert not {"models", "provenance", "traces"} & imports("models.py")
+    assert "models" not in imports("workloads/_base.py") and "fetch" in imports("workloads/_base.py")
+    assert "traces" not in imports("fetch.py") and "models" not in imports("published.py")
