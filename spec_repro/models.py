@@ -409,11 +409,29 @@ def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
         return _load_hf(name, device, _default_dtype(device, dtype))
     spec(name)                                                    # unknown name -> clear error
     dtype = _default_dtype(device, dtype)
-    src = convert(name, quiet=quiet)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    # Every converted byte is hashed at every load. The hash runs in a thread while transformers is imported and
+    # the files are read (hashlib releases the GIL), so it costs start-up little; the model is handed out only
+    # once the hash matched, and loaded again from a fresh conversion when it did not.
+    from concurrent.futures import ThreadPoolExecutor
 
-    tok = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+    src = converted_dir(name)
+    with ThreadPoolExecutor(1) as pool:
+        check = pool.submit(_converted_ok, name)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = tok = None
+        if (src / "config.json").is_file():
+            try:
+                tok = AutoTokenizer.from_pretrained(src)
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+            except Exception:  # damaged files: the hash fails too, and they are converted again below
+                model = None
+        verified = check.result()
+    if not verified or model is None:
+        del model
+        src = convert(name, quiet=quiet)                          # from the verified GGUF; hashed again
+        tok = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     return model.to(device).eval(), tok
 
 
