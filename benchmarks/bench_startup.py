@@ -45,14 +45,23 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     }
 
 
+CPU: dict = {}  # side -> command -> child CPU seconds (user + sys), the load-independent part of the cost
+
+
 def timed(args: list[str], pythonpath: str, tag: str, cwd: Path) -> float:
     env = {**os.environ, "PYTHONPATH": pythonpath, "SPEC_REPRO_CACHE": os.environ.get("SPEC_REPRO_CACHE", "")}
     if not env["SPEC_REPRO_CACHE"]:
         env.pop("SPEC_REPRO_CACHE")
     cmd = [sys.executable, "-m", "spec_repro.cli", *[a.replace("{tag}", tag) for a in args]]
+    import resource
+
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd)  # not the repo: -m puts cwd first
     dt = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(tag.rstrip("0123456789"), {}).setdefault(args[0] + ("-j" if "-j.csv" in args[-1] else ""),
+                                                             []).append(c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
     if r.returncode != 0:
         raise SystemExit(f"{tag}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return dt
@@ -113,6 +122,11 @@ def main() -> None:
             mb, ma = min(res[name]["before"]), min(res[name]["after"])
             print(f"{name:18s} {b:9.3f} {a:9.3f} {a / b:6.3f} {mb:7.3f} {ma:7.3f} {ma / mb:6.3f}   before "
                   f"{['%.2f' % x for x in res[name]['before']]} after {['%.2f' % x for x in res[name]['after']]}")
+    for name in ("simulate", "simulate-j", "collect"):
+        b, a = CPU.get("before", {}).get(name), CPU.get("after", {}).get(name)
+        if b and a:
+            print(f"CPU seconds (user+sys, median) {name:11s} before {statistics.median(b):.3f} after "
+                  f"{statistics.median(a):.3f} ratio {statistics.median(a) / statistics.median(b):.3f}")
     print(hash_cost())
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 

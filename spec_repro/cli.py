@@ -255,6 +255,9 @@ def _set_threads(n):
 
 
 def _run_collect(args):
+    from . import models
+
+    models.start_verify(args.model)     # the model's sha256 check runs while torch and transformers import
     from .collect import collect
 
     _set_threads(args.threads)
@@ -297,6 +300,9 @@ def _add_train(sub):
 
 
 def _run_train(args):
+    from . import models
+
+    models.start_verify(args.target)
     from .train import train_from_workloads
 
     _set_threads(args.threads)
@@ -333,9 +339,11 @@ def _add_cpu_verify_cost(sub):
 def _run_cpu_verify_cost(args):
     from pathlib import Path
 
+    from . import models
+
+    models.start_verify(args.model)
     import torch
 
-    from . import models
     from .engines.torch import measure_verify_cost, weight_bytes
     from .guard import check_device, out_file
     from .io import atomic_path

@@ -401,6 +401,42 @@ def _load_hf(name: str, device, dtype):
     return model.to(device).eval(), tok
 
 
+class _Check:
+    """``_converted_ok(name)`` running in a daemon thread (hashlib releases the GIL: it overlaps imports and
+    file reads); ``result()`` waits for it."""
+
+    def __init__(self, name: str):
+        import threading
+
+        self._ok, self._err = False, None
+        self._t = threading.Thread(target=self._run, args=(name,), daemon=True, name=f"verify-{name}")
+        self._t.start()
+
+    def _run(self, name):
+        try:
+            self._ok = _converted_ok(name)
+        except Exception as e:  # an unreadable file: not verified (load converts again)
+            self._err = e
+
+    def result(self) -> bool:
+        self._t.join()
+        return bool(self._ok) and self._err is None
+
+
+_PENDING: dict[str, _Check] = {}
+
+
+def start_verify(name: str, keep: bool = True):
+    """Start hashing embedded model ``name``'s converted files now (commands call it first thing, so that the
+    hash runs while torch and transformers import); ``load`` waits for that result. No-op for other names."""
+    if name not in MODELS:
+        return None
+    c = _Check(name)
+    if keep:
+        _PENDING[name] = c
+    return c
+
+
 def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
     """``(model, tokenizer)`` for an embedded model name, a Hugging Face id or a local checkpoint directory.
 
@@ -409,24 +445,21 @@ def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
         return _load_hf(name, device, _default_dtype(device, dtype))
     spec(name)                                                    # unknown name -> clear error
     dtype = _default_dtype(device, dtype)
-    # Every converted byte is hashed at every load. The hash runs in a thread while transformers is imported and
-    # the files are read (hashlib releases the GIL), so it costs start-up little; the model is handed out only
-    # once the hash matched, and loaded again from a fresh conversion when it did not.
-    from concurrent.futures import ThreadPoolExecutor
-
+    # Every converted byte is hashed at every load. The hash runs in a thread (started by the command before its
+    # imports, ``start_verify``, or here) while torch/transformers import and the files are read; the model is
+    # handed out only once the hash matched, and loaded again from a fresh conversion when it did not.
     src = converted_dir(name)
-    with ThreadPoolExecutor(1) as pool:
-        check = pool.submit(_converted_ok, name)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    check = _PENDING.pop(name, None) or start_verify(name, keep=False)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = tok = None
-        if (src / "config.json").is_file():
-            try:
-                tok = AutoTokenizer.from_pretrained(src)
-                model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
-            except Exception:  # damaged files: the hash fails too, and they are converted again below
-                model = None
-        verified = check.result()
+    model = tok = None
+    if (src / "config.json").is_file():
+        try:
+            tok = AutoTokenizer.from_pretrained(src)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+        except Exception:  # damaged files: the hash fails too, and they are converted again below
+            model = None
+    verified = check.result()
     if not verified or model is None:
         del model
         src = convert(name, quiet=quiet)                          # from the verified GGUF; hashed again
