@@ -66,7 +66,7 @@ def _num(v, where: str) -> float:
     try:
         return float(v)
     except OverflowError:
-        raise CostModelError(f"{where} = {v} does not fit a float") from None
+        raise CostModelError(f"{where} = {str(v)[:12]}... ({len(str(v))} digits) does not fit a float") from None
 
 
 def _presets() -> dict[str, Path]:

@@ -66,7 +66,10 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
                 raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             if isinstance(rec.get("model"), str):
                 rec_models.add(rec["model"])
-            rid = str(rec.get("id", lineno - 1))
+            rid = rec.get("id", lineno - 1)
+            if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+                raise TraceError(f"{where}: 'id' must be a string or an integer, got {rid!r}")
+            rid = str(rid)
             if rid in arrays:
                 raise TraceError(f"{where}: duplicate request id {rid!r}")
             prompt = rec.get("prompt_token_ids")

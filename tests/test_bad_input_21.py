@@ -557,3 +557,16 @@ def test_no_import_circle_between_schema_readers_and_models():
     assert not {"models", "provenance", "traces"} & imports("models.py")
     assert "models" not in imports("workloads/_base.py") and "fetch" in imports("workloads/_base.py")
     assert "traces" not in imports("fetch.py") and "models" not in imports("published.py")
+
+
+@pytest.mark.parametrize("rid", [None, True, [1], ""])
+def test_published_id_must_be_a_name(tmp_path, rid):
+    recs = good_records()
+    recs[0]["id"] = rid
+    _check_error(*run(sim(write_jsonl(tmp_path / "i.jsonl", recs), tmp=tmp_path)), r"'id' must be a string")
+
+
+def test_cost_model_integer_too_large_for_a_float(tmp_path):
+    tr = write_jsonl(tmp_path / "x.jsonl", good_records())
+    cm = cost_model(tmp_path, raw=json.dumps(PRESET).replace('"c0": 0.00588590713', '"c0": 1' + "0" * 400))
+    _check_error(*run(sim(tr, "--cost-model", cm, tmp=tmp_path)), r"does not fit a float")
