@@ -241,7 +241,8 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
 
         eagle_head = str(check_head_dir(eagle_head))
     local = [x for x in (model, draft_model, eagle_head) if x and Path(x).expanduser().exists()]
-    out = out_dir(out, "--out", inputs=local)
+    out = out_dir(out, "--out", inputs=local,  # also removes temporaries a killed run left beside its outputs
+                  writes=["MANIFEST.json", *(trace_path(".", model, w).name for w in workloads)])
     check_manifest(out / "MANIFEST.json")              # a damaged manifest is found now, not after the run
     with contextlib.ExitStack() as locks:
         from .io import exclusive_lock

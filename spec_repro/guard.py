@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .io import OutputError, check_writable, check_writable_dir
+from .io import OutputError, check_writable, check_writable_dir, clean_stale_temps
 
 __all__ = ["OWNER_MARKER", "out_file", "out_dir", "head_dir", "claim_dir", "is_owned", "same_path",
            "check_int", "check_float"]
@@ -53,6 +53,7 @@ def out_file(path: str | Path, what: str = "--out", inputs: Iterable = ()) -> Pa
         if same_path(p, i):
             raise OutputError(f"{what} {s} is also an input ({i}); writing it would destroy that input: "
                               f"give another output name")
+    clean_stale_temps(p)                       # what a writer killed mid-write (SIGKILL) left beside it
     return p
 
 
@@ -66,6 +67,8 @@ def out_dir(path: str | Path, what: str = "--out", inputs: Iterable = (), writes
             if same_path(p / w, i):
                 raise OutputError(f"{what} {path}: writing {w} there would replace the input {i}; give another "
                                   f"output folder")
+    for w in writes:
+        clean_stale_temps(p / w)
     return p
 
 
