@@ -60,8 +60,9 @@ def timed(args: list[str], pythonpath: str, tag: str, cwd: Path) -> float:
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd)  # not the repo: -m puts cwd first
     dt = time.perf_counter() - t0
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU.setdefault(tag.rstrip("0123456789"), {}).setdefault(args[0] + ("-j" if "-j.csv" in args[-1] else ""),
-                                                             []).append(c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
+    key = args[0] + ("-j" if "-j.csv" in args[-1] else "")
+    cpu = c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime
+    CPU.setdefault(tag.rstrip("0123456789"), {}).setdefault(key, []).append(cpu)
     if r.returncode != 0:
         raise SystemExit(f"{tag}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return dt
@@ -79,7 +80,8 @@ def hash_cost() -> str:
     for p in files:
         sha256_file(p)
     dt = time.perf_counter() - t0
-    return f"full sha256 of the converted {models.DEFAULT} files: {n / 1e6:.0f} MB in {dt:.3f} s ({n / dt / 1e9:.2f} GB/s)"
+    return (f"full sha256 of the converted {models.DEFAULT} files: {n / 1e6:.0f} MB in {dt:.3f} s "
+            f"({n / dt / 1e9:.2f} GB/s)")
 
 
 def main() -> None:

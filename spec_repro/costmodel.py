@@ -180,7 +180,8 @@ class CostModel:
                 raise CostModelError(f"{where}: target must be an object {{c_kv, c_tok, c0}}, got {t!r}")
             m = cls(name=str(d["name"]), c_kv=_num(t["c_kv"], f"{where}: target.c_kv"),
                     c_tok=_num(t["c_tok"], f"{where}: target.c_tok"), c0=_num(t["c0"], f"{where}: target.c0"),
-                    overhead=_num(d["overhead"], f"{where}: overhead"), drafters=drafters, hardware=str(d.get("hardware", "")),
+                    overhead=_num(d["overhead"], f"{where}: overhead"), drafters=drafters,
+                    hardware=str(d.get("hardware", "")),
                     target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
                     fit=d.get("fit"))
         except KeyError as e:

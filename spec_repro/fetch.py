@@ -5,8 +5,8 @@
   code runs), its pinned sha256 checked.
 - ``sha256_file``: the full hash of a file. Size and mtime are never taken as proof: every cached byte a command
   uses is hashed before use (about 1 GB/s; ``benchmarks/bench_startup.py`` measures what it costs).
-- ``write_checked``/``read_checked``: a cached file written with its sha256 beside it in a JSON record, and
-  read back only when the bytes still hash to it.
+- ``verify_file(path, sha256)``: True only when the file's bytes hash to the recorded sha256 (``models``
+  checks its converted files and GGUF with it, ``workloads`` its records, ``published`` its trace cache).
 - ``lock(path)``: an inter-process lock file, so that several processes fetching at once do the work once.
 """
 from __future__ import annotations

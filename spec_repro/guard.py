@@ -9,7 +9,8 @@ an input, a folder given as ``--out`` is never deleted or emptied, and names beh
 - ``head_dir(path, what, inputs)``: a folder the command owns whole (an EAGLE head): a new folder, an empty
   one, or one marked by ``OWNER_MARKER`` from an earlier head; never the current folder, one above it, the home
   folder or the root. ``claim_dir`` creates and marks it.
-- ``check_positive``/``check_range``: the numeric checks the commands share (finite, in range, the right type).
+- ``check_int``/``check_float``/``check_device``: the checks of options the commands share (finite, in range,
+  the right type; a device torch can use here).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Iterable
 from .io import OutputError, check_writable, check_writable_dir, clean_stale_temps
 
 __all__ = ["OWNER_MARKER", "out_file", "out_dir", "head_dir", "claim_dir", "is_owned", "same_path",
-           "check_int", "check_float"]
+           "check_int", "check_float", "check_device"]
 
 OWNER_MARKER = ".spec_repro_owned"
 
