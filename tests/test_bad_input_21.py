@@ -592,3 +592,60 @@ def test_collect_start_removes_a_killed_final_writes_temp(tmp_path, no_model):
     dead.write_bytes(b"")
     assert run(COLLECT + ["--proposers", "ngram", "--out", tmp_path / "o"])[0] == 0
     assert not dead.exists() and trace_path(tmp_path / "o", MODEL, WL).exists()
+
+
+# ---- a hostile-input run of cases the issue did not list: each is a clear line, nothing of the user's changes ---
+def _hostile(tmp):
+    """(name, args, pattern, files that must stay byte-identical) for new hostile cases."""
+    tr = write_jsonl(tmp / "x.jsonl", good_records())
+    (tmp / "sub").mkdir()
+    full = tmp / "full"
+    full.mkdir()
+    (full / "a.txt").write_text("a")
+    (tmp / "lnk").symlink_to(full)
+    tgt = tmp / "tgt"
+    tgt.mkdir()
+    (tgt / "config.json").write_text("{}")
+    (tmp / "dang").symlink_to(tmp / "nowhere" / "x")
+    d = json.loads(json.dumps(PRESET))
+    d["target"] = []
+    (tmp / "cm_list.json").write_text(json.dumps(d))
+    S = lambda out, *e: ["simulate", "--traces", tr, "--proposers", "ngram", "--policy", "oracle",  # noqa: E731
+                         "--out", out, "--no-progress", *e]
+    keep = [tr, full / "a.txt", tgt / "config.json"]
+    return keep, [
+        ("out-input-with-slash", S(str(tr) + "/"), r"ends in '/'"),
+        ("out-input-via-dotdot", S(tmp / "sub" / ".." / "x.jsonl"), r"is also an input"),
+        ("cm-target-list", S(tmp / "o.csv", "--cost-model", tmp / "cm_list.json"), r"target must be an object"),
+        ("same-trace-twice", ["simulate", "--traces", tr, tr, "--proposers", "ngram", "--policy", "oracle",
+                              "--out", tmp / "o.csv"], r"duplicate rows"),
+        ("sample-negative", S(tmp / "o.csv", "--sample", "-1"), r"sample=-1"),
+        ("out-name-300-bytes", S(tmp / ("a" * 300 + ".csv")), r"too long"),
+        ("train-out-link-to-full-folder", ["train", "eagle", "--out", tmp / "lnk"], r"holding other files"),
+        ("train-out-is-target", ["train", "eagle", "--target", tgt, "--out", tgt], r"is or holds an input"),
+        ("train-out-home", ["train", "eagle", "--out", os.path.expanduser("~")], r"home folder"),
+        ("train-train-n-0", ["train", "eagle", "--train-n", "0", "--out", tmp / "h"], r"--train-n must be"),
+        ("train-lr-10", ["train", "eagle", "--lr", "10", "--out", tmp / "h"], r"--lr must be"),
+        ("train-unknown-workload", ["train", "eagle", "--workloads", "nope", "--out", tmp / "h"], r"unknown workload"),
+        ("collect-out-dangling-link", ["collect", "--workloads", WL, "--out", tmp / "dang"], r"dangling link"),
+        ("collect-early-exit-0", ["collect", "--workloads", WL, "--early-exit-layers", "0", "--out", tmp / "c"],
+         r"--early-exit-layers must be"),
+        ("cvc-steps-out-is-out", ["cpu-verify-cost", "--out", tmp / "v.csv", "--steps-out", tmp / "v.csv"],
+         r"is also an input"),
+        ("cvc-kv-len-huge", ["cpu-verify-cost", "--kv-len", str(10 ** 12), "--out", tmp / "v.csv"], r"--kv-len"),
+        ("cvc-device-gpu", ["cpu-verify-cost", "--device", "gpu", "--out", tmp / "v.csv"], r"not a torch device"),
+        ("workloads-seed-negative", ["workloads", "show", WL, "--seed", "-3"], r"--seed must be"),
+        ("reproduce-out-is-trace", ["reproduce", "--traces", tr, "--out", tr], r"is a file, not a folder"),
+    ]
+
+
+def test_hostile_new_cases(tmp_path, no_model):
+    keep, cases = _hostile(tmp_path)
+    before = {p: p.read_bytes() for p in keep}
+    for name, args, pattern in cases:
+        code, msg = run(args)
+        assert code != 0 and msg.startswith("error: ") and "\n" not in msg.strip(), (name, msg)
+        assert __import__("re").search(pattern, msg), (name, msg)
+    assert {p: p.read_bytes() for p in keep} == before
+    assert not (tmp_path / "h").exists() and not list(tmp_path.rglob("*.tmp*"))
+    assert len(cases) >= 19
