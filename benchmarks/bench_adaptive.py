@@ -27,7 +27,8 @@ from pathlib import Path
 
 from spec_repro.grids import _switch_policies, cost_model_for
 from spec_repro.simulate import simulate
-from spec_repro.traces import Trace, read_trace
+from spec_repro.traces import Trace
+from spec_repro.tracefiles import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ["code-edit", "sharegpt", "gsm-symbolic", "mt-bench"]

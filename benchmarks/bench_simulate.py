@@ -5,7 +5,7 @@ x batch sizes 1, 8, 16, 32, 64, 128, 500 requests per dataset, ~300 output token
 ngram-only accounting, cost model llama3.1-8b-h100.
 
 The traces are SYNTHETIC (seeded generator tests/fixtures/published/make_fixtures.py), written in the published
-JSON-lines format and read back with spec_repro.traces.read_trace; only timings are measured here.
+JSON-lines format and read back with spec_repro.tracefiles.read_trace; only timings are measured here.
 The reference loop (tests/reference_sim.py) is timed on a few requests per dataset for every grid configuration
 and extrapolated linearly to 500 requests (its cost is a sum over independent batches).
 
@@ -30,7 +30,8 @@ from reference_sim import duplicate_batch, make_requests  # noqa: E402
 
 from spec_repro.costmodel import load_cost_model  # noqa: E402
 from spec_repro.simulate import simulate  # noqa: E402
-from spec_repro.traces import Trace, read_trace  # noqa: E402
+from spec_repro.traces import Trace  # noqa: E402
+from spec_repro.tracefiles import read_trace  # noqa: E402
 
 DATASETS = ("instructcoder", "cnn", "sharegpt", "gsm8k")
 GRID = [(["ngram"], ["fixed-1", "fixed-3", "fixed-5", "oracle"]),

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from spec_repro.simulate import simulate
-from spec_repro.traces import read_trace
+from spec_repro.tracefiles import read_trace
 
 
 def _read(path: Path, tmp: Path, proposer: str | None = None):

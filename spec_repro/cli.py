@@ -54,11 +54,14 @@ def _run_simulate(args):
 
     from .costmodel import CostModelError
     from .grids import cost_model_for
-    from .io import atomic_path, check_writable
+    from .guard import out_file
+    from .io import atomic_path
     from .simulate import SimulationError, parse_proposers, simulate
-    from .traces import Trace, TraceError, read_trace
+    from .traces import Trace, TraceError
+    from .tracefiles import read_trace
 
-    out = check_writable(args.out, "--out")                    # before any heavy work
+    cm_file = [args.cost_model] if Path(args.cost_model).expanduser().exists() else []
+    out = out_file(args.out, "--out", inputs=[*args.traces, *cm_file])  # before any heavy work
     try:
         traces = []
         for f in args.traces:
@@ -114,7 +117,7 @@ def _run_models(args):
         if args.models_cmd == "list":
             for n in models.names():
                 d = models.info(n)
-                state = "converted" if d["converted_dir"] else ("fetched" if d["gguf_path"] else "not fetched")
+                state = models.cache_state(n)
                 print(f"{n:22s} {d['params'] / 1e6:7.0f}M  {d['license']:12s} {state:12s} {d['hf_id']}")
         elif args.models_cmd == "fetch":
             print(models.fetch(args.name))
@@ -148,15 +151,16 @@ def _add_reproduce(sub):
 def _run_reproduce(args):
     from pathlib import Path
 
-    from .io import check_writable_dir
+    from .guard import out_dir
     from .reproduce import parse_parameters, reproduce
 
-    check_writable_dir(args.out, "--out")
+    inputs = [*(args.traces or [])]
+    out_dir(args.out, "--out", inputs=inputs)
     if args.figures:
-        check_writable_dir(args.figures, "--figures")
+        out_dir(args.figures, "--figures", inputs=inputs)
     if args.traces:  # a bad trace file is refused now, not after six notebooks have failed on it
         from .paths import trace_files
-        from .traces import read_trace
+        from .tracefiles import read_trace
 
         for f in trace_files(args.traces):
             read_trace(f)
@@ -208,6 +212,10 @@ def _run_workloads(args):
                 d = workloads.describe(n)
                 print(f"{n:14s} online: {d['hub_path']} ({d['config'] or '-'}, {d['split']})")
         elif args.workloads_cmd == "show":
+            from .guard import check_int
+
+            check_int("--chars", args.chars, 0)
+            check_int("--seed", args.seed, 0, 2**63 - 1)
             tok = None
             if args.model:
                 from . import models
@@ -269,6 +277,9 @@ def _set_threads(n):
 
 
 def _run_collect(args):
+    from . import models
+
+    models.start_verify(args.model)     # the model's sha256 check runs while torch and transformers import
     from .collect import collect
 
     _set_threads(args.threads)
@@ -279,7 +290,9 @@ def _run_collect(args):
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
                         device=args.device, force=args.force, eagle_head=args.eagle_head, engine=args.engine,
                         compare_engines=args.compare_engines, upto=args.upto)
-    except (ValueError, RuntimeError, MemoryError) as e:
+    except MemoryError as e:
+        raise SystemExit(f"error: {e}; lower --batch-size or --max-prompt-tokens")
+    except (ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {e}")
     for p in paths:
         print(p)
@@ -317,6 +330,9 @@ def _add_train(sub):
 
 
 def _run_train(args):
+    from . import models
+
+    models.start_verify(args.target)
     from .train import train_from_workloads
 
     _set_threads(args.threads)
@@ -327,7 +343,9 @@ def _run_train(args):
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
                                       engine=args.engine, time_limit_s=args.time_limit)
-    except (ValueError, RuntimeError, MemoryError) as e:
+    except MemoryError as e:
+        raise SystemExit(f"error: {e}; lower --batch-size, --tokens-per-batch or --max-prompt-tokens")
+    except (ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {e}")
     print(f"wrote {args.out} (held-out walked tokens/step, mean over requests: "
           f"{rec['final_held_out_tokens_per_step']})")
@@ -351,24 +369,38 @@ def _add_cpu_verify_cost(sub):
 
 
 def _run_cpu_verify_cost(args):
-    import torch
+    from pathlib import Path
 
     from . import models
+
+    models.start_verify(args.model)
+    import torch
+
     from .engines.torch import measure_verify_cost, weight_bytes
-    from .io import atomic_path, check_writable
+    from .guard import check_device, out_file
+    from .io import atomic_path
     from .metrics import verify_cost_summary
-    from .provenance import record
+    from .provenance import check_manifest, record
 
     _set_threads(args.threads)
-    out = check_writable(args.out, "--out")
-    sp = check_writable(args.steps_out, "--steps-out") if args.steps_out else None
+    model_in = [args.model] if Path(args.model).expanduser().exists() else []
+    out = out_file(args.out, "--out", inputs=model_in)
+    sp = out_file(args.steps_out, "--steps-out", inputs=[*model_in, out]) if args.steps_out else None
     if args.k_max < 0 or args.repeats < 1 or args.kv_len < 0:
         raise SystemExit("error: --k-max and --kv-len must be >= 0 and --repeats >= 1")
+    if args.k_max > 4096 or args.repeats > 10**6 or args.kv_len > 10**7:
+        raise SystemExit("error: --k-max must be <= 4096, --kv-len <= 10,000,000 and --repeats <= 1,000,000")
     try:
+        check_device(args.device)
+        for f in {out.parent / "MANIFEST.json", *([sp.parent / "MANIFEST.json"] if sp else [])}:
+            check_manifest(f)                                 # a bad MANIFEST.json is found before the run
         model, _ = models.load(args.model, device=args.device)
     except (ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {e}")
-    raw = measure_verify_cost(model, kv_len=args.kv_len, ks=range(0, args.k_max + 1), repeats=args.repeats)
+    try:
+        raw = measure_verify_cost(model, kv_len=args.kv_len, ks=range(0, args.k_max + 1), repeats=args.repeats)
+    except MemoryError as e:
+        raise SystemExit(f"error: {e}; lower --kv-len or --k-max")
     df = verify_cost_summary(raw)
     base = float(df.loc[df.k == 0, "median_s"].iloc[0])
     with atomic_path(out) as tmp:

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .provenance import record
-from .traces import read_trace
+from .tracefiles import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
 
@@ -85,7 +85,7 @@ def _read_partial(path: Path, settings: dict | None = None, repair: bool = True)
         if not raw.strip():
             continue
         try:
-            rec = json.loads(raw)
+            rec = json.loads(_unseal(raw))
             if header is None:
                 if not isinstance(rec, dict) or _PARTIAL_KEY not in rec:
                     raise PartialFileError(f"{path} records no settings (written by an older version or another "
@@ -126,11 +126,53 @@ def _check_settings(path: Path, header: dict, settings: dict | None, hint: str) 
                            f"resume, or {hint}")
 
 
+def _seal(body: str) -> str:
+    """A partial-file line: the sha256 of its JSON (first 32 hex digits), a space, the JSON. A line edited or
+    damaged on disk no longer matches and is refused; lines of older versions (bare JSON) still read."""
+    import hashlib
+
+    return hashlib.sha256(body.encode()).hexdigest()[:32] + " " + body
+
+
+def _unseal(raw: bytes) -> bytes:
+    import hashlib
+
+    if raw[:1] in (b"{", b"["):      # bare JSON: the format before checksums (and hand-written test files)
+        return raw
+    digest, _, body = raw.partition(b" ")
+    if len(digest) != 32 or hashlib.sha256(body.rstrip(b"\n")).hexdigest()[:32].encode() != digest:
+        raise ValueError("checksum mismatch")
+    return body
+
+
 def _start_partial(path: Path, settings: dict) -> None:
     from .io import atomic_write
 
     with atomic_write(path) as f:
-        f.write(json.dumps({_PARTIAL_KEY: 1, "settings": _norm_settings(settings)}) + "\n")
+        f.write(_seal(json.dumps({_PARTIAL_KEY: 1, "settings": _norm_settings(settings)})) + "\n")
+
+
+_NOT_COMPARED = ("proposers",)  # proposers may be added to a finished trace
+
+
+def _check_finished(path: Path, meta: dict, settings: dict) -> None:
+    """Refuse, as for a partial file, a run over a finished trace whose outputs other settings would shape
+    (``-n``, ``--k-max``, ``--max-new-tokens``, ``--seed`` ...): the trace would silently keep the old ones.
+    Adding proposers is allowed (``add_proposers``); traces of older versions are compared on what they record."""
+    want = _norm_settings(settings)
+    have = meta.get("resume_settings")
+    if not isinstance(have, dict):          # older traces: the settings dict their meta carries
+        have = {k: meta[k] for k in ("n", "k_max", "max_new_tokens", "seed", "max_prompt_tokens", "batch_size")
+                if k in meta}
+        ng = (meta.get("proposers") or {}).get("ngram") if isinstance(meta.get("proposers"), dict) else None
+        if isinstance(ng, dict) and "ngram" in want.get("proposers", []):
+            have.update({k: ng[k] for k in ("min_n", "max_n") if k in ng})
+    diff = sorted(k for k in have if k not in _NOT_COMPARED and k in want and have[k] != want[k])
+    if diff:
+        shown = ", ".join(f"{k} {have[k]!r} -> {want[k]!r}" for k in diff[:4])
+        raise PartialFileError(f"{path} is a finished trace collected with other settings ({shown}); rerun with "
+                               f"the same settings to reuse it, use another --out, or rerun with --force to "
+                               f"collect it again")
 
 
 def _resume_settings(model, workload, **kw) -> dict:
@@ -142,7 +184,7 @@ def _append(path: Path, profiles: Sequence[RequestProfile]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for p in profiles:
-            f.write(json.dumps(p.to_json()) + "\n")
+            f.write(_seal(json.dumps(p.to_json())) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -192,7 +234,6 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
 
     from . import workloads as wl
     from .engines.vllm_decode import check_engine
-    from .io import check_writable_dir
 
     check_engine(engine, device)
     if isinstance(compare_engines, bool) or not isinstance(compare_engines, int) or compare_engines < 0:
@@ -203,14 +244,21 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
                 batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, early_exit_layers=early_exit_layers,
-                min_n=min_n, max_n=max_n)
+                min_n=min_n, max_n=max_n, seed=seed)
+    from .guard import check_device, out_dir
+    from .provenance import check_manifest
+
+    check_device(device)
     for w in workloads:
         wl.describe(w)                                   # unknown workload -> clear error before any work
     if any(_trace_name(p).startswith("eagle") for p in proposers):
         from .proposers.eagle import check_head_dir
 
         eagle_head = str(check_head_dir(eagle_head))
-    out = check_writable_dir(out, "--out")
+    local = [x for x in (model, draft_model, eagle_head) if x and Path(x).expanduser().exists()]
+    out = out_dir(out, "--out", inputs=local,  # also removes temporaries a killed run left beside its outputs
+                  writes=["MANIFEST.json", *(trace_path(".", model, w).name for w in workloads)])
+    check_manifest(out / "MANIFEST.json")              # a damaged manifest is found now, not after the run
     with contextlib.ExitStack() as locks:
         from .io import exclusive_lock
 
@@ -225,7 +273,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
 
 
 def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
-                early_exit_layers, min_n, max_n) -> None:
+                early_exit_layers, min_n, max_n, seed=0) -> None:
     """Refuse settings that cannot make a trace, before the model loads (one clear line each)."""
     from .simulate import MAX_K
 
@@ -244,6 +292,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
     want("--max-prompt-tokens", max_prompt_tokens, 1)
     want("--min-n", min_n, 1)
     want("--max-n", max_n, min_n)
+    want("--seed", seed, 0, 2**63 - 1)
     if early_exit_layers is not None:
         want("--early-exit-layers", early_exit_layers, 1)
 
@@ -278,7 +327,9 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
     for w in workloads:
         if w in todo_wl:
             continue
-        have = set(read_trace(trace_path(out, model, w)).proposers)
+        finished = read_trace(trace_path(out, model, w))
+        _check_finished(trace_path(out, model, w), finished.meta, resume_settings(w))
+        have = set(finished.proposers)
         if wanted - have:
             augment[w] = sorted(wanted - have)
         elif not quiet:
@@ -351,7 +402,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         profiles = [done[str(r.id)] for r in reqs if str(r.id) in done]
         decode_s = sum(p.decode_s for p in profiles)
         out_toks = sum(len(p.output_token_ids) for p in profiles)
-        meta = {"model": model, "workload": w, **settings,
+        meta = {"model": model, "workload": w, **settings, "resume_settings": _norm_settings(resume_settings(w)),
                 "decode_tokens_per_s": out_toks / decode_s if decode_s else None}
         trace = profiles_to_trace(profiles, model=model, k_max=k_max, meta=meta)
         trace.to_parquet(final)

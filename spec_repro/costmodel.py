@@ -66,6 +66,22 @@ class CostModelError(ValueError):
     """A cost model that cannot be built, read or used as asked; the message says why."""
 
 
+# Bounds of a plausible coefficient (seconds, per token or per step; fraction of a target forward): 0, or a
+# normal float in this range. Outside it, step times overflow (1e308) or underflow to 0 (denormals): NaN speedups.
+_COEF_MIN, _COEF_MAX, _FORWARD_MIN = 1e-30, 1e3, 1e-12
+
+
+def _num(v, where: str) -> float:
+    """A cost-model number: an int or float of JSON, never a bool (``true`` is not 1 s) nor a string."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        w, _, key = where.rpartition(": ")
+        raise CostModelError(f"{w}: malformed value ({key} must be a number, got {v!r})")
+    try:
+        return float(v)
+    except OverflowError:
+        raise CostModelError(f"{where} = {str(v)[:12]}... ({len(str(v))} digits) does not fit a float") from None
+
+
 def _presets() -> dict[str, Path]:
     """Name -> file: the presets shipped in the package, then (in a checkout) the cost models fitted to this
     package's own measurements, ``data/gpu/costmodel_*.json`` (the H200) and ``data/cpu/costmodel_*.json``."""
@@ -184,9 +200,14 @@ class CostModel:
                 kind = v.get("kind") if isinstance(v, Mapping) else None
                 if kind not in DRAFTER_KINDS:
                     raise CostModelError(f"{where}: drafter {k!r} has kind {kind!r}; expected one of {DRAFTER_KINDS}")
-                drafters[k] = Drafter(kind, **{x: float(v[x]) for x in _DRAFTER_FIELDS if x in v})
-            m = cls(name=str(d["name"]), c_kv=float(t["c_kv"]), c_tok=float(t["c_tok"]), c0=float(t["c0"]),
-                    overhead=float(d["overhead"]), drafters=drafters, hardware=str(d.get("hardware", "")),
+                drafters[k] = Drafter(kind, **{x: _num(v[x], f"{where}: drafters.{k}.{x}")
+                                               for x in _DRAFTER_FIELDS if x in v})
+            if not isinstance(t, Mapping):
+                raise CostModelError(f"{where}: target must be an object {{c_kv, c_tok, c0}}, got {t!r}")
+            m = cls(name=str(d["name"]), c_kv=_num(t["c_kv"], f"{where}: target.c_kv"),
+                    c_tok=_num(t["c_tok"], f"{where}: target.c_tok"), c0=_num(t["c0"], f"{where}: target.c0"),
+                    overhead=_num(d["overhead"], f"{where}: overhead"), drafters=drafters,
+                    hardware=str(d.get("hardware", "")),
                     target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
                     fit=d.get("fit"))
         except KeyError as e:
@@ -213,9 +234,12 @@ class CostModel:
                 raise CostModelError(f"{where}: coefficients must be finite numbers ({key} = {v})")
             if v < 0:
                 raise CostModelError(f"{where}: {key} = {v} is negative; step times must be >= 0")
-        if not self.c_tok + self.c0 > 0:
+            if v != 0 and not _COEF_MIN <= v <= _COEF_MAX:   # 1e308 overflows a step's time, a denormal
+                raise CostModelError(f"{where}: {key} = {v:g} is outside {_COEF_MIN:g}..{_COEF_MAX:g} (0 is "
+                                     f"allowed): no measured step cost is that {'large' if v > 1 else 'small'}")
+        if not self.c_tok + self.c0 >= _FORWARD_MIN:
             raise CostModelError(f"{where}: a one-token target forward costs c_tok + c0 = {self.c_tok + self.c0}"
-                                 f" s; it must be > 0")
+                                 f" s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
         return self
 
     def to_json(self, path: str | Path) -> Path:

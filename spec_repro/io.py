@@ -2,7 +2,9 @@
 
 - ``atomic_path(path)``: a context manager yielding a temporary name in the destination's folder; on success the
   file is fsynced and renamed over ``path`` (``os.replace``: readers see the old file or the new one, never a cut
-  one), on any error the temporary file is removed and ``path`` is left as it was.
+  one), on any error the temporary file is removed and ``path`` is left as it was. Temporary names are short
+  (``.NAME[:32].PID.XXXX.tmp``) and those of a killed writer are removed at the next write of the same file; a
+  symlink is written through (its target replaced, the link kept).
 - ``atomic_write(path, mode="w")``: the same, yielding an open file.
 - ``check_writable(path)``: refuse, before any heavy work, an output path that cannot be written (a directory,
   a parent that is a file, a read-only folder), with a one-line ``OutputError``.
@@ -17,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["OutputError", "LockedError", "atomic_path", "atomic_write", "write_via", "check_writable",
-           "check_writable_dir", "exclusive_lock"]
+           "check_writable_dir", "exclusive_lock", "clean_stale_temps"]
 
 
 class OutputError(OSError):
@@ -38,6 +40,9 @@ def check_writable(path: str | Path, what: str = "output") -> Path:
         raise OutputError(f"{what} {str(path)!r} is not a file name")
     if p.is_dir():
         raise OutputError(f"{what} {p} is a directory; give a file name")
+    if str(path).endswith(("/", os.sep)):  # 'newdir/' names a folder: never a file called 'newdir'
+        raise OutputError(f"{what} {path} ends in '/', which names a folder; give a file name in it "
+                          f"(e.g. {path}{'out.csv' if what == '--out' else 'out'})")
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputError(f"{what} {p} exists and is not writable")
     _check_creatable(p, p.parent, what)
@@ -75,8 +80,12 @@ def atomic_path(path: str | Path, suffix: str | None = None):
     if path.exists() and not path.is_file() and not path.is_dir():
         yield path  # a device or a pipe (/dev/stdout, /dev/null): written in place, never replaced
         return
+    if path.is_symlink():  # written through the link: its target is replaced, the link stays
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + (suffix or ""))
+    prefix = _tmp_prefix(path)
+    clean_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp" + (suffix or ""))
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -92,6 +101,44 @@ def atomic_path(path: str | Path, suffix: str | None = None):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _tmp_prefix(path: Path) -> str:
+    """Hidden and short, whatever the destination's length (a 250-byte name still leaves room): the first 32
+    characters of the name, then the writer's pid (so that a later start knows a dead writer's leftovers)."""
+    return f".{path.name[:32]}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def clean_stale_temps(path: str | Path) -> list[Path]:
+    """Remove the temporary files that writers of ``path`` killed mid-write (SIGKILL, power loss) left beside
+    it: hidden ``.NAME.PID.XXXX.tmp`` files whose PID is no longer running. Returns what was removed."""
+    path = Path(path)
+    prefix = _tmp_prefix(path)
+    gone = []
+    try:
+        cands = [p for p in path.parent.iterdir() if p.name.startswith(prefix) and ".tmp" in p.name]
+    except OSError:
+        return gone
+    for p in cands:
+        pid = p.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not p.is_file():
+            continue
+        try:
+            p.unlink()
+            gone.append(p)
+        except OSError:
+            pass
+    return gone
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .traces import Trace, read_trace
+from .traces import Trace
+
+from .tracefiles import read_trace
 
 __all__ = ["live_trace", "live_vllm_job"]
 

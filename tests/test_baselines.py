@@ -13,7 +13,8 @@ import pytest
 from spec_repro.costmodel import CostModel, Drafter, load_cost_model
 from spec_repro.simcore import ngram_match
 from spec_repro.simulate import SimulationError, _group_arrays, simulate
-from spec_repro.traces import Trace, read_trace
+from spec_repro.traces import Trace
+from spec_repro.tracefiles import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 KMAX = 8

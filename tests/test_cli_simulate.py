@@ -8,7 +8,7 @@ import pytest
 
 from spec_repro.cli import main
 from spec_repro.simulate import RESULT_COLUMNS, simulate
-from spec_repro.traces import read_trace
+from spec_repro.tracefiles import read_trace
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "published"
 

@@ -122,10 +122,12 @@ def test_training_resumes_from_its_checkpoint(target, tmp_path):
             train_eagle(target, pairs, out=tmp_path / "cut", ckpt_every=4, **kw)
     finally:
         T._loss = real
-    assert not (tmp_path / "cut").exists() and (tmp_path / ".cut.ckpt" / "state.pt").exists()
+    # the checkpoint lives inside --out (nothing is written beside it); no head was written yet
+    assert (tmp_path / "cut" / ".ckpt" / "state.pt").exists() and not (tmp_path / "cut" / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut", "whole"]
     resumed, _ = train_eagle(target, pairs, out=tmp_path / "cut", ckpt_every=4, **kw)
     assert all(torch.allclose(whole.state_dict()[k], resumed.state_dict()[k]) for k in whole.state_dict())
-    assert not (tmp_path / ".cut.ckpt").exists()
+    assert not (tmp_path / "cut" / ".ckpt").exists()
 
 
 # ---- checkpoints in the published heads' layouts -----------------------------------------------------------

@@ -9,7 +9,7 @@ from spec_repro.profiler import chain_acceptance, ngram_acceptance, profile_requ
 from spec_repro.proposers import make_proposer
 from spec_repro.proposers.early_exit import early_exit_view
 from spec_repro.published import read_published_jsonl
-from spec_repro.traces import read_trace
+from spec_repro.tracefiles import read_trace
 
 from _tiny import prompts, tiny_llama
 

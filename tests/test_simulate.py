@@ -19,7 +19,8 @@ from reference_sim import reference_simulate  # noqa: E402
 
 from spec_repro.costmodel import Drafter, load_cost_model  # noqa: E402
 from spec_repro.simulate import RESULT_COLUMNS, SimulationError, combine_order, simulate  # noqa: E402
-from spec_repro.traces import Trace, TraceError, read_trace, read_traces  # noqa: E402
+from spec_repro.traces import Trace, TraceError  # noqa: E402
+from spec_repro.tracefiles import read_trace, read_traces  # noqa: E402
 
 FIX = HERE / "fixtures" / "published"
 NUMERIC = ["speedup", "sd_tokens_per_s", "base_tokens_per_s", "mean_tokens_per_step", "verify_share",

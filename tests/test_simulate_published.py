@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spec_repro.simulate import simulate
-from spec_repro.traces import read_trace
+from spec_repro.tracefiles import read_trace
 
 DIR = Path(os.environ.get("SPEC_REPRO_PUBLISHED_TRACES", "/nonexistent"))
 FILE = DIR / "combined_instructcoder.jsonl"

@@ -7,7 +7,7 @@ import pytest
 
 import spec_repro.collect as collect_mod
 from spec_repro import models
-from spec_repro.traces import read_trace
+from spec_repro.tracefiles import read_trace
 
 
 @pytest.mark.slow

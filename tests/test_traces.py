@@ -7,7 +7,8 @@ import pytest
 
 from spec_repro.published import read_published_jsonl
 from spec_repro.traces import (ACC_COLUMNS, Trace, TraceError, dataset_from_path,
-                               read_steps, read_trace, read_traces, validate_steps)
+                               read_steps, validate_steps)
+from spec_repro.tracefiles import read_trace, read_traces
 
 
 def _trace(**kw):

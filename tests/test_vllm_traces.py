@@ -11,7 +11,8 @@ import pytest
 
 from spec_repro import workloads as wl
 from spec_repro.profiler import ngram_acceptance
-from spec_repro.traces import Trace, read_trace
+from spec_repro.traces import Trace
+from spec_repro.tracefiles import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = sorted((ROOT / "data" / "traces").glob("qwen2.5-coder-1.5b__*.parquet"))

@@ -150,8 +150,8 @@ class KVState:
             if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
                 B, m = prep["ids"].shape
                 raise MemoryError(f"out of memory on {self.device} running a batch of {B} rows x {m} new tokens "
-                                  f"over a {self._slots}-slot KV cache: use a smaller batch size (--batch-size) "
-                                  f"or shorter prompts") from e
+                                  f"over a {self._slots}-slot KV cache: use a smaller batch size or shorter "
+                                  f"prompts") from e
             raise
         self.last_hidden = {int(n): out.hidden_states[int(n)] for n in hidden_layers}
         self.last_final = out.last_hidden_state  # (B, m, H) after the final norm: EAGLE-1's feature

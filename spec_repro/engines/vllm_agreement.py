@@ -149,7 +149,7 @@ def compare_torch_traces(outputs: dict, prompts: dict, per: dict, k: int, traces
     """vLLM's outputs and accepted counts against the torch engine's committed traces (data/traces/): greedy
     outputs agree up to the first differing token (numerics: vLLM float32 on the H200 vs torch float32 on a CPU);
     on the common prefix, the step at position p should accept min(acc_len[p-1] - 1, k) tokens."""
-    from ..traces import read_trace
+    from ..tracefiles import read_trace
 
     traces_dir = Path(traces_dir or data_dir() / "traces")
     files = sorted(traces_dir.glob("smollm2-135m__*.parquet"))

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -40,6 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .eagle_files import EagleError, _read_weights, check_head_dir, read_config
+
 from . import Proposer
 
 __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_head", "save_head", "new_head", "target_features",
@@ -47,10 +47,6 @@ __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_h
 
 KINDS = ("eagle", "eagle3")
 ARCH = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
-
-
-class EagleError(ValueError):
-    """A head that cannot be loaded or does not fit its target (one clear line)."""
 
 
 class _RMSNorm(nn.Module):
@@ -325,24 +321,6 @@ def eagle_chain_acceptance(head: EagleHead, prompt, output, k_max: int, feats=No
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
-def _read_weights(d: Path) -> dict:
-    st = sorted(d.glob("*.safetensors"))
-    if st:
-        from safetensors.torch import load_file
-
-        w = {}
-        for f in st:
-            w.update(load_file(str(f)))
-        return w
-    bins = sorted(d.glob("pytorch_model*.bin"))
-    if bins:
-        w = {}
-        for f in bins:
-            w.update(torch.load(str(f), map_location="cpu", weights_only=True))
-        return w
-    raise EagleError(f"{d}: no model.safetensors or pytorch_model.bin (expected an EAGLE head checkpoint)")
-
-
 def _detect(w: dict) -> str:
     keys = set(w)
     if "fc.weight" not in keys:
@@ -357,25 +335,10 @@ def _detect(w: dict) -> str:
                      "(EAGLE-3) keys")
 
 
-def check_head_dir(path) -> Path:
-    """The checkpoint directory, or one clear error naming what is missing (before any model is loaded)."""
-    if not path:
-        raise EagleError("proposer 'eagle' needs --eagle-head DIR (a head in vLLM's eagle/eagle3 layout: "
-                         "config.json + model.safetensors, e.g. from `spec-repro train eagle`)")
-    d = Path(path).expanduser()
-    if not d.is_dir():
-        raise EagleError(f"EAGLE head {d}: no such directory (expected config.json + model.safetensors)")
-    if not (d / "config.json").is_file():
-        raise EagleError(f"{d}: no config.json (expected an EAGLE head checkpoint directory)")
-    if not (list(d.glob("*.safetensors")) or list(d.glob("pytorch_model*.bin"))):
-        raise EagleError(f"{d}: no model.safetensors or pytorch_model.bin (expected an EAGLE head checkpoint)")
-    return d
-
-
 def load_head(path, target, *, device=None, dtype=None) -> EagleHead:
     """Load an EAGLE-1/EAGLE-3 checkpoint directory (config.json + safetensors or .bin) for ``target``."""
     d = check_head_dir(path)
-    cfg = json.loads((d / "config.json").read_text())
+    cfg = read_config(d)
     w = _read_weights(d)
     kind = _detect(w)
     w = {k.replace("midlayer.", "layers.0."): v for k, v in w.items() if k not in ("t2d",)}
@@ -448,11 +411,10 @@ def new_head(target, kind: str = "eagle", *, seed: int = 0) -> EagleHead:
 
 
 def save_head(head: EagleHead, out, *, extra_config: dict | None = None, dtype=torch.bfloat16) -> Path:
-    """Write the head as a vLLM-loadable checkpoint directory (config.json + model.safetensors), atomically."""
+    """Write the head as a vLLM-loadable checkpoint directory (config.json + model.safetensors, each atomic)."""
     from safetensors.torch import save_file
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in head.cfg.items() if k != "fc_bias"}
     cfg.update({"architectures": [ARCH[head.kind]], "model_type": "llama", "num_hidden_layers": 1,
                 "torch_dtype": str(dtype).replace("torch.", ""), "tie_word_embeddings": False,
@@ -466,16 +428,22 @@ def save_head(head: EagleHead, out, *, extra_config: dict | None = None, dtype=t
         if head.kind == "eagle3":
             k = k.replace("layers.0.", "midlayer.")
         sd[k] = v.detach().cpu().contiguous() if k == "d2t" else v.detach().to("cpu", dtype).contiguous()
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    tmp.chmod(0o755)
+    from ..guard import claim_dir, head_dir
+    from ..io import atomic_path, atomic_write
+
+    # never deletes or empties a folder: a new or empty one is claimed (marked), one marked by an earlier head
+    # gets its files replaced one by one, atomically; any other folder is refused before anything is written
+    out = head_dir(out, "head folder")
+    fresh = not out.exists()
     try:
-        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(sd, str(tmp), metadata={"format": "pt"})
+        claim_dir(out, "spec_repro.proposers.eagle.save_head")
+        with atomic_write(out / "config.json") as f:
+            f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if fresh and out.is_dir():                               # made just now: nothing of anyone else's
+            shutil.rmtree(out, ignore_errors=True)
         raise
     return out
 

