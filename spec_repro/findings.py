@@ -14,7 +14,7 @@ import pandas as pd
 from .metrics import MIN_OVERLAP_REQUESTS
 
 __all__ = [
-    "PAPER", "paper_refs", "SummaryRow", "write_summary", "read_summaries", "summary_markdown", "headline_markdown",
+    "PAPER", "paper_refs", "SummaryRow", "FindingsTable", "write_summary", "read_summaries", "summary_markdown", "headline_markdown",
     "FINDING_TITLES", "focus_dataset",
     "finding1_rows", "finding2_rows", "finding3_rows", "finding3b_rows", "finding4_rows", "finding5_rows",
     "agreement_rows", "adaptive_rows",
@@ -87,6 +87,26 @@ class SummaryRow:
     headline: bool = False  # one of the few rows the README's results table shows
 
 
+class FindingsTable(pd.DataFrame):
+    """A findings table that displays whole: no cell cut to "..." (pandas' default ``max_colwidth`` is 50), no row
+    or column elided, as HTML (JupyterLab, the repo page) and as text. Otherwise a plain DataFrame."""
+
+    _WHOLE = ("display.max_colwidth", None, "display.max_rows", None, "display.max_columns", None,
+              "display.expand_frame_repr", False)
+
+    @property
+    def _constructor(self):
+        return FindingsTable
+
+    def _repr_html_(self):
+        with pd.option_context(*self._WHOLE):
+            return super()._repr_html_()
+
+    def __repr__(self):
+        with pd.option_context(*self._WHOLE):
+            return super().__repr__()
+
+
 def write_summary(rows: Iterable[SummaryRow | dict], path: str | Path | None) -> pd.DataFrame:
     """Write a notebook's summary rows as JSON (a list of objects) and return them as a DataFrame.
 
@@ -101,7 +121,7 @@ def write_summary(rows: Iterable[SummaryRow | dict], path: str | Path | None) ->
 
         with atomic_write(Path(path)) as f:
             f.write(json.dumps(recs, indent=1) + "\n")
-    return pd.DataFrame(recs, columns=list(SummaryRow.__dataclass_fields__))
+    return FindingsTable(recs, columns=list(SummaryRow.__dataclass_fields__))
 
 
 def read_summaries(paths: Iterable[str | Path]) -> pd.DataFrame:

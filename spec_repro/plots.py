@@ -206,9 +206,10 @@ def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: 
 # ---- finding 3 --------------------------------------------------------------------------------------------
 
 
-def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None):
+def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None,
+                           min_requests: int | None = None):
     """Mean tokens per step by output position (``metrics.acceptance_by_output_position``), a panel per
-    dataset, a line per proposer."""
+    dataset, a line per proposer; a grey dotted line (right axis) counts the requests that reach each bin."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
     fig, axes = _facets(len(datasets), ncols=3, w=3.6)
@@ -220,9 +221,18 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         ax.set_ylim(1, (k + 1) if k else None)
         _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
-        ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
+        ax.set_ylabel(f"mean tokens per step (k={k})" if k else "mean tokens per step (oracle)")
+        reach = d.groupby("position")["n_requests"].max()
+        tw = ax.twinx()
+        tw.plot(reach.index, reach.values, color="0.55", ls=":", lw=1, drawstyle="steps-post")
+        tw.set_ylim(0, None)
+        tw.tick_params(labelsize=7, colors="0.4")
+        if ax is axes[min(len(datasets), 3) - 1] or len(datasets) == 1:
+            tw.set_ylabel("requests reaching (dotted)", fontsize=7, color="0.4")
     _legend_below(fig, axes)
-    fig.suptitle(title or "Acceptance by output position", y=1.03)
+    cut = f"; bins reached by < {min_requests} requests dropped" if min_requests else ""
+    fig.suptitle(title or f"Acceptance by output position: mean over the requests reaching each bin{cut}",
+                 y=1.03, fontsize=9)
     return _finish(fig, source)
 
 
