@@ -128,27 +128,36 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
         shares = shares.assign(_facet=shares[list(facet)].astype(str).agg(" · ".join, axis=1))
         facet = "_facet"
     facets = list(dict.fromkeys(shares[facet]))
-    fig, axes = _facets(len(facets), ncols=min(4, len(facets)), w=3.6)
+    fig, axes = _facets(len(facets), ncols=min(3, len(facets)), w=3.6, h=2.6)
+    method_of = dict(zip(shares[facet], shares["method"].astype(str))) if "method" in shares.columns else {}
     order = ["verification_share", "drafting_share", "rejection_sampling_share", "overhead_share"]
     for ax, f in zip(axes, facets):
         d = shares[shares[facet] == f].sort_values(x)
         xs = [str(v) for v in d[x]]
         bottom = np.zeros(len(d))
+        plain = method_of.get(f) == "none"
         for c in [c for c in order if c in phases]:
             name = c.removesuffix("_share").replace("_", " ")
             v = d[c].to_numpy(float)
-            ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
+            if plain and name == "verification":  # no speculation: the target forward is plain decoding
+                ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label="target forward, no SD (plain decoding)",
+                       width=0.75, hatch="///", edgecolor="white", lw=0)
+            else:
+                ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
             bottom += v
         if paper_verify_range:
             lo, hi = paper_verify_range
             ax.axhline(lo, color="k", lw=0.8, ls="--")
             ax.axhline(hi, color="k", lw=0.8, ls="--")
         ax.set_ylim(0, 1.0)
-        ax.set_title(str(f))
-        ax.set_xlabel(x.replace("_", " ") + (" (requests)" if x == "batch_size" else ""))
-        ax.set_ylabel("share of step time")
-        ax.tick_params(axis="x", rotation=45)
-    _legend_below(fig, axes)
+        _title(ax, str(f), fontsize=8)
+        ax.set_xlabel(x.replace("_", " ") + (" (requests)" if x == "batch_size" else ""), fontsize=8)
+        ax.set_ylabel("share of step time", fontsize=8)
+        ax.tick_params(axis="x", rotation=45, labelsize=7)
+    _legend_below(fig, axes, ncol=3)
+    if len(facets) > 6:
+        _note(fig, f"{len(facets)} panels: one per model and method measured (each model's 'none' panel is its "
+              "plain-decoding baseline), so the phases of every method can be compared on its own model.")
     sup = title or "Where a decode step's time goes"
     if paper_verify_range:
         sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
@@ -401,8 +410,10 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         if _is_paper_panel(ds, paper_dataset):
             for lab, v in (paper_refs or {}).items():
-                ax.axhline(v, color="0.5", lw=0.8, ls="--")
-                ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+                ax.axhline(v, color="0.5", lw=0.8, ls=(0, (1, 2)))
+                ax.annotate(lab, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                            textcoords="offset points", fontsize=6.5, color="0.35", va="center", ha="left",
+                            annotation_clip=False)  # outside the panel, right of it: no data line crosses it
         _batch_axis(ax, gap["batch_size"])
         _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
                          and _is_paper_panel(ds, paper_dataset) else ""))
@@ -410,6 +421,18 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
     return _finish(fig, source)
+
+
+def _config_label(cfg: str, d: pd.DataFrame) -> str:
+    """A bar's legend label: the proposers it combines and how drafting is charged, not the accounting alone."""
+    if cfg.endswith(" oracle"):
+        return f"{cfg.removesuffix(' oracle')}: its own oracle"
+    names = d["proposers"].dropna()
+    who = str(names.iloc[0]) if len(names) else "combined"
+    dc = cfg.split(", ")[1]
+    how = {"ngram-only": "n-gram's drafting cost only", "winner": "the winner's drafting cost",
+           "all": "every proposer's drafting cost"}.get(dc, dc)
+    return f"Oracle Combine ({who}), {how}"
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
@@ -472,7 +495,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                 hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
             xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
             bars = ax.bar(xs, d["speedup"], width=width * 0.92, color=c, hatch=hatch, edgecolor="white", lw=0.3,
-                          label=cfg)
+                          label=_config_label(cfg, d))
             handles.setdefault(cfg, bars)
             for ds, b, v in zip(datasets, bars, d["speedup"]):
                 t = tick_at.get((ds, cfg))
@@ -482,8 +505,8 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                     ticks += 1
                     handles.setdefault("paper", ax.collections[-1])
                 if np.isfinite(v):
-                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.04 * ymax, f"{v:.2f}", ha="center",
-                            va="bottom", fontsize=5.5, rotation=90)
+                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.03 * ymax, f"{v:.1f}", ha="center",
+                            va="bottom", fontsize=7, rotation=90)
         ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
         ax.set_xticks(np.arange(len(datasets)))
         ax.set_xticklabels(datasets)
@@ -496,11 +519,11 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     for ax in axes:
         if not ax.get_xlabel():
             ax.set_xlabel(" ")
-    pairs = [(handles[c], c) for c in order]
+    pairs = [(handles[c], handles[c].get_label()) for c in order]
     if "paper" in handles:
         pairs.append((handles["paper"], "paper (InstructCoder, Llama-3.1-8B, H100)"))
     fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
-                                  bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7.5)
+                                  bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=7.5)
     if paper_refs:
         shown = sorted(paper_set)
         _note(fig, "Black ticks: the paper's values, drawn only on "

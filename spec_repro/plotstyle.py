@@ -20,16 +20,16 @@ PALETTE: dict[str, tuple] = {
     "ngram": _CB[0],
     "eagle": _CB[1],
     "eagle3": _CB[9],
-    "early-exit": _CB[3],
+    "early-exit": _CB[4],
     "draft": _CB[2],
     "draft_model": _CB[2],
-    "mtp": _CB[4],
+    "mtp": _CB[6],
     "ngram+eagle": _CB[5],
     "ngram+early-exit": _CB[5],
-    "ngram+draft": _CB[6],
+    "ngram+draft": _CB[8],
 }
 _EXTRA = sns.color_palette("dark", 10)
-PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[3], "overhead": _CB[7]}
+PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[4], "overhead": _CB[7]}
 ACCOUNTING_HATCH = {"ngram-only": "", "winner": "//", "all": "xx"}
 
 # "paper" context: 8-10 pt text, meant for figures drawn at most COLUMN_WIDTH_IN wide (no shrinking)
@@ -85,6 +85,9 @@ def _finish(fig, source: str | None):
              for ax in fig.axes if ax.get_visible()] + [0.0])
     leg = getattr(fig, "_spec_legend", None)
     if leg is not None:
+        # no wider than the figure: fewer legend columns until it fits (a figure stays COLUMN_WIDTH_IN wide)
+        while leg.get_window_extent(renderer).width > fig.bbox.width and leg._ncols > 1:
+            leg.set_ncols(leg._ncols - 1)
         leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
         y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     width = max(40, int(fig.get_figwidth() * 15))
