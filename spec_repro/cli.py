@@ -200,7 +200,8 @@ def _print_written(written) -> None:
         if paths:
             print(f"{head}: {len(paths)} files")
             for p in paths:
-                print(f"  {os.path.relpath(p)}")
+                rel = os.path.relpath(p)
+                print(f"  {p if rel.startswith('..') else rel}")
 
 
 def _preset_names() -> list[str]:

@@ -261,7 +261,7 @@ def headline_markdown(tables: Sequence[tuple]) -> str:
                      f"{_verdict_short(r['verdict'])} | {k} |")
     notes = []
     if more > 0:
-        notes.append(f"{more} more headline rows are in the summaries.")
+        notes.append(f"{more} more headline row{'s are' if more > 1 else ' is'} in the summaries.")
     notes += [f"- **{k}** ({keys[i][0]}): {src}" for i in sorted(used) for src, k in sorted(used[i].items(),
                                                                                                key=lambda x: int(x[1][1:]))]
     text = [l for n in notes for l in _wrap(n, README_LINE)]
@@ -420,7 +420,7 @@ def finding3_rows(spread: pd.DataFrame, by_pos: pd.DataFrame, *, source: str) ->
                                f"{' / '.join(g.index)}", " / ".join(f"{pp[p][0]}-{pp[p][1]}" for p in g.index),
                                " / ".join(f"{r.p5:.1f}-{r.p95:.1f}" for _, r in g.iterrows()), source,
                                float(g["p95"].max()),
-                               f"departs: narrow spread ({', '.join(narrow)})" if narrow else "agrees: wide spreads",
+                               f"departs: narrow ({', '.join(narrow)})" if narrow else "agrees",
                                headline=True, short=f"{_who(ds, mdl)}: tokens/step 5th-95th pct, "
                                f"{' / '.join(g.index)}"))
     if spread["dataset"].nunique() > 1:

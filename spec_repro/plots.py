@@ -221,7 +221,7 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
     dataset, a line per proposer; a grey dotted line (right axis) counts the requests that reach each bin."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6, max_width=COLUMN_WIDTH_IN - 0.5)  # room for the right axes
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         d = df[df["dataset"] == ds]
@@ -230,18 +230,21 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         ax.set_ylim(1, (k + 1) if k else None)
         _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
-        ax.set_ylabel(f"mean tokens per step (k={k})" if k else "mean tokens per step (oracle)")
+        first = list(axes).index(ax) % min(3, len(datasets)) == 0
+        ax.set_ylabel((f"mean tokens/step (k={k})" if k else "mean tokens/step (oracle)") if first else "")
         reach = d.groupby("position")["n_requests"].max()
         tw = ax.twinx()
         tw.plot(reach.index, reach.values, color="0.55", ls=":", lw=1, drawstyle="steps-post")
         tw.set_ylim(0, None)
-        tw.tick_params(labelsize=7, colors="0.4")
-        if ax is axes[min(len(datasets), 3) - 1] or len(datasets) == 1:
-            tw.set_ylabel("requests reaching (dotted)", fontsize=7, color="0.4")
+        tw.tick_params(labelsize=6.5, colors="0.4", pad=1)
+        tw.grid(False)
     _legend_below(fig, axes)
-    cut = f"; bins reached by < {min_requests} requests dropped" if min_requests else ""
-    fig.suptitle(title or f"Acceptance by output position: mean over the requests reaching each bin{cut}",
-                 y=1.03, fontsize=9)
+    cut = f" (bins reached by < {min_requests} dropped)" if min_requests else ""
+    fig.suptitle(title or f"Acceptance by output position: mean over the requests reaching each bin{cut};\n"
+                 "grey dotted line, right axis: how many requests reach the bin", y=1.04, fontsize=9)
+    if len(datasets) > 6:
+        _note(fig, f"{len(datasets)} panels: one per workload and model, so each model's acceptance can be read "
+              "against its own output lengths.")
     return _finish(fig, source)
 
 
@@ -410,10 +413,9 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         if _is_paper_panel(ds, paper_dataset):
             for lab, v in (paper_refs or {}).items():
-                ax.axhline(v, color="0.5", lw=0.8, ls=(0, (1, 2)))
-                ax.annotate(lab, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(3, 0),
-                            textcoords="offset points", fontsize=6.5, color="0.35", va="center", ha="left",
-                            annotation_clip=False)  # outside the panel, right of it: no data line crosses it
+                ax.axhline(v, color="0.5", lw=0.8, ls=(0, (1, 2)), zorder=1)
+                ax.text(0.98, v, lab, transform=ax.get_yaxis_transform(), fontsize=6.5, color="0.25", va="center",
+                        ha="right", zorder=10, bbox=dict(fc="white", ec="0.7", lw=0.4, pad=1.2, alpha=0.95))
         _batch_axis(ax, gap["batch_size"])
         _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
                          and _is_paper_panel(ds, paper_dataset) else ""))

@@ -81,13 +81,22 @@ def _finish(fig, source: str | None):
 
     fig.tight_layout()
     renderer = fig.canvas.get_renderer()
+    boxes = {tuple(np.round(ax.get_position().bounds, 3)) for ax in fig.axes if ax.get_visible()}  # twins: one
+    if len(boxes) > 6 and not any("panels:" in n for n in getattr(fig, "_spec_notes", [])):
+        _note(fig, f"{len(boxes)} panels: one per workload and model, each on its own axes, so that every model "
+              "is read against its own scale and output lengths.")
     y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
              for ax in fig.axes if ax.get_visible()] + [0.0])
     leg = getattr(fig, "_spec_legend", None)
     if leg is not None:
         # no wider than the figure: fewer legend columns until it fits (a figure stays COLUMN_WIDTH_IN wide)
         while leg.get_window_extent(renderer).width > fig.bbox.width and leg._ncols > 1:
-            leg.set_ncols(leg._ncols - 1)
+            handles, labels = leg.legend_handles, [t.get_text() for t in leg.texts]
+            new = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=leg._ncols - 1,
+                             frameon=False, fontsize=leg.texts[0].get_fontsize(), handlelength=leg.handlelength,
+                             columnspacing=leg.columnspacing)
+            leg.remove()
+            fig._spec_legend = leg = new
         leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
         y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     width = max(40, int(fig.get_figwidth() * 15))
