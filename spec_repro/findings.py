@@ -288,7 +288,7 @@ def _x(v: float) -> str:
 
 def _who(ds: str, mdl) -> str:
     """A dataset and model, short: the study's published traces say so instead of naming their model."""
-    return f"{ds}, published trace" if "published" in str(mdl) else (f"{ds}, {mdl}" if mdl else ds)
+    return f"{ds}, published" if "published" in str(mdl) else (f"{ds}, {mdl}" if mdl else ds)
 
 
 def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_source: str,
@@ -408,7 +408,7 @@ def finding3_rows(spread: pd.DataFrame, by_pos: pd.DataFrame, *, source: str) ->
         wide = r.p95 >= 2 * r.p5
         rows.append(SummaryRow("3 acceptance varies", f"{ds} ({r.model}): tokens/step 5th-95th pct across "
                                f"requests, {r.proposer}", paper, f"{r.p5:.1f}-{r.p95:.1f} (95th/5th "
-                               f"{r.p95 / r.p5:.1f})", source, float(r.p95),
+                               f"{r.p95 / r.p5:.2f})", source, float(r.p95),
                                ("agrees: wide spread" if wide else "departs: narrow spread") if lo_hi else
                                ("not in the paper (wide spread)" if wide else "not in the paper (narrow spread)")))
     focus = spread[(spread["dataset"] == ds) & spread["proposer"].isin(["ngram", "eagle"])]
@@ -529,12 +529,12 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
         below = [str(c) for c, v in zip(g["draft_cost"], g["speedup"]) if not v > single]
         rows.append(SummaryRow("5 hybrid oracle", f"{_who(ds, mdl)}, bs {b0}: Oracle Combine ({key[-1]}), drafting "
                                f"cost {' / '.join(g['draft_cost'])}",
-                               " / ".join(_combine_text(c) for c in g["draft_cost"]),
-                               " / ".join(_x(v) for v in g["speedup"]), source, float(g["speedup"].max()),
+                               "/".join(_combine_text(c) for c in g["draft_cost"]),
+                               "/".join(_x(v) for v in g["speedup"]), source, float(g["speedup"].max()),
                                (f"departs: not above the best single oracle ({_x(single)}) with {', '.join(below)}"
-                                if below else f"agrees: all above the best single oracle ({_x(single)})"),
-                               headline=True, short=f"{_who(ds, mdl)}, bs {b0}: Oracle Combine, "
-                               f"{' / '.join(g['draft_cost'])}"))
+                                if below else f"agrees (all above the best single oracle, {_x(single)})"),
+                               headline=True, short=f"{_who(ds, mdl)}, bs {b0}: Combine, "
+                               f"{'/'.join(g['draft_cost'])}"))
     return rows
 
 

@@ -230,13 +230,14 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         ax.set_ylim(1, (k + 1) if k else None)
         _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
-        first = list(axes).index(ax) % min(3, len(datasets)) == 0
-        ax.set_ylabel((f"mean tokens/step (k={k})" if k else "mean tokens/step (oracle)") if first else "")
+        ax.set_ylabel(f"mean tokens/step (k={k})" if k else "mean tokens/step (oracle)", fontsize=7.5)
         reach = d.groupby("position")["n_requests"].max()
         tw = ax.twinx()
         tw.plot(reach.index, reach.values, color="0.55", ls=":", lw=1, drawstyle="steps-post")
         tw.set_ylim(0, None)
         tw.tick_params(labelsize=6.5, colors="0.4", pad=1)
+        tw.set_ylabel("requests", fontsize=6.5, color="0.4", labelpad=1)
+        tw.set_xlabel(ax.get_xlabel())  # the twin's x axis is hidden; labelled like its panel
         tw.grid(False)
     _legend_below(fig, axes)
     cut = f" (bins reached by < {min_requests} dropped)" if min_requests else ""
@@ -402,7 +403,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     oracle, dashed = best fixed k, colour = proposer."""
     gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6, max_width=COLUMN_WIDTH_IN - 0.15)  # room for the label boxes
     for ax, ds in zip(axes, datasets):
         d = gap[gap["dataset"] == ds]
         for p, g in d.groupby("proposers"):
@@ -467,7 +468,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     axes = list(axs.flat[: len(models)])
     width = 0.84 / max(1, len(order))
     paper_set = set(paper_proposers or ())
-    handles, ticks = {}, 0
+    handles, ticks, readable = {}, 0, {}
     ymax = float(np.nanmax(list(o["speedup"]) + list((paper_refs or {}).values()) + [1.0]))
     for ax, mdl in zip(axes, models):
         om = o[o["model"].astype(str) == mdl]
@@ -497,7 +498,8 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                 hatch = ACCOUNTING_HATCH.get(cfg.split(", ")[1], "")
             xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
             bars = ax.bar(xs, d["speedup"], width=width * 0.92, color=c, hatch=hatch, edgecolor="white", lw=0.3,
-                          label=_config_label(cfg, d))
+                          label=cfg)
+            readable.setdefault(cfg, _config_label(cfg, d))
             handles.setdefault(cfg, bars)
             for ds, b, v in zip(datasets, bars, d["speedup"]):
                 t = tick_at.get((ds, cfg))
@@ -507,8 +509,8 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                     ticks += 1
                     handles.setdefault("paper", ax.collections[-1])
                 if np.isfinite(v):
-                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.03 * ymax, f"{v:.1f}", ha="center",
-                            va="bottom", fontsize=7, rotation=90)
+                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.03 * ymax, f"{v:.2f}", ha="center",
+                            va="bottom", fontsize=6.5, rotation=90)
         ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
         ax.set_xticks(np.arange(len(datasets)))
         ax.set_xticklabels(datasets)
@@ -521,7 +523,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     for ax in axes:
         if not ax.get_xlabel():
             ax.set_xlabel(" ")
-    pairs = [(handles[c], handles[c].get_label()) for c in order]
+    pairs = [(handles[c], readable[c]) for c in order]
     if "paper" in handles:
         pairs.append((handles["paper"], "paper (InstructCoder, Llama-3.1-8B, H100)"))
     fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",

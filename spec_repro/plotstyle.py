@@ -90,7 +90,7 @@ def _finish(fig, source: str | None):
     leg = getattr(fig, "_spec_legend", None)
     if leg is not None:
         # no wider than the figure: fewer legend columns until it fits (a figure stays COLUMN_WIDTH_IN wide)
-        while leg.get_window_extent(renderer).width > fig.bbox.width and leg._ncols > 1:
+        while leg.get_window_extent(renderer).width > 0.95 * fig.bbox.width and leg._ncols > 1:
             handles, labels = leg.legend_handles, [t.get_text() for t in leg.texts]
             new = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=leg._ncols - 1,
                              frameon=False, fontsize=leg.texts[0].get_fontsize(), handlelength=leg.handlelength,

@@ -72,9 +72,9 @@ def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
                            "p50": [2.0, 1.5, 1.5, 1.2], "p95": [12.04, 3.26, 4.0, 2.0]})
     assert _rows(F.finding3_rows(spread, None, source="src")) == [
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, ngram",
-         "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0 (95th/5th 8.4)", "src", 12.04),
+         "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0 (95th/5th 8.42)", "src", 12.04),
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, early-exit",
-         "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3 (95th/5th 3.0)", "src", 3.26),
+         "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3 (95th/5th 2.96)", "src", 3.26),
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, ngram", "1.1-15.0",
          "1.4-12.0", "src", 12.04),
         ("3 acceptance varies", "early-exit (m): median tokens/step, range across datasets", "varies by dataset",
@@ -141,11 +141,11 @@ def test_finding5_each_oracle_and_oracle_combine_per_accounting():
         ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost all", "≈3.85x",
          "2.60x", "src", 2.6),
         ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost ngram-only / winner / all",
-         "4.9x / ≈4.3x / ≈3.85x", "3.00x / 2.80x / 2.60x", "src", 3.0),
+         "4.9x/≈4.3x/≈3.85x", "3.00x/2.80x/2.60x", "src", 3.0),
     ]
     rows = F.finding5_rows(sim, source="src")
     assert [r.headline for r in rows] == [False] * 5 + [True]
-    assert rows[-1].verdict == "agrees: all above the best single oracle (2.50x)"
+    assert rows[-1].verdict == "agrees (all above the best single oracle, 2.50x)"
 
 
 def test_agreement_rows():

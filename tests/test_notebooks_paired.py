@@ -76,7 +76,7 @@ def test_clean_executed_strips_what_changes_between_runs(tmp_path):
 def test_unknown_parameter_is_one_line_before_anything_runs(tmp_path):
     from spec_repro.reproduce import reproduce
 
-    with pytest.raises(ValueError, match=r"unknown notebook parameter\(s\) \['bogus'\]: the notebooks declare .*'k'"):
+    with pytest.raises(ValueError, match=r"unknown notebook parameter\(s\) \['bogus'\]: the notebooks declare .*'max_fixed_k'"):
         reproduce("embedded", tmp_path / "out", figures_dir=tmp_path / "figs", notebooks=["05_oracle_bound"],
                   parameters={"bogus": 1}, progress=False)
     assert not list((tmp_path / "out" / "notebooks").glob("*")), "nothing left behind"
