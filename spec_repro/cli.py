@@ -68,7 +68,7 @@ def _run_simulate(args):
     from .simulate import SimulationError, parse_proposers, simulate
     from .traces import Trace, TraceError, read_trace
 
-    out = check_writable(args.out, "--out") if args.out else None  # before any heavy work
+    out = check_writable(args.out, "--out") if args.out is not None else None  # before any heavy work
     try:
         traces = []
         for f in args.traces:

@@ -83,8 +83,8 @@ def _finish(fig, source: str | None):
     renderer = fig.canvas.get_renderer()
     boxes = {tuple(np.round(ax.get_position().bounds, 3)) for ax in fig.axes if ax.get_visible()}  # twins: one
     if len(boxes) > 6 and not any("panels:" in n for n in getattr(fig, "_spec_notes", [])):
-        _note(fig, f"{len(boxes)} panels: one per workload and model, each on its own axes, so that every model "
-              "is read against its own scale and output lengths.")
+        _note(fig, f"{len(boxes)} panels: one per combination in the data (the panel titles name it), each on its "
+              "own axes, so that every one is read against its own scale; a shared panel would hide the smaller ones.")
     y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
              for ax in fig.axes if ax.get_visible()] + [0.0])
     leg = getattr(fig, "_spec_legend", None)

@@ -95,7 +95,11 @@ def run_notebook(name: str, params: dict, tmp_path) -> str:
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    shell = InteractiveShell.instance()
+    from traitlets.config import Config
+
+    cfg = Config()
+    cfg.HistoryManager.enabled = False  # no history database (the session's IPYTHONDIR is removed at exit)
+    shell = InteractiveShell.instance(config=cfg)
     shell.reset(new_session=True)
     shell.run_cell("import matplotlib; matplotlib.use('Agg')")
     nb = jupytext.read(NB / f"{name}.py")
