@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -36,7 +36,8 @@ figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG 
 summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there
 cost_model = "llama3.1-8b-h100"   # preset name or a cost-model JSON path (e.g. data/gpu fit)
 batch_sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-vllm_job = "llama8b"   # the vLLM device job whose throughput a vllm backend measures
+vllm_job = None        # None: every committed vLLM job (data/gpu); a job of data/gpu/jobs.json, e.g. "s3-tp2":
+                       # only its runs; with backend "vllm": the job to run now (None: "llama8b")
 also_h200_fit = True   # also simulate with the cost model fitted to the H200 step logs (data/gpu)
 
 # %%
@@ -73,8 +74,11 @@ sim.pivot_table(index=["dataset", "batch_size"], columns=["cost_model", "propose
 # Measured end-to-end throughput in vLLM (speedup = generated tokens/s with SD ÷ without), when the H200 runs are committed under `data/gpu`:
 
 # %%
-gpu_results = A.live_vllm_job(vllm_job) / "results.jsonl" if backend == "vllm" else None
-measured, measured_src = A.gpu_speedups(gpu_results)
+gpu_results = A.live_vllm_job(vllm_job or "llama8b") / "results.jsonl" if backend == "vllm" else None
+if traces is None or backend == "vllm":
+    measured, measured_src = A.gpu_speedups(gpu_results, job=vllm_job if backend != "vllm" else None)
+else:  # the committed vLLM runs do not depend on traces=: the default run shows them, not a run on other traces
+    measured, measured_src = None, "measured vLLM throughput: not shown with traces= (the default run shows it)"
 print(measured_src)
 measured if measured is not None else "no measured vLLM throughput in data/gpu: only the simulation is shown"
 
@@ -88,7 +92,8 @@ if figures_dir: P.save(fig, "01_speedup_vs_batch", figures_dir)
 
 # %%
 if measured is not None:
-    fig2 = P.speedup_vs_batch(measured, title="Measured vLLM speedup vs batch size (H200, dummy weights)",
+    fig2 = P.speedup_vs_batch(measured, title="Measured vLLM speedup vs batch size, H200, DUMMY WEIGHTS:\n"
+                              "the timing is real, the acceptance is not (not comparable with the paper's)",
                               source=measured_src, style="acceptance")
     if figures_dir: P.save(fig2, "01_measured_vllm_speedup", figures_dir)
 

@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -23,7 +23,8 @@
 # %% tags=["parameters"]
 # Parameters (papermill). Defaults read the committed measurements; nothing runs live.
 backend = "embedded"   # "embedded": committed data/gpu + data/cpu; "vllm": run the vLLM device job now (GPU host)
-vllm_job = "llama8b"   # with backend "vllm": which job of spec_repro/engines/vllm_jobs.py to run
+vllm_job = None        # None: every committed vLLM job (data/gpu); a job of data/gpu/jobs.json, e.g. "s3-tp2":
+                       # only its steps; with backend "vllm": the job to run now (None: "llama8b")
 figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG + PDF)
 summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there
 steps_files = None       # None: data/gpu step logs; or a path / list of step-timing files
@@ -33,8 +34,8 @@ verify_cost_file = None  # None: data/cpu/verify_cost.csv
 from spec_repro import analysis as A, plots as P
 
 if backend == "vllm":
-    steps_files = sorted(A.live_vllm_job(vllm_job).glob("steps_*.jsonl"))
-steps, steps_src = A.gpu_steps(steps_files)
+    steps_files = sorted(A.live_vllm_job(vllm_job or "llama8b").glob("steps_*.jsonl"))
+steps, steps_src = A.gpu_steps(steps_files, job=vllm_job if backend != "vllm" else None)
 print(steps_src)
 
 # %% [markdown]

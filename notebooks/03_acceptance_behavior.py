@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -54,8 +54,9 @@ SOURCE = A.short_source(trace)     # the one-line version used in captions and t
 # **Caveat on the embedded model.** SmolLM2-135M often falls into repetition loops under greedy decoding (7 to 13 of 40 requests per workload have over 30% of positions at full acceptance, gsm-symbolic 3): n-gram acceptance on SmolLM2 is partly an artefact of that, so read its n-gram numbers as an upper side. The Qwen2.5-Coder pair (1.5B target decoded by vLLM 0.25, outputs up to 2,048 tokens, 300 requests per workload where the workload has them) loops far less.
 
 # %%
-by_pos = A.acceptance_by_output_position(trace, k=k, bin_size=bin_size, proposers=props, min_requests=5)
-fig = P.acceptance_by_position(by_pos, k=k, source=f"measured: {SOURCE}")
+min_req = min(5, int(trace.requests.groupby("dataset").size().min()))  # a bin shown needs this many requests
+by_pos = A.acceptance_by_output_position(trace, k=k, bin_size=bin_size, proposers=props, min_requests=min_req)
+fig = P.acceptance_by_position(by_pos, k=k, min_requests=min_req, source=f"measured: {SOURCE}")
 if figures_dir: P.save(fig, "03_acceptance_by_output_position", figures_dir)
 
 # %%

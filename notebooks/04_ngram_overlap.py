@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -26,7 +26,6 @@ traces = None          # None: committed traces (data/traces/*.parquet); or a pa
                        # or the study's published JSON lines (e.g. "combined_instructcoder.jsonl")
 model = None           # keep trace files whose name contains this (e.g. "smollm2", "qwen"); None: all
 datasets = None        # e.g. ["code-edit", "sharegpt"]; None: every dataset in the traces
-proposers = None       # e.g. ["ngram", "early-exit"]; None: every proposer in the traces
 k = 3                  # draft tokens per step (the study's k)
 backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first (with the
                        # torch engine's exact profiler on either; "vllm" also runs vLLM's timings in 01/02)
@@ -42,9 +41,8 @@ from spec_repro import analysis as A, plots as P
 if backend == "embedded":
     trace = A.load_traces(traces, model=model, datasets=datasets)
 else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
-    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
-                         max_new_tokens=live_max_new_tokens)
-props = proposers or trace.proposers
+    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=["ngram", other_proposer],
+                         n_requests=live_requests, max_new_tokens=live_max_new_tokens)
 print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files
 SOURCE = A.short_source(trace)     # the one-line version used in captions and the summary table
 

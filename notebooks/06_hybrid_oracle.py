@@ -8,7 +8,7 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -27,7 +27,6 @@ traces = None          # None: committed traces (data/traces/*.parquet); or a pa
 model = None           # keep trace files whose name contains this (e.g. "smollm2", "qwen"); None: all
 datasets = None        # e.g. ["code-edit", "sharegpt"]; None: every dataset in the traces
 proposers = None       # e.g. ["ngram", "early-exit"]; None: every proposer in the traces
-k = 3                  # draft tokens per step (the study's k)
 backend = "embedded"   # "embedded": committed data; "torch" / "vllm": collect fresh traces live first (with the
                        # torch engine's exact profiler on either; "vllm" also runs vLLM's timings in 01/02)
 live_requests = 4      # live runs only: requests per dataset

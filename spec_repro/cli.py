@@ -2,6 +2,21 @@
 and imports its library module lazily, so ``spec-repro --help`` is instant."""
 from __future__ import annotations
 
+DESCRIPTION = (
+    "Reproduce \"Speculative Decoding: Performance or Illusion?\" (Liu et al., arXiv:2601.11580): run the study's "
+    "notebooks headless on the committed measurements (reproduce), simulate speculative-decoding speedups over "
+    "acceptance traces with a step cost model (simulate), collect new traces with the package's torch engine "
+    "(collect), train an EAGLE head (train eagle), time verification on this CPU (cpu-verify-cost), and run the "
+    "instrumented vLLM engine on a GPU host (vllm). Models and workloads come from PyPI wheels, offline (models, "
+    "workloads).")
+EPILOG = """examples:
+  spec-repro reproduce                       all seven notebooks on the committed data (~4 min on 2 cores)
+  spec-repro reproduce -p k=5 --out out-k5   with a parameter: executed copies under out-k5, committed files kept
+  spec-repro simulate --traces data/traces/smollm2-135m__code-edit.parquet --proposers ngram \\
+      --policy fixed-3 oracle --batch-sizes 1 16     a compact table on stdout (add --out FILE.csv for all columns)
+
+cost-model presets (--cost-model): {presets}
+run 'spec-repro COMMAND --help' for a command's options."""
 import argparse
 import sys
 
@@ -15,7 +30,8 @@ def _add_simulate(sub):
     p.add_argument("--traces", nargs="+", required=True, metavar="FILE",
                    help="published JSON-lines (combined_<dataset>.jsonl) and/or the package's parquet traces")
     p.add_argument("--cost-model", default="llama3.1-8b-h100", metavar="NAME|PATH",
-                   help="preset name or preset JSON file (default: llama3.1-8b-h100, the published fit)")
+                   help=f"preset name ({', '.join(_preset_names())}) or a preset JSON file (default: "
+                        "llama3.1-8b-h100, the study's published H100 fit)")
     p.add_argument("--proposers", required=True, help="comma-separated, e.g. ngram or ngram,eagle")
     p.add_argument("--policy", nargs="+", required=True, metavar="POLICY",
                    help="fixed-K (K >= 1), oracle, oracle-combine, adaptive-rule, adaptive-learned (causal "
@@ -25,7 +41,8 @@ def _add_simulate(sub):
     p.add_argument("--draft-cost", nargs="+", default=["ngram-only"], metavar="ACCOUNTING",
                    help="oracle-combine drafting accounting: ngram-only (released code), winner, all, ran (every "
                         "proposer that ran pays; = all for oracle-combine; adaptive policies are always charged ran)")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1], metavar="B")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1], metavar="B",
+                   help="batch sizes to simulate, e.g. 1 16 64 (default: 1)")
     p.add_argument("--batching", nargs="+", default=["duplicate"], metavar="MODE",
                    help="duplicate (the study's: one request copied B times) or mixed (continuous batching)")
     p.add_argument("--sample", type=int, default=None, metavar="N",
@@ -43,8 +60,9 @@ def _add_simulate(sub):
     p.add_argument("--dynamic-k", nargs="+", default=None, metavar="B:K",
                    help="dynamic-k's table, batch size -> k (vLLM's num_speculative_tokens_per_batch_size), e.g. "
                         "1:5 32:2 128:1")
-    p.add_argument("--out", required=True, metavar="OUT.csv")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default=None, metavar="OUT.csv",
+                   help="write every column to this CSV (default: only the compact table on stdout)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_run_simulate)
     return p
 
@@ -61,7 +79,8 @@ def _run_simulate(args):
     from .tracefiles import read_trace
 
     cm_file = [args.cost_model] if Path(args.cost_model).expanduser().exists() else []
-    out = out_file(args.out, "--out", inputs=[*args.traces, *cm_file])  # before any heavy work
+    # before any heavy work; no --out: the compact table on stdout only
+    out = out_file(args.out, "--out", inputs=[*args.traces, *cm_file]) if args.out is not None else None
     try:
         traces = []
         for f in args.traces:
@@ -85,12 +104,15 @@ def _run_simulate(args):
                       args.batching, sample=args.sample, seed=args.seed, progress=not args.no_progress, **extra)
     except (TraceError, SimulationError, CostModelError) as e:
         raise SystemExit(f"error: {e}")
-    out = Path(out)
-    with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
-        df.to_csv(tmp, index=False)
     show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",
                "mean_tokens_per_step", "verify_share", "draft_share"]]
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if out is None:
+        print(f"({len(df)} rows; cost model {args.cost_model}; --out FILE.csv writes every column)")
+        return
+    out = Path(out)
+    with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
+        df.to_csv(tmp, index=False)
     print(f"wrote {out} ({len(df)} rows; cost model {args.cost_model})")
 
 
@@ -100,10 +122,10 @@ def _add_models(sub):
     msub = p.add_subparsers(dest="models_cmd", required=True)
     msub.add_parser("list", help="known embedded models and their cache state")
     f = msub.add_parser("fetch", help="download (and optionally convert) a model into the cache")
-    f.add_argument("name")
+    f.add_argument("name", help="an embedded model (spec-repro models list)")
     f.add_argument("--convert", action="store_true", help="also convert to safetensors now (one-off)")
     i = msub.add_parser("info", help="source wheels, sha256s, license, cache paths (JSON)")
-    i.add_argument("name")
+    i.add_argument("name", help="an embedded model (spec-repro models list)")
     p.set_defaults(func=_run_models)
     return p
 
@@ -181,7 +203,43 @@ def _run_reproduce(args):
         print(f"{status} {r.name:28s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else ""))
     print(f"summary: {out / 'summary.md'} and {out / 'summary.csv'} ({len(table)} rows); "
           f"executed notebooks: {out / 'notebooks'}")
+    _print_written(table.attrs.get("written", []))
     return 1 if any(not r.ok for r in results) else 0
+
+
+def _print_written(written) -> None:
+    """Every place a reproduce run wrote, grouped: the repository's committed files it refreshed, a --figures
+    folder, and what went under --out."""
+    import os
+
+    heads = {"committed": "refreshed committed files (figures/, notebooks/, SUMMARY.md, the README's table)",
+             "figures": "wrote under --figures", "out": "wrote under --out"}
+    for kind, head in heads.items():
+        paths = [p for k, p in written if k == kind]
+        if paths:
+            print(f"{head}: {len(paths)} files")
+            for p in paths:
+                rel = os.path.relpath(p)
+                print(f"  {p if rel.startswith('..') else rel}")
+
+
+def _preset_names() -> list[str]:
+    """Cost-model preset names, read from file names (``costmodel.PRESETS`` without importing it: --help stays
+    instant)."""
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    data = here.parent / "data"
+    files = sorted(here.glob("presets/*.json")) + sorted(data.glob("*/costmodel_*.json"))
+    names = []
+    for f in files:
+        try:
+            import json
+
+            names.append(json.loads(f.read_text()).get("name") or f.stem)
+        except (OSError, ValueError):
+            continue
+    return names
 
 
 # ---- workloads (prompt sets) -------------------------------------------------------------------------------
@@ -190,9 +248,9 @@ def _add_workloads(sub):
     wsub = p.add_subparsers(dest="workloads_cmd", required=True)
     wsub.add_parser("list", help="offline and online workloads, sources, licenses")
     s = wsub.add_parser("show", help="print a few requests of a workload")
-    s.add_argument("name")
-    s.add_argument("-n", type=int, default=3)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("name", help="a workload (spec-repro workloads list)")
+    s.add_argument("-n", type=int, default=3, help="requests to print (default 3)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     s.add_argument("--model", default=None, help="apply this model's chat template and count tokens")
     s.add_argument("--chars", type=int, default=600, help="truncate each prompt to this many characters")
     p.set_defaults(func=_run_workloads)
@@ -241,24 +299,24 @@ def _add_collect(sub):
     p.add_argument("--compare-engines", type=int, default=0, metavar="N",
                    help="with --engine vllm: decode N requests with vLLM and the torch engine alone and record both "
                         "tokens/s in the manifest")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per request at most (default 256)")
     p.add_argument("--proposers", nargs="+", default=["ngram", "early-exit"],
                    help="ngram, early-exit, draft (needs --draft-model), eagle / eagle3 (need --eagle-head)")
     p.add_argument("--draft-model", default=None, help="draft model sharing the target's tokenizer")
     p.add_argument("--eagle-head", default=None, metavar="DIR",
                    help="EAGLE/EAGLE-3 head (vLLM's layout; e.g. from `spec-repro train eagle`) for proposer eagle")
     p.add_argument("--early-exit-layers", type=int, default=None, help="exit layer (default: 80%% of depth)")
-    p.add_argument("--k-max", type=int, default=16)
+    p.add_argument("--k-max", type=int, default=16, help="draft tokens profiled per position at most (default 16)")
     p.add_argument("--min-n", type=int, default=3, help="n-gram prompt_lookup_min (study: 3)")
     p.add_argument("--max-n", type=int, default=7, help="n-gram prompt_lookup_max (study: 7)")
     p.add_argument("--batch-size", type=int, default=8, help="greedy decodes batched together")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="request sampling seed (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
                    help="greedy decoder: torch (the exact reference, anywhere) or vllm (a GPU host); the proposers "
                         "are then profiled over its outputs")
-    p.add_argument("--out", default="data/traces")
+    p.add_argument("--out", default="data/traces", help="trace directory (default data/traces)")
     p.add_argument("--force", action="store_true", help="redo workloads whose trace file exists")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is much faster than the default on a CPU shared with other jobs)")
@@ -300,7 +358,7 @@ def _run_collect(args):
 
 def _add_train(sub):
     p = sub.add_parser("train", help="train an EAGLE head on its target's own greedy outputs (self-distillation)")
-    p.add_argument("what", choices=["eagle"])
+    p.add_argument("what", choices=["eagle"], help="what to train: eagle (an EAGLE head)")
     p.add_argument("--target", default="smollm2-135m", help="embedded name, HF id or local directory")
     p.add_argument("--out", required=True, metavar="DIR", help="head directory (vLLM eagle layout + TRAINING.json)")
     p.add_argument("--workloads", nargs="+", default=["sharegpt", "py-functions"], metavar="NAME",
@@ -313,18 +371,19 @@ def _add_train(sub):
                    help="decoder of the self-distillation data: torch (anywhere) or vllm (a GPU host)")
     p.add_argument("--train-n", type=int, default=1000, help="training prompts per workload (at most)")
     p.add_argument("--val-n", type=int, default=32, help="training decodes held out to track acceptance")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="output tokens per training decode at most (default 256)")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped (default 1024)")
     p.add_argument("--batch-size", type=int, default=32, help="greedy decodes batched together")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--tokens-per-batch", type=int, default=8192)
-    p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4)")
+    p.add_argument("--tokens-per-batch", type=int, default=8192, help="tokens per optimizer step (default 8192)")
+    p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test; default 5)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop the training loop after this long and write the head as trained so far (recorded)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_run_train)
     return p
 
@@ -354,12 +413,12 @@ def _run_train(args):
 # ---- cpu-verify-cost (the embedded analogue of finding 2) --------------------------------------------------
 def _add_cpu_verify_cost(sub):
     p = sub.add_parser("cpu-verify-cost", help="target forward time of k+1 tokens vs 1 token (k = 1..16)")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default="smollm2-135m", help="target model (default smollm2-135m)")
     p.add_argument("--kv-len", type=int, default=512, help="tokens in the KV cache before the pass")
-    p.add_argument("--k-max", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default="data/cpu/verify_cost.csv")
+    p.add_argument("--k-max", type=int, default=16, help="largest k timed (default 16)")
+    p.add_argument("--repeats", type=int, default=15, help="timed repeats per k (default 15)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--out", default="data/cpu/verify_cost.csv", help="output CSV (default data/cpu/verify_cost.csv)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--steps-out", default=None,
                    help="also time whole engine steps (no SD / ngram / early-exit, bs 1 and 4, code-edit) and "
@@ -444,25 +503,28 @@ def _add_vllm(sub):
     r.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 128],
                    help="the study's batching: one prompt copied B times")
     r.add_argument("--prompt-len", type=int, default=512, help="random-token prompt length (timing runs)")
-    r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--max-tokens", type=int, default=256, help="output tokens per request (default 256)")
     r.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     r.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
     r.add_argument("--dummy", action="store_true", help='load_format="dummy": random weights, real timing')
-    r.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    r.add_argument("--max-model-len", type=int, default=4096)
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                   help="vLLM gpu_memory_utilization (default 0.85)")
+    r.add_argument("--max-model-len", type=int, default=4096, help="vLLM max_model_len (default 4096)")
     r.add_argument("--step-log", help="write every step's phase timing here (JSON lines; the plugin)")
     r.add_argument("--out", help="append results as JSON lines here")
     pr = vs.add_parser("profile", help="cost surface: batch size x prompt length on any config.json (dummy weights)")
-    pr.add_argument("--model", required=True)
-    pr.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128, 256])
-    pr.add_argument("--prompt-lens", type=int, nargs="+", default=[128, 1024, 3072])
-    pr.add_argument("--decode-tokens", type=int, default=48)
-    pr.add_argument("--step-log", required=True)
+    pr.add_argument("--model", required=True, help="HF id or local dir")
+    pr.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128, 256],
+                    help="batch sizes of the cost surface (default 1 8 32 128 256)")
+    pr.add_argument("--prompt-lens", type=int, nargs="+", default=[128, 1024, 3072],
+                    help="prompt lengths (default 128 1024 3072)")
+    pr.add_argument("--decode-tokens", type=int, default=48, help="decode steps timed per point (default 48)")
+    pr.add_argument("--step-log", required=True, help="JSON-lines step log to write")
     pr.add_argument("--fit", help="fit spec_repro.costmodel on the profile's steps and write the model here")
-    pr.add_argument("--tp", type=int, default=1)
+    pr.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (default 1)")
     sm = vs.add_parser("summarize", help="data/gpu tables from device outputs (results_*.jsonl, steps_*.jsonl)")
     sm.add_argument("--raw", required=True, nargs="+", help="folder(s) of raw device outputs, searched recursively")
-    sm.add_argument("--out", default="data/gpu")
+    sm.add_argument("--out", default="data/gpu", help="where the summarized tables go (default data/gpu)")
     for q in (r, pr, sm):
         q.set_defaults(func=_run_vllm)
     return p
@@ -537,7 +599,14 @@ _COMMANDS = [_add_simulate, _add_models, _add_reproduce, _add_collect, _add_trai
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spec-repro", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    import textwrap
+
+    parser = argparse.ArgumentParser(prog="spec-repro", description=textwrap.fill(DESCRIPTION, 100),
+                                     epilog=EPILOG.format(presets=", ".join(_preset_names())),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"spec-repro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in _COMMANDS:
         add(sub)

@@ -14,7 +14,7 @@ import pandas as pd
 from .metrics import MIN_OVERLAP_REQUESTS
 
 __all__ = [
-    "PAPER", "paper_refs", "SummaryRow", "write_summary", "read_summaries", "summary_markdown", "headline_markdown",
+    "PAPER", "paper_refs", "SummaryRow", "FindingsTable", "write_summary", "read_summaries", "summary_markdown", "headline_markdown",
     "FINDING_TITLES", "focus_dataset",
     "finding1_rows", "finding2_rows", "finding3_rows", "finding3b_rows", "finding4_rows", "finding5_rows",
     "agreement_rows", "adaptive_rows",
@@ -85,6 +85,27 @@ class SummaryRow:
     value: float | None = None  # this run's value as a number, when there is one
     verdict: str = ""   # "agrees", "departs: <why>", or why there is nothing to compare ("not in the paper")
     headline: bool = False  # one of the few rows the README's results table shows
+    short: str = ""     # the quantity as the README's results table words it (default: ``quantity``)
+
+
+class FindingsTable(pd.DataFrame):
+    """A findings table that displays whole: no cell cut to "..." (pandas' default ``max_colwidth`` is 50), no row
+    or column elided, as HTML (JupyterLab, the repo page) and as text. Otherwise a plain DataFrame."""
+
+    _WHOLE = ("display.max_colwidth", None, "display.max_rows", None, "display.max_columns", None,
+              "display.expand_frame_repr", False)
+
+    @property
+    def _constructor(self):
+        return FindingsTable
+
+    def _repr_html_(self):
+        with pd.option_context(*self._WHOLE):
+            return super()._repr_html_()
+
+    def __repr__(self):
+        with pd.option_context(*self._WHOLE):
+            return super().__repr__()
 
 
 def write_summary(rows: Iterable[SummaryRow | dict], path: str | Path | None) -> pd.DataFrame:
@@ -101,7 +122,7 @@ def write_summary(rows: Iterable[SummaryRow | dict], path: str | Path | None) ->
 
         with atomic_write(Path(path)) as f:
             f.write(json.dumps(recs, indent=1) + "\n")
-    return pd.DataFrame(recs, columns=list(SummaryRow.__dataclass_fields__))
+    return FindingsTable(recs, columns=list(SummaryRow.__dataclass_fields__))
 
 
 def read_summaries(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -113,19 +134,55 @@ def read_summaries(paths: Iterable[str | Path]) -> pd.DataFrame:
 
 #: Section titles of the summary, by the leading key of ``SummaryRow.finding``.
 FINDING_TITLES = {
-    "1": "Finding 1: speculative decoding's speedup shrinks as the batch grows",
-    "2": "Finding 2: verification dominates a step",
-    "3": "Finding 3: acceptance varies by position, request and dataset; n-gram tracks prompt-output overlap",
-    "4": "Finding 4: an oracle proposal length beats every fixed k",
-    "5": "Finding 5: the hybrid oracle (best proposer per position)",
+    "1": "Finding 1: speculative decoding's speedup shrinks as the batch grows (paper: EAGLE 1.96x on "
+         "Llama-3-70B at bs 1; Llama-3.1-8B GSM8K 1.21x at bs 128)",
+    "2": "Finding 2: verification dominates a step (paper: 42%-95% of execution time, all methods)",
+    "3": "Finding 3: acceptance varies by position, request and dataset; n-gram tracks prompt-output overlap "
+         "(paper: InstructCoder, Llama-3-70B; n-gram beats EAGLE above BLEU-4 ≈0.6)",
+    "4": "Finding 4: an oracle proposal length beats every fixed k (paper: InstructCoder, n-gram, Llama-3.1-8B, "
+         "H100 cost model, bs 1)",
+    "5": "Finding 5: the hybrid oracle, the best proposer per position (paper: InstructCoder, bs 1, by drafting-cost "
+         "accounting ngram-only / winner / all)",
     "6b": "Beyond the study: a causal proposer-and-length selector",
 }
 
 MAX_LINE = 300  # characters per line of the summary (a reader scans it; a test holds it)
+README_LINE = 140  # characters per row of the README's results table
+README_ROWS = 12   # rows of the README's results table at most (the full table: figures/SUMMARY.md)
+
+#: How each verdict is reached, stated once (the summary's header and the README show it).
+VERDICT_RULES = (
+    "Verdicts follow one rule per finding. 1: agrees when the best proposer's speedup is lower at the largest "
+    "batch than at the smallest. 2: agrees when the measured range overlaps the paper's 42%-95%. 3: a spread is "
+    "wide when the 95th percentile is at least twice the 5th (the paper's: 2.7x, 13.6x, 3.3x), and agrees when "
+    "wide; the overlap threshold agrees within 0.2 of 0.6 with at least 10 requests on each side. 4: agrees when "
+    "the oracle beats the best fixed k. 5: agrees when Oracle Combine beats the best single-proposer oracle. A "
+    "speedup below 1x is called slower than no SD. Runs on dummy weights are not comparable: their acceptance is "
+    "set by the random weights, not by the method. Rows marked \"not ...\" or \"beyond the study\" compare "
+    "nothing and show no paper value.")
+#: Terms the rows use, defined once.
+TERMS = (
+    "Terms: tokens/step = tokens one speculative step produces (accepted + 1), per request; best fixed k = the "
+    "fastest fixed k over k = 1-7 (\"any\": over every k the trace allows); gap closed = (policy - best fixed k) "
+    "÷ (Oracle Combine - best fixed k), the oracle paying the same drafting costs as the policy (all); worst "
+    "ratio = the policy's speedup ÷ the best fixed k's, at its worst batch size.")
+#: Source keys: A.. = the study's published traces (figures/published), B.. = this package's data (figures/).
+KEY_PREFIXES = {"published": "A", "package": "B"}
 
 
 def _cell(v) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v).replace("|", "/").replace("\n", " ")
+
+
+def _compares(r) -> bool:
+    """Whether a row compares with the paper (rows that do not show no paper value)."""
+    v = _cell(r.get("verdict"))
+    return not (v.startswith(("not ", "beyond")) or v == "")
+
+
+def _paper_cell(r) -> str:
+    p = _cell(r.get("paper"))
+    return p if _compares(r) and p and not p.startswith("n/a") else "—"
 
 
 def _source_keys(sources: Iterable, prefix: str = "S") -> dict[str, str]:
@@ -133,19 +190,20 @@ def _source_keys(sources: Iterable, prefix: str = "S") -> dict[str, str]:
     return {src: f"{prefix}{i}" for i, src in enumerate(dict.fromkeys(map(_cell, sources)), 1)}
 
 
-def summary_markdown(df: pd.DataFrame) -> str:
-    """The summary a reader scans: one section per finding, columns quantity | paper | this run | verdict | source
-    key, the sources listed once at the end. Every line is at most ``MAX_LINE`` characters (longer sources wrap
-    onto indented lines)."""
-    keys = _source_keys(df["source"])
+def summary_markdown(df: pd.DataFrame, prefix: str = "B") -> str:
+    """The summary a reader scans: the verdict rules and terms, one section per finding, columns quantity | paper
+    | this run | verdict | source key (``prefix``1, 2, ...: the README's keys for the same table), the sources
+    listed once at the end. Every line is at most ``MAX_LINE`` characters (longer text wraps)."""
+    keys = _source_keys(df["source"], prefix)
     cols = ["quantity", "paper", "this_run", "verdict"]
-    out = []
+    out = _wrap(VERDICT_RULES, MAX_LINE) + [""] + _wrap(TERMS, MAX_LINE) + [""]
     for fid, g in df.groupby(df["finding"].astype(str).str.split(" ").str[0], sort=False):
         out.append(f"## {FINDING_TITLES.get(fid, g['finding'].iloc[0])}\n")
         out.append("| " + " | ".join(c.replace("_", " ") for c in cols) + " | source |")
         out.append("|" + "|".join("---" for _ in range(len(cols) + 1)) + "|")
         for _, r in g.iterrows():
-            out.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + f" | {keys[_cell(r['source'])]} |")
+            cells = [_paper_cell(r) if c == "paper" else _cell(r.get(c)) for c in cols]
+            out.append("| " + " | ".join(cells) + f" | {keys[_cell(r['source'])]} |")
         out.append("")
     out.append("## Sources\n")
     for src, k in keys.items():
@@ -160,15 +218,28 @@ def _wrap(text: str, width: int) -> list[str]:
                          break_on_hyphens=False) or [""]
 
 
-def headline_markdown(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
-    """The README's results table: the ``headline`` rows of each (label, summary table), in finding order, with
-    the label's source keys (A1.. for the first table, B1.. for the second, ...) listed below it."""
-    lines = ["| finding | quantity | paper | this run | verdict | source |", "|---|---|---|---|---|---|"]
-    parts = []
-    for i, (label, df) in enumerate(tables):
+def _verdict_short(v: str) -> str:
+    """A verdict without its parenthesized detail (the README's column; SUMMARY.md has it whole)."""
+    import re
+
+    return re.sub(r"\s*\([^)]*\)", "", _cell(v)).strip()
+
+
+def headline_markdown(tables: Sequence[tuple]) -> str:
+    """The README's results table: the ``headline`` rows of each (label, summary table[, key prefix]), in finding
+    order, at most ``README_ROWS`` rows, each at most ``README_LINE`` characters in tests; the embedded SmolLM2's
+    rows stay in SUMMARY.md. Source keys are those of the table's own SUMMARY.md (prefix default: A, B, ... by
+    position), listed below with the verdict rules and terms."""
+    lines = ["| # | quantity | paper | this run | verdict | src |", "|---|---|---|---|---|---|"]
+    parts, keys = [], {}
+    for i, t in enumerate(tables):
+        label, df = t[0], t[1]
+        prefix = t[2] if len(t) > 2 else chr(ord("A") + i)
         if df is None or not len(df) or "headline" not in df.columns:
             continue
+        keys[i] = (label, _source_keys(df["source"], prefix))
         h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
+        h = h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]
         parts += [(label, i, j, r) for j, (_, r) in enumerate(h.iterrows())]
     # a row two runs share (the measured vLLM tables every profile reads) is shown once, from the later table
     seen, kept = set(), []
@@ -178,17 +249,24 @@ def headline_markdown(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
         if key not in seen:
             seen.add(key)
             kept.append(part)
-    parts = kept[::-1]
-    keys = {i: _source_keys((r["source"] for _, t, _, r in parts if t == i), chr(ord("A") + i))
-            for i in dict.fromkeys(t for _, t, _, _ in parts)}
-    notes = [f"- **{k}** ({tables[i][0]}): {src}" for i in sorted(keys) for src, k in keys[i].items()]
     order = {k: n for n, k in enumerate(FINDING_TITLES)}
-    for label, i, j, r in sorted(parts, key=lambda t: (order.get(str(t[3]["finding"]).split(" ")[0], len(order)),
-                                                       t[1], t[2])):
-        lines.append(f"| {_cell(r['finding'])} | " + " | ".join(_cell(r.get(c)) for c in ("quantity", "paper",
-                                                                                          "this_run", "verdict"))
-                     + f" | {keys[i][_cell(r['source'])]} |")
-    return "\n".join(lines) + "\n\n" + "\n".join(l for n in notes for l in _wrap(n, MAX_LINE)) + "\n"
+    parts = sorted(kept[::-1], key=lambda t: (order.get(str(t[3]["finding"]).split(" ")[0], len(order)), t[1], t[2]))
+    more = len(parts) - README_ROWS
+    used: dict[int, dict[str, str]] = {}
+    for label, i, j, r in parts[:README_ROWS]:  # noqa: B007
+        k = keys[i][1][_cell(r["source"])]
+        used.setdefault(i, {})[_cell(r["source"])] = k
+        q = _cell(r.get("short")) or _cell(r["quantity"])
+        lines.append(f"| {_cell(r['finding']).split(' ')[0]} | {q} | {_paper_cell(r)} | {_cell(r['this_run'])} | "
+                     f"{_verdict_short(r['verdict'])} | {k} |")
+    notes = []
+    if more > 0:
+        notes.append(f"{more} more headline row{'s are' if more > 1 else ' is'} in the summaries.")
+    notes += [f"- **{k}** ({keys[i][0]}): {src}" for i in sorted(used) for src, k in sorted(used[i].items(),
+                                                                                               key=lambda x: int(x[1][1:]))]
+    text = [l for n in notes for l in _wrap(n, README_LINE)]
+    text += [""] + _wrap(VERDICT_RULES, README_LINE) + [""] + _wrap(TERMS, README_LINE)
+    return "\n".join(lines) + "\n\n" + "\n".join(text) + "\n"
 
 
 # ---- summary rows per finding -----------------------------------------------------------------------------
@@ -208,11 +286,15 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
+def _who(ds: str, mdl) -> str:
+    """A dataset and model, short: the study's published traces say so instead of naming their model."""
+    return f"{ds}, published" if "published" in str(mdl) else (f"{ds}, {mdl}" if mdl else ds)
+
+
 def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_source: str,
                   measured_source: str | None = None) -> list[SummaryRow]:
     rows = []
-    paper = (f"shrinks with batch: EAGLE {PAPER['eagle_70b_bs1']}x (70B, bs 1); 8B GSM8K {PAPER['gsm8k_8b_bs128']}x "
-             "at bs 128")
+    paper = f"shrinks ({PAPER['eagle_70b_bs1']}x at bs 1, 70B)"
     parts = []
     if sim is not None and len(sim):
         if "cost_model" in sim.columns:
@@ -237,11 +319,19 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
             if focus is not None and ds != focus:
                 continue
             where = ds if ds.startswith(str(mdl)) else f"{ds} ({mdl})"
+            dummy = ((g["weights"].astype(str) == "dummy").all() if "weights" in g.columns else
+                     g["proposers"].astype(str).str.contains("dummy weights").all())
+            verdict = ("not comparable (acceptance set by dummy weights)" if dummy else
+                       "agrees" if v1 < v0 else "departs: grows with batch")
+            slow = [int(b) for b, v in ((b0, v0), (b1, v1)) if v < 1]
+            if slow:
+                verdict += f"; slower than no SD at bs {' and '.join(map(str, slow))}"
+            short = (f"{mdl} dims (vLLM, dummy weights): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if dummy else
+                     f"{_who(ds, mdl)}: best ({best}), bs {b0} -> {b1}, simulated")
             rows.append(SummaryRow("1 speedup vs batch", f"{where}: best proposer ({best}), bs {b0} -> {b1} ({label})",
-                                   paper, f"{_x(v0)} -> {_x(v1)}", src, v0,
-                                   "agrees" if v1 < v0 else "departs: grows with batch",
+                                   paper, f"{_x(v0)} -> {_x(v1)}", src, v0, verdict,
                                    headline=label.startswith("simulated, cost model llama3.1-8b-h100") or
-                                   (label.startswith("measured") and "llama" in str(mdl))))
+                                   (label.startswith("measured") and str(mdl).startswith("llama3-70b")), short=short))
         if focus is not None:
             for mdl in dict.fromkeys(m for m, _ in shrinks):
                 n = [ok for m, ok in shrinks if m == mdl]
@@ -276,7 +366,8 @@ def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFra
                                    float(v["verification_share"].max()),
                                    _in_range(v["verification_share"].min(), v["verification_share"].max(),
                                              "a light drafter" if method == "draft_model" else "dummy weights"),
-                                   headline=str(model).startswith(("llama31-8b", "llama3-70b"))))
+                                   headline=str(model).startswith("llama3-70b") and method == "ngram",
+                                   short=f"{model} dims, {method} (vLLM, H200): verification share, bs {b[0]}-{b[-1]}"))
         r = sd["rejection_sampling_share"].max()
         rows.append(SummaryRow("2 verification bottleneck", "rejection sampling share, max over methods and batches",
                                f"< {PAPER['reject_share_max']:.1%}", f"{r:.1%}", steps_source, float(r),
@@ -316,10 +407,22 @@ def finding3_rows(spread: pd.DataFrame, by_pos: pd.DataFrame, *, source: str) ->
         paper = f"{lo_hi[0]}-{lo_hi[1]} ({ref}, InstructCoder, 70B)" if lo_hi else "n/a"
         wide = r.p95 >= 2 * r.p5
         rows.append(SummaryRow("3 acceptance varies", f"{ds} ({r.model}): tokens/step 5th-95th pct across "
-                               f"requests, {r.proposer}", paper, f"{r.p5:.1f}-{r.p95:.1f}", source, float(r.p95),
+                               f"requests, {r.proposer}", paper, f"{r.p5:.1f}-{r.p95:.1f} (95th/5th "
+                               f"{r.p95 / r.p5:.2f})", source, float(r.p95),
                                ("agrees: wide spread" if wide else "departs: narrow spread") if lo_hi else
-                               ("not in the paper (wide spread)" if wide else "not in the paper (narrow spread)"),
-                               headline=bool(lo_hi) and r.proposer in ("ngram", "eagle")))
+                               ("not in the paper (wide spread)" if wide else "not in the paper (narrow spread)")))
+    focus = spread[(spread["dataset"] == ds) & spread["proposer"].isin(["ngram", "eagle"])]
+    for mdl, g in focus.groupby("model", sort=True) if "model" in focus.columns else []:
+        g = g.set_index("proposer").reindex([p for p in ("ngram", "eagle") if p in set(g["proposer"])])
+        narrow = [p for p, r in g.iterrows() if r.p95 < 2 * r.p5]
+        pp = PAPER["tokens_per_step_p5_p95"]
+        rows.append(SummaryRow("3 acceptance varies", f"{ds} ({mdl}): tokens/step 5th-95th pct across requests, "
+                               f"{' / '.join(g.index)}", " / ".join(f"{pp[p][0]}-{pp[p][1]}" for p in g.index),
+                               " / ".join(f"{r.p5:.1f}-{r.p95:.1f}" for _, r in g.iterrows()), source,
+                               float(g["p95"].max()),
+                               f"departs: narrow ({', '.join(narrow)})" if narrow else "agrees",
+                               headline=True, short=f"{_who(ds, mdl)}: tokens/step 5th-95th pct, "
+                               f"{' / '.join(g.index)}"))
     if spread["dataset"].nunique() > 1:
         by = ["model", "proposer"] if "model" in spread.columns else ["proposer"]
         for key, g in spread.groupby(by):
@@ -355,7 +458,9 @@ def finding3b_rows(adv: pd.DataFrame, thresholds: pd.DataFrame, *, source: str) 
         run = (f"{thr:.1f} ({int(t.n_below)} / {int(t.n_above)} requests below / above)" if thr is not None
                else "none supported")
         rows.append(SummaryRow("3 n-gram vs overlap", f"BLEU-4 above which n-gram beats {t.other}{where}",
-                               f"≈{cut} (vs EAGLE)", run, source, thr, verdict, headline=vs_eagle))
+                               f"≈{cut}", run, source, thr, verdict, headline=vs_eagle,
+                               short=f"{_who('', t.model).lstrip(', ') or 'all'}: BLEU-4 above which n-gram beats "
+                               f"{t.other}"))
         hi, lo = d[d["bleu"] >= cut], d[d["bleu"] < cut]
         both = len(hi) and len(lo)
         rows.append(SummaryRow("3 n-gram vs overlap", f"share of requests where n-gram beats {t.other}{where}: "
@@ -379,14 +484,13 @@ def finding4_rows(gap: pd.DataFrame, *, source: str) -> list[SummaryRow]:
     for (mdl, prop), gp in g.groupby(["model", "proposers"]):
         r0 = gp[gp["batch_size"] == b0].iloc[0]
         r1 = gp[gp["batch_size"] == b1].iloc[0]
-        paper = (f"oracle ≈{PAPER['ngram_oracle']}x vs best fixed ≈{PAPER['ngram_best_fixed']}x (InstructCoder, n-gram)"
-                 if prop == "ngram" else "n/a")
+        paper = f"≈{PAPER['ngram_oracle']}x vs ≈{PAPER['ngram_best_fixed']}x" if prop == "ngram" else "n/a"
         where = f"{ds} ({mdl})" if mdl else ds
         rows.append(SummaryRow("4 oracle bound", f"{where}, {prop}, bs {b0}: oracle vs best fixed k", paper,
                                f"{_x(r0.oracle_speedup)} vs {_x(r0.best_fixed_speedup)} ({r0.best_fixed})", source,
                                float(r0.oracle_speedup),
                                "agrees" if r0.oracle_speedup > r0.best_fixed_speedup else "departs: no gap",
-                               headline=prop == "ngram"))
+                               headline=prop == "ngram", short=f"{_who(ds, mdl)}, {prop}, bs {b0}: oracle vs best fixed k"))
         rows.append(SummaryRow("4 oracle bound", f"{where}, {prop}: oracle ÷ best fixed, bs {b0} -> {b1}",
                                "gap widens with batch size", f"{r0.gap:.2f} -> {r1.gap:.2f}", source, float(r1.gap),
                                "agrees" if r1.gap > r0.gap else "departs: narrows with batch"))
@@ -407,15 +511,30 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
         where = f"{ds} ({r.model})" if multi else ds
         rows.append(SummaryRow("5 hybrid oracle", f"{where}, bs {b0}: {r.proposers} oracle", paper, _x(r.speedup),
                                source, float(r.speedup), "not compared (a single proposer's bound)"))
-    for r in d[d["policy"] == "oracle-combine"].itertuples(index=False):
+    oc = d[d["policy"] == "oracle-combine"]
+    for r in oc.itertuples(index=False):
         where = f"{ds} ({r.model})" if multi else ds
         single = float(best_single.get(r.model if multi else "oracle", np.nan))
         rows.append(SummaryRow("5 hybrid oracle", f"{where}, bs {b0}: Oracle Combine ({r.proposers}), drafting cost "
                                f"{r.draft_cost}", _combine_text(r.draft_cost), _x(r.speedup), source,
                                float(r.speedup),
                                (f"agrees: above the best single oracle ({_x(single)})" if r.speedup > single else
-                                f"departs: not above the best single oracle ({_x(single)})"),
-                               headline=True))
+                                f"departs: not above the best single oracle ({_x(single)})")))
+    # one headline row per model and proposer pair: the three accountings side by side
+    by = [c for c in ("model", "proposers") if c in oc.columns]
+    for key, g in (oc.groupby(by, sort=False) if len(oc) else []):
+        key = key if isinstance(key, tuple) else (key,)
+        mdl = key[0] if "model" in by else ""
+        single = float(best_single.get(mdl if multi else "oracle", np.nan))
+        below = [str(c) for c, v in zip(g["draft_cost"], g["speedup"]) if not v > single]
+        rows.append(SummaryRow("5 hybrid oracle", f"{_who(ds, mdl)}, bs {b0}: Oracle Combine ({key[-1]}), drafting "
+                               f"cost {' / '.join(g['draft_cost'])}",
+                               "/".join(_combine_text(c) for c in g["draft_cost"]),
+                               "/".join(_x(v) for v in g["speedup"]), source, float(g["speedup"].max()),
+                               (f"departs: not above the best single oracle ({_x(single)}) with {', '.join(below)}"
+                                if below else f"agrees (all above the best single oracle, {_x(single)})"),
+                               headline=True, short=f"{_who(ds, mdl)}, bs {b0}: Combine, "
+                               f"{'/'.join(g['draft_cost'])}"))
     return rows
 
 
@@ -473,8 +592,7 @@ def agreement_rows(agree: dict | None, source: str) -> list[SummaryRow]:
         rows.append(SummaryRow("3 acceptance varies", "trace fidelity: vLLM's accepted tokens per step = the profiler's "
                                "prediction from the same outputs (SmolLM2, n-gram)", "n/a",
                                f"{a['accepted_agreement_rate']:.1%} of {a['steps']} steps", source,
-                               float(a["accepted_agreement_rate"]), "not in the paper (a fidelity check)",
-                               headline=True))
+                               float(a["accepted_agreement_rate"]), "not in the paper (a fidelity check)"))
     t = agree.get("vs_torch_traces") or {}
     if t:
         rows.append(SummaryRow("3 acceptance varies", "trace fidelity: vLLM vs the committed torch traces (common "

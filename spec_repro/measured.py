@@ -12,15 +12,36 @@ from .paths import data_dir
 from .provenance import manifest_line
 from .traces import TraceError
 
-__all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement",
+__all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
            "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls"]
 
 
-def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame | None, str]:
+def gpu_job_specs(job: str) -> list[str]:
+    """The engine specs of vLLM device job ``job`` (``data/gpu/jobs.json``): the runs a notebook's ``vllm_job``
+    keeps from the committed measurements."""
+    jobs = json.loads((data_dir() / "gpu" / "jobs.json").read_text())["jobs"]
+    if job not in jobs:
+        raise ValueError(f"unknown vLLM job {job!r}; data/gpu/jobs.json has {sorted(jobs)}")
+    return list(jobs[job]["specs"])
+
+
+def _keep_job(d: pd.DataFrame, job: str | None) -> pd.DataFrame:
+    """Rows of job ``job``'s specs, plus the no-SD runs of the same models (the baselines its speedups need)."""
+    if not job or "spec" not in d.columns:
+        return d
+    specs = gpu_job_specs(job)
+    mine = d["spec"].astype(str).isin(specs)
+    models = set(d.loc[mine, "model"].astype(str))
+    return d[mine | ((d["method"].astype(str) == "none") & d["model"].astype(str).isin(models))]
+
+
+def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None) -> tuple[pd.DataFrame | None, str]:
     """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
     ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) or not ``primary`` (superseded
     by a later session's re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
     (``study``: the study's batching) when the table says.
+
+    ``job``: only the steps of that vLLM device job (``gpu_job_specs``), with its models' no-SD runs.
 
     Returns (table or None, a provenance line saying what was read or that nothing was found)."""
     from .traces import read_steps, validate_steps
@@ -46,9 +67,9 @@ def gpu_steps(files=None, run_kind: str | None = "study") -> tuple[pd.DataFrame 
             parts.append(validate_steps(d.reset_index(drop=True), str(f)))
         else:
             parts.append(read_steps(f))
-    df = pd.concat(parts, ignore_index=True)
+    df = _keep_job(pd.concat(parts, ignore_index=True), job).reset_index(drop=True)
     engines = ", ".join(sorted(df["engine"].astype(str).unique()))
-    return df, f"measured ({engines} step logs): {manifest_line(folder, found)}"
+    return df, f"measured ({engines} step logs{f', job {job}' if job else ''}): {manifest_line(folder, found)}"
 
 
 def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
@@ -61,6 +82,7 @@ def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
     if not found:
         return None, f"measured: no torch-engine step logs under {folder}"
     df = pd.concat([read_steps(f) for f in found], ignore_index=True)
+    df["method"] = df["method"].astype(str).str.replace("_", "-")  # one spelling: early-exit, as the proposer
     return df, f"measured (spec_repro torch engine step logs): {manifest_line(folder, found)}"
 
 
@@ -92,7 +114,7 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     return pd.DataFrame(recs), found
 
 
-def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None, str]:
+def gpu_speedups(files=None, task: str = "batches", job: str | None = None) -> tuple[pd.DataFrame | None, str]:
     """Measured end-to-end vLLM speedups: output tokens/s of each SD run ÷ the no-SD run (method ``none``) of the
     same model and batch size, from the job results under ``data/gpu`` (``task='batches'``: the study's batching,
     one prompt copied B times).
@@ -106,7 +128,9 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
     folder = data_dir() / "gpu"
     if runs.empty or "task" not in runs or not (runs["task"] == task).any():
         return None, f"measured: no vLLM throughput runs (task {task!r}) under {folder}"
-    d = runs[runs["task"] == task].copy()
+    d = _keep_job(runs[runs["task"] == task], job).copy()
+    if not (d["method"] != "none").any():
+        return None, f"measured: no vLLM SD throughput runs (task {task!r}, job {job!r}) under {folder}"
     d["tokens_per_s"] = d["output_tok_per_s"].astype(float)
     key = ["model", "batch_size"]
     base = (d[d["method"] == "none"].groupby(key, as_index=False)["tokens_per_s"].mean()
@@ -136,7 +160,7 @@ def gpu_speedups(files=None, task: str = "batches") -> tuple[pd.DataFrame | None
         out = flag_stalled_points(out, stalls, stall_runs)
     else:
         out = out.assign(stalled=False, stall_reason="")
-    return out, f"measured vLLM throughput: {manifest_line(folder, found)}"
+    return out, f"measured vLLM throughput{f' (job {job})' if job else ''}: {manifest_line(folder, found)}"
 
 
 def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,

@@ -128,27 +128,36 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
         shares = shares.assign(_facet=shares[list(facet)].astype(str).agg(" · ".join, axis=1))
         facet = "_facet"
     facets = list(dict.fromkeys(shares[facet]))
-    fig, axes = _facets(len(facets), ncols=min(4, len(facets)), w=3.6)
+    fig, axes = _facets(len(facets), ncols=min(3, len(facets)), w=3.6, h=2.6)
+    method_of = dict(zip(shares[facet], shares["method"].astype(str))) if "method" in shares.columns else {}
     order = ["verification_share", "drafting_share", "rejection_sampling_share", "overhead_share"]
     for ax, f in zip(axes, facets):
         d = shares[shares[facet] == f].sort_values(x)
         xs = [str(v) for v in d[x]]
         bottom = np.zeros(len(d))
+        plain = method_of.get(f) == "none"
         for c in [c for c in order if c in phases]:
             name = c.removesuffix("_share").replace("_", " ")
             v = d[c].to_numpy(float)
-            ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
+            if plain and name == "verification":  # no speculation: the target forward is plain decoding
+                ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label="target forward, no SD (plain decoding)",
+                       width=0.75, hatch="///", edgecolor="white", lw=0)
+            else:
+                ax.bar(xs, v, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
             bottom += v
         if paper_verify_range:
             lo, hi = paper_verify_range
             ax.axhline(lo, color="k", lw=0.8, ls="--")
             ax.axhline(hi, color="k", lw=0.8, ls="--")
         ax.set_ylim(0, 1.0)
-        ax.set_title(str(f))
-        ax.set_xlabel(x.replace("_", " ") + (" (requests)" if x == "batch_size" else ""))
-        ax.set_ylabel("share of step time")
-        ax.tick_params(axis="x", rotation=45)
-    _legend_below(fig, axes)
+        _title(ax, str(f), fontsize=8)
+        ax.set_xlabel(x.replace("_", " ") + (" (requests)" if x == "batch_size" else ""), fontsize=8)
+        ax.set_ylabel("share of step time", fontsize=8)
+        ax.tick_params(axis="x", rotation=45, labelsize=7)
+    _legend_below(fig, axes, ncol=3)
+    if len(facets) > 6:
+        _note(fig, f"{len(facets)} panels: one per model and method measured (each model's 'none' panel is its "
+              "plain-decoding baseline), so the phases of every method can be compared on its own model.")
     sup = title or "Where a decode step's time goes"
     if paper_verify_range:
         sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
@@ -206,12 +215,13 @@ def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: 
 # ---- finding 3 --------------------------------------------------------------------------------------------
 
 
-def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None):
+def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = "", source: str | None = None,
+                           min_requests: int | None = None):
     """Mean tokens per step by output position (``metrics.acceptance_by_output_position``), a panel per
-    dataset, a line per proposer."""
+    dataset, a line per proposer; a grey dotted line (right axis) counts the requests that reach each bin."""
     df = _panels(df)
     datasets = sorted(df["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6, max_width=COLUMN_WIDTH_IN - 0.5)  # room for the right axes
     pal = palette_for(sorted(df["proposer"].unique()))
     for ax, ds in zip(axes, datasets):
         d = df[df["dataset"] == ds]
@@ -220,9 +230,22 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         ax.set_ylim(1, (k + 1) if k else None)
         _title(ax, ds)
         ax.set_xlabel("output position (tokens)")
-        ax.set_ylabel(f"tokens per step (k={k})" if k else "tokens per step (oracle)")
+        ax.set_ylabel(f"mean tokens/step (k={k})" if k else "mean tokens/step (oracle)", fontsize=7.5)
+        reach = d.groupby("position")["n_requests"].max()
+        tw = ax.twinx()
+        tw.plot(reach.index, reach.values, color="0.55", ls=":", lw=1, drawstyle="steps-post")
+        tw.set_ylim(0, None)
+        tw.tick_params(labelsize=6.5, colors="0.4", pad=1)
+        tw.set_ylabel("requests", fontsize=6.5, color="0.4", labelpad=1)
+        tw.set_xlabel(ax.get_xlabel())  # the twin's x axis is hidden; labelled like its panel
+        tw.grid(False)
     _legend_below(fig, axes)
-    fig.suptitle(title or "Acceptance by output position", y=1.03)
+    cut = f" (bins reached by < {min_requests} dropped)" if min_requests else ""
+    fig.suptitle(title or f"Acceptance by output position: mean over the requests reaching each bin{cut};\n"
+                 "grey dotted line, right axis: how many requests reach the bin", y=1.04, fontsize=9)
+    if len(datasets) > 6:
+        _note(fig, f"{len(datasets)} panels: one per workload and model, so each model's acceptance can be read "
+              "against its own output lengths.")
     return _finish(fig, source)
 
 
@@ -380,7 +403,7 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     oracle, dashed = best fixed k, colour = proposer."""
     gap = _panels(gap)
     datasets = sorted(gap["dataset"].unique())
-    fig, axes = _facets(len(datasets), ncols=3, w=3.6)
+    fig, axes = _facets(len(datasets), ncols=3, w=3.6, max_width=COLUMN_WIDTH_IN - 0.15)  # room for the label boxes
     for ax, ds in zip(axes, datasets):
         d = gap[gap["dataset"] == ds]
         for p, g in d.groupby("proposers"):
@@ -391,8 +414,9 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         if _is_paper_panel(ds, paper_dataset):
             for lab, v in (paper_refs or {}).items():
-                ax.axhline(v, color="0.5", lw=0.8, ls="--")
-                ax.text(ax.get_xlim()[1], v, lab, fontsize=6.5, color="0.35", va="bottom", ha="right")
+                ax.axhline(v, color="0.5", lw=0.8, ls=(0, (1, 2)), zorder=1)
+                ax.text(0.98, v, lab, transform=ax.get_yaxis_transform(), fontsize=6.5, color="0.25", va="center",
+                        ha="right", zorder=10, bbox=dict(fc="white", ec="0.7", lw=0.4, pad=1.2, alpha=0.95))
         _batch_axis(ax, gap["batch_size"])
         _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
                          and _is_paper_panel(ds, paper_dataset) else ""))
@@ -400,6 +424,18 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
     _legend_below(fig, axes, ncol=4)
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
     return _finish(fig, source)
+
+
+def _config_label(cfg: str, d: pd.DataFrame) -> str:
+    """A bar's legend label: the proposers it combines and how drafting is charged, not the accounting alone."""
+    if cfg.endswith(" oracle"):
+        return f"{cfg.removesuffix(' oracle')}: its own oracle"
+    names = d["proposers"].dropna()
+    who = str(names.iloc[0]) if len(names) else "combined"
+    dc = cfg.split(", ")[1]
+    how = {"ngram-only": "n-gram's drafting cost only", "winner": "the winner's drafting cost",
+           "all": "every proposer's drafting cost"}.get(dc, dc)
+    return f"Oracle Combine ({who}), {how}"
 
 
 def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", source: str | None = None,
@@ -432,7 +468,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     axes = list(axs.flat[: len(models)])
     width = 0.84 / max(1, len(order))
     paper_set = set(paper_proposers or ())
-    handles, ticks = {}, 0
+    handles, ticks, readable = {}, 0, {}
     ymax = float(np.nanmax(list(o["speedup"]) + list((paper_refs or {}).values()) + [1.0]))
     for ax, mdl in zip(axes, models):
         om = o[o["model"].astype(str) == mdl]
@@ -463,6 +499,7 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
             xs = np.arange(len(datasets)) + (j - (len(order) - 1) / 2) * width
             bars = ax.bar(xs, d["speedup"], width=width * 0.92, color=c, hatch=hatch, edgecolor="white", lw=0.3,
                           label=cfg)
+            readable.setdefault(cfg, _config_label(cfg, d))
             handles.setdefault(cfg, bars)
             for ds, b, v in zip(datasets, bars, d["speedup"]):
                 t = tick_at.get((ds, cfg))
@@ -472,8 +509,8 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                     ticks += 1
                     handles.setdefault("paper", ax.collections[-1])
                 if np.isfinite(v):
-                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.04 * ymax, f"{v:.2f}", ha="center",
-                            va="bottom", fontsize=5.5, rotation=90)
+                    ax.text(b.get_x() + b.get_width() / 2, max(v, t or 0) + 0.03 * ymax, f"{v:.2f}", ha="center",
+                            va="bottom", fontsize=6.5, rotation=90)
         ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
         ax.set_xticks(np.arange(len(datasets)))
         ax.set_xticklabels(datasets)
@@ -486,11 +523,11 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
     for ax in axes:
         if not ax.get_xlabel():
             ax.set_xlabel(" ")
-    pairs = [(handles[c], c) for c in order]
+    pairs = [(handles[c], readable[c]) for c in order]
     if "paper" in handles:
         pairs.append((handles["paper"], "paper (InstructCoder, Llama-3.1-8B, H100)"))
     fig._spec_legend = fig.legend([h for h, _ in pairs], [lab for _, lab in pairs], loc="upper center",
-                                  bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=7.5)
+                                  bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=7.5)
     if paper_refs:
         shown = sorted(paper_set)
         _note(fig, "Black ticks: the paper's values, drawn only on "

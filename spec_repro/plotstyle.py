@@ -20,16 +20,16 @@ PALETTE: dict[str, tuple] = {
     "ngram": _CB[0],
     "eagle": _CB[1],
     "eagle3": _CB[9],
-    "early-exit": _CB[3],
+    "early-exit": _CB[4],
     "draft": _CB[2],
     "draft_model": _CB[2],
-    "mtp": _CB[4],
+    "mtp": _CB[6],
     "ngram+eagle": _CB[5],
     "ngram+early-exit": _CB[5],
-    "ngram+draft": _CB[6],
+    "ngram+draft": _CB[8],
 }
 _EXTRA = sns.color_palette("dark", 10)
-PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[3], "overhead": _CB[7]}
+PHASE_COLORS = {"drafting": _CB[1], "verification": _CB[0], "rejection sampling": _CB[4], "overhead": _CB[7]}
 ACCOUNTING_HATCH = {"ngram-only": "", "winner": "//", "all": "xx"}
 
 # "paper" context: 8-10 pt text, meant for figures drawn at most COLUMN_WIDTH_IN wide (no shrinking)
@@ -81,10 +81,22 @@ def _finish(fig, source: str | None):
 
     fig.tight_layout()
     renderer = fig.canvas.get_renderer()
+    boxes = {tuple(np.round(ax.get_position().bounds, 3)) for ax in fig.axes if ax.get_visible()}  # twins: one
+    if len(boxes) > 6 and not any("panels:" in n for n in getattr(fig, "_spec_notes", [])):
+        _note(fig, f"{len(boxes)} panels: one per combination in the data (the panel titles name it), each on its "
+              "own axes, so that every one is read against its own scale; a shared panel would hide the smaller ones.")
     y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
              for ax in fig.axes if ax.get_visible()] + [0.0])
     leg = getattr(fig, "_spec_legend", None)
     if leg is not None:
+        # no wider than the figure: fewer legend columns until it fits (a figure stays COLUMN_WIDTH_IN wide)
+        while leg.get_window_extent(renderer).width > 0.95 * fig.bbox.width and leg._ncols > 1:
+            handles, labels = leg.legend_handles, [t.get_text() for t in leg.texts]
+            new = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=leg._ncols - 1,
+                             frameon=False, fontsize=leg.texts[0].get_fontsize(), handlelength=leg.handlelength,
+                             columnspacing=leg.columnspacing)
+            leg.remove()
+            fig._spec_legend = leg = new
         leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
         y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     width = max(40, int(fig.get_figwidth() * 15))

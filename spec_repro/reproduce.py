@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from .findings import MAX_LINE, read_summaries, summary_markdown
+from .findings import KEY_PREFIXES, MAX_LINE, read_summaries, summary_markdown
 from .paths import repo_root
 
 __all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
@@ -159,7 +159,9 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
               timeout_s: int | None = 1800) -> tuple[list[NotebookResult], pd.DataFrame]:
     """Run the notebooks; returns per-notebook results and the summary table (written to ``out_dir`` as
     ``summary.md`` and ``summary.csv``, and beside the figures as ``SUMMARY.md``/``summary.csv``; executed
-    notebooks go to ``out_dir/notebooks``)."""
+    notebooks go to ``out_dir/notebooks``). ``table.attrs["written"]`` lists every file the run wrote, as
+    (where, path): ``"committed"`` for the repository's files a plain run refreshes, ``"out"`` for ``out_dir``,
+    ``"figures"`` for a ``figures_dir`` of the caller's."""
     import papermill as pm
     from tqdm.auto import tqdm
 
@@ -243,8 +245,9 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             for k, v in parameters.items())
     import textwrap
 
+    prefix = KEY_PREFIXES["published" if fig_dir == repo_root() / "figures" / "published" else "package"]
     md = ("# Reproduction summary\n\n" + "\n".join(textwrap.wrap(head + ".", MAX_LINE, break_on_hyphens=False))
-          + "\n\n" + summary_markdown(table))
+          + "\n\n" + summary_markdown(table, prefix))
     failed = [r for r in results if not r.ok]
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
@@ -255,8 +258,17 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
         f.write(md)
     with atomic_path(fig_dir / "summary.csv") as tmp:
         table.to_csv(tmp, index=False)
-    if fig_dir in (repo_root() / "figures", repo_root() / "figures" / "published"):
-        update_readme_results()
+    committed = fig_dir in (repo_root() / "figures", repo_root() / "figures" / "published")
+    readme = update_readme_results() if committed else False
+    fig_kind = "committed" if committed else "figures"
+    written = [("committed", notebooks_dir() / f"{r.name}.ipynb") for r in results if r.ok and publish]
+    written += [(fig_kind, fig_dir / f) for r in results for f in r.figures]
+    written += [(fig_kind, fig_dir / f) for f in ("SUMMARY.md", "summary.csv")]
+    written += [("committed", repo_root() / "README.md")] if readme else []
+    written += [("out", p) for r in results for p in (r.output, out / "notebooks" / f"{r.name}.kernel.log", r.summary)
+                if p is not None and Path(p).exists()]
+    written += [("out", out / "summary.md"), ("out", out / "summary.csv")]
+    table.attrs["written"] = [(k, str(p)) for k, p in written]
     return results, table
 
 
@@ -274,10 +286,10 @@ def update_readme_results(readme: Path | None = None) -> bool:
     readme = readme or repo_root() / "README.md"
     figs = repo_root() / "figures"
     tables = []
-    for label, f in (("the study's published traces", figs / "published" / "summary.csv"),
-                     ("this package's data", figs / "summary.csv")):
+    for label, f, prefix in (("the study's published traces", figs / "published" / "summary.csv", KEY_PREFIXES["published"]),
+                             ("this package's data", figs / "summary.csv", KEY_PREFIXES["package"])):
         if f.exists():
-            tables.append((label, pd.read_csv(f, keep_default_na=False)))  # "n/a" is text here, not a NaN
+            tables.append((label, pd.read_csv(f, keep_default_na=False), prefix))  # "n/a" is text here, not a NaN
     if not readme.exists() or not tables:
         return False
     text = readme.read_text()

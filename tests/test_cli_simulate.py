@@ -111,3 +111,45 @@ def test_every_committed_proposer_runs_from_the_cli_with_named_presets(tmp_path,
     main(["simulate", "--traces", str(qwen), "--proposers", "ngram+early-exit", "--policy", "oracle-combine",
           "--draft-cost", "all", "--cost-model", "llama3.1-8b-h200", "--out", str(out), "--no-progress"])
     assert "note: proposer 'early-exit'" in capsys.readouterr().err and len(pd.read_csv(out)) == 1
+
+
+def test_help_is_for_users_every_option_has_help_and_there_is_a_version():
+    """`spec-repro --help`: a paragraph saying what the package does, the cost-model presets, examples; every
+    option of every command carries help; `--version` prints the package's version."""
+    import argparse
+
+    from spec_repro import __version__
+    from spec_repro.cli import build_parser
+    from spec_repro.costmodel import PRESETS
+
+    p = build_parser()
+    text = p.format_help()
+    assert "Speculative Decoding: Performance or Illusion?" in text and "examples:" in text
+    for name in PRESETS:
+        assert name in text, name
+    missing = []
+
+    def walk(parser, path):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for n, sp in a.choices.items():
+                    walk(sp, path + [n])
+            elif not a.help:
+                missing.append((" ".join(path), a.dest))
+
+    walk(p, ["spec-repro"])
+    assert not missing, missing
+    r = subprocess.run([sys.executable, "-m", "spec_repro.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"spec-repro {__version__}"
+
+
+def test_simulate_without_out_prints_a_table_and_writes_nothing(tmp_path):
+    trace = Path(__file__).parents[1] / "data" / "traces" / "smollm2-135m__code-edit.parquet"
+    r = subprocess.run([sys.executable, "-m", "spec_repro.cli", "simulate", "--traces", str(trace), "--proposers",
+                        "ngram", "--policy", "fixed-3", "oracle", "--batch-sizes", "1", "16", "--no-progress"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["dataset", "proposers", "policy"] and len(lines) == 6
+    assert "oracle" in r.stdout and "--out" in lines[-1]
+    assert list(tmp_path.iterdir()) == []

@@ -28,18 +28,22 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
     rows = F.finding1_rows(sim, measured, sim_source="sim", measured_source="meas")
     assert _rows(rows) == [
         ("1 speedup vs batch", "code-edit (m): best proposer (ngram), bs 1 -> 64 (simulated)",
-         "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "2.00x -> 1.25x", "sim", 2.0),
+         "shrinks (1.96x at bs 1, 70B)", "2.00x -> 1.25x", "sim", 2.0),
         ("1 speedup vs batch", "m: datasets where the best proposer's speedup shrinks from the smallest to the largest "
          "batch (simulated)", "every dataset", "1 of 1", "sim", 1.0),
         ("1 speedup vs batch", "llama31-8b dims, random prompt: best proposer (ngram (AL 3.95, dummy weights)), "
          "bs 1 -> 256 (measured vLLM, dummy weights)",
-         "shrinks with batch: EAGLE 1.96x (70B, bs 1); 8B GSM8K 1.21x at bs 128", "3.33x -> 1.40x", "meas", 3.333),
+         "shrinks (1.96x at bs 1, 70B)", "3.33x -> 1.40x", "meas", 3.333),
     ]
-    assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), ("agrees", True)]
+    dummy = "not comparable (acceptance set by dummy weights)"
+    assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), (dummy, False)]
+    assert F.finding1_rows(None, measured.assign(model="llama3-70b"), sim_source="", measured_source="m")[0].headline
+    slow = F.finding1_rows(None, measured.assign(speedup=[0.73, 0.42]), sim_source="", measured_source="m")
+    assert slow[0].verdict == dummy + "; slower than no SD at bs 1 and 256"
     grows = sim.assign(speedup=[1.0, 0.9, 1.3, 1.1])        # ngram best at bs 1 (1.0), then 1.3 at bs 64
     stalled = measured.assign(stalled=[False, True])        # a compilation stall is not the method's speed
     rows = F.finding1_rows(grows, stalled, sim_source="sim", measured_source="meas")
-    assert [r.verdict for r in rows] == ["departs: grows with batch", "departs: grows on 1", "departs: grows with batch"]
+    assert [r.verdict for r in rows] == ["departs: grows with batch", "departs: grows on 1", dummy]
     assert rows[2].this_run == "3.33x -> 3.33x"             # bs 256 dropped: only bs 1 is left
 
 
@@ -68,14 +72,22 @@ def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
                            "p50": [2.0, 1.5, 1.5, 1.2], "p95": [12.04, 3.26, 4.0, 2.0]})
     assert _rows(F.finding3_rows(spread, None, source="src")) == [
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, ngram",
-         "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0", "src", 12.04),
+         "1.1-15.0 (ngram, InstructCoder, 70B)", "1.4-12.0 (95th/5th 8.42)", "src", 12.04),
         ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, early-exit",
-         "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3", "src", 3.26),
+         "2.7-7.4 (EAGLE, InstructCoder, 70B)", "1.1-3.3 (95th/5th 2.96)", "src", 3.26),
+        ("3 acceptance varies", "code-edit (m): tokens/step 5th-95th pct across requests, ngram", "1.1-15.0",
+         "1.4-12.0", "src", 12.04),
         ("3 acceptance varies", "early-exit (m): median tokens/step, range across datasets", "varies by dataset",
          "1.20 (sharegpt) - 1.50 (code-edit)", "src", pytest.approx(1.25)),
         ("3 acceptance varies", "ngram (m): median tokens/step, range across datasets", "varies by dataset",
          "1.50 (sharegpt) - 2.00 (code-edit)", "src", pytest.approx(4 / 3)),
     ]
+    rows = F.finding3_rows(spread.assign(proposer=["ngram", "eagle"] * 2, p95=[12.04, 2.0, 4.0, 2.0]), None,
+                           source="src")
+    recap = [r for r in rows if r.headline]
+    assert [(r.paper, r.this_run, r.verdict, r.short) for r in recap] == [
+        ("1.1-15.0 / 2.7-7.4", "1.4-12.0 / 1.1-2.0", "departs: narrow (eagle)",
+         "code-edit, m: tokens/step 5th-95th pct, ngram / eagle")]
 
 
 def test_finding3b_overlap_threshold_and_win_shares():
@@ -83,7 +95,7 @@ def test_finding3b_overlap_threshold_and_win_shares():
     thr = pd.DataFrame([dict(other="eagle", model="m", threshold=0.6, n_below=2, n_above=2, n=4)])
     rows = F.finding3b_rows(adv, thr, source="src")
     assert _rows(rows) == [
-        ("3 n-gram vs overlap", "BLEU-4 above which n-gram beats eagle (m)", "≈0.6 (vs EAGLE)",
+        ("3 n-gram vs overlap", "BLEU-4 above which n-gram beats eagle (m)", "≈0.6",
          "0.6 (2 / 2 requests below / above)", "src", 0.6),
         ("3 n-gram vs overlap", "share of requests where n-gram beats eagle (m): BLEU < 0.6 / >= 0.6", "low / high",
          "50% (n=2) / 100% (n=2)", "src", 1.0),
@@ -106,7 +118,7 @@ def test_finding4_oracle_vs_best_fixed_from_a_simulation_table():
                 ("sharegpt", "ngram", "oracle", "ngram-only", 1, 1.3)])
     assert _rows(F.finding4_rows(oracle_gap(sim), source="src")) == [
         ("4 oracle bound", "code-edit, ngram, bs 1: oracle vs best fixed k",
-         "oracle ≈2.75x vs best fixed ≈2.1x (InstructCoder, n-gram)", "2.50x vs 2.00x (fixed-3)", "src", 2.5),
+         "≈2.75x vs ≈2.1x", "2.50x vs 2.00x (fixed-3)", "src", 2.5),
         ("4 oracle bound", "code-edit, ngram: oracle ÷ best fixed, bs 1 -> 16", "gap widens with batch size",
          "1.25 -> 1.50", "src", pytest.approx(1.5)),
     ]
@@ -128,7 +140,12 @@ def test_finding5_each_oracle_and_oracle_combine_per_accounting():
          "2.80x", "src", 2.8),
         ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost all", "≈3.85x",
          "2.60x", "src", 2.6),
+        ("5 hybrid oracle", "code-edit, bs 1: Oracle Combine (ngram+eagle), drafting cost ngram-only / winner / all",
+         "4.9x/≈4.3x/≈3.85x", "3.00x/2.80x/2.60x", "src", 3.0),
     ]
+    rows = F.finding5_rows(sim, source="src")
+    assert [r.headline for r in rows] == [False] * 5 + [True]
+    assert rows[-1].verdict == "agrees (all above the best single oracle, 2.50x)"
 
 
 def test_agreement_rows():
@@ -145,19 +162,22 @@ def test_summary_markdown_is_the_exact_table():
                           F.SummaryRow("4 oracle bound", "c", "p", "r", "other", None, "departs: narrows"),
                           F.SummaryRow("6b adaptive selector", "d", "n/a", "r2", "line1\nline2", 1.0,
                                        "beyond the study")], None)
-    assert F.summary_markdown(df) == (
-        "## Finding 4: an oracle proposal length beats every fixed k\n\n"
+    md = F.summary_markdown(df)
+    head = "\n".join(F._wrap(F.VERDICT_RULES, F.MAX_LINE)) + "\n\n" + "\n".join(F._wrap(F.TERMS, F.MAX_LINE)) + "\n\n"
+    assert md == head + (
+        f"## {F.FINDING_TITLES['4']}\n\n"
         "| quantity | paper | this run | verdict | source |\n"
         "|---|---|---|---|---|\n"
-        "| a / b | ≈2.75x | 2.10x | agrees | S1 |\n"
-        "| c | p | r | departs: narrows | S2 |\n\n"
+        "| a / b | ≈2.75x | 2.10x | agrees | B1 |\n"
+        "| c | p | r | departs: narrows | B2 |\n\n"
         "## Beyond the study: a causal proposer-and-length selector\n\n"
         "| quantity | paper | this run | verdict | source |\n"
         "|---|---|---|---|---|\n"
-        "| d | n/a | r2 | beyond the study | S1 |\n\n"
+        "| d | — | r2 | beyond the study | B1 |\n\n"
         "## Sources\n\n"
-        "- **S1**: line1 line2\n"
-        "- **S2**: other\n")
+        "- **B1**: line1 line2\n"
+        "- **B2**: other\n")
+    assert "| A1 |" in F.summary_markdown(df, "A")
     long = F.write_summary([F.SummaryRow("1 speedup vs batch", "q", "p", "r", "x " * 400, 1.0, "agrees")], None)
     assert max(len(line) for line in F.summary_markdown(long).splitlines()) <= F.MAX_LINE
 
@@ -169,14 +189,25 @@ def test_headline_markdown_keeps_headline_rows_in_finding_order_with_keys_per_ta
                             F.SummaryRow("1 speedup vs batch", "hidden", "p", "r", "sim ours", 1.0, "agrees")], None)
     study = F.write_summary([F.SummaryRow("4 oracle bound", "oracle", "2.75x", "2.76x", "study", 2.76, "agrees",
                                           True)], None)
+    tail = "\n".join([""] + F._wrap(F.VERDICT_RULES, F.README_LINE) + [""] + F._wrap(F.TERMS, F.README_LINE)) + "\n"
     assert F.headline_markdown([("published", study), ("ours", ours)]) == (
-        "| finding | quantity | paper | this run | verdict | source |\n"
+        "| # | quantity | paper | this run | verdict | src |\n"
         "|---|---|---|---|---|---|\n"
-        "| 1 speedup vs batch | b | p | r | agrees | B1 |\n"
-        "| 4 oracle bound | oracle | 2.75x | 2.76x | agrees | A1 |\n"
-        "| 5 hybrid oracle | combine | 4.9x | 6.17x | agrees | B1 |\n\n"
+        "| 1 | b | p | r | agrees | B1 |\n"
+        "| 4 | oracle | 2.75x | 2.76x | agrees | A1 |\n"
+        "| 5 | combine | 4.9x | 6.17x | agrees | B1 |\n\n"
         "- **A1** (published): study\n"
-        "- **B1** (ours): sim ours\n")
+        "- **B1** (ours): sim ours\n") + tail
+    # the README words a row by its short form, drops a verdict's parenthesized detail, shows no SmolLM2 row and no
+    # more than README_ROWS rows
+    many = F.write_summary([F.SummaryRow("4 oracle bound", f"q{i}", "p", "r", "s", 1.0, "agrees: above (2.5x)", True,
+                                         short=f"s{i}") for i in range(14)]
+                           + [F.SummaryRow("4 oracle bound", "x (smollm2-135m)", "p", "r", "s", 1.0, "agrees", True)],
+                           None)
+    md = F.headline_markdown([("ours", many, "B")])
+    rows = [l for l in md.splitlines() if l.startswith("| 4 |")]
+    assert len(rows) == F.README_ROWS and rows[0] == "| 4 | s0 | p | r | agrees: above | B1 |"
+    assert "smollm2" not in md and "2 more headline rows are in the summaries." in md
 
 
 def test_verdicts_of_findings_2_to_5():
@@ -193,8 +224,8 @@ def test_verdicts_of_findings_2_to_5():
         "not in the paper (vs draft); departs"
     sim = _sim([("code-edit", "ngram", "oracle", "ngram-only", 1, 2.0), ("code-edit", "eagle", "oracle", "all", 1, 2.5),
                 ("code-edit", "ngram+eagle", "oracle-combine", "all", 1, 2.4)]).assign(model="m")
-    assert [r.verdict for r in F.finding5_rows(sim, source="s")][-1] == \
-        "departs: not above the best single oracle (2.50x)"
+    assert [r.verdict for r in F.finding5_rows(sim, source="s")][-2:] == [
+        "departs: not above the best single oracle (2.50x)", "departs: not above the best single oracle (2.50x) with all"]
 
 
 def test_paper_table_is_the_only_source_of_the_figures_reference_lines():
@@ -240,11 +271,12 @@ def test_headline_markdown_shows_a_shared_row_once_from_the_later_table():
     b = F.write_summary([shared], None)
     md = F.headline_markdown([("published", a), ("ours", b)])
     assert md.count("vllm share") == 1 and "| 57%-71% | agrees | B1 |" in md
-    assert "- **A1** (published): study" in md and "- **B1** (ours): steps" in md and "A2" not in md
+    # keys are those of each table's own SUMMARY.md: the study row is the published table's second source
+    assert "- **A2** (published): study" in md and "- **B1** (ours): steps" in md and "A1" not in md
     # a CSV round trip keeps "n/a" and the boolean flag
     import io
     back = pd.read_csv(io.StringIO(b.assign(paper="n/a").to_csv(index=False)), keep_default_na=False)
-    assert "| n/a | 57%-71% |" in F.headline_markdown([("ours", back)])
+    assert "| — | 57%-71% |" in F.headline_markdown([("ours", back)])
 
 
 def test_committed_summaries_keep_their_line_bound():
@@ -253,3 +285,31 @@ def test_committed_summaries_keep_their_line_bound():
     for f in (figures_dir() / "SUMMARY.md", figures_dir() / "published" / "SUMMARY.md"):
         if f.exists():
             assert max(len(line) for line in f.read_text().splitlines()) <= F.MAX_LINE, f
+
+
+def test_committed_readme_table_reads_at_a_glance():
+    """The README's generated results table: at most README_ROWS rows of at most README_LINE characters."""
+    from spec_repro.paths import repo_root
+    from spec_repro.reproduce import README_MARKERS
+
+    text = (repo_root() / "README.md").read_text()
+    block = text[text.index(README_MARKERS[0]) + len(README_MARKERS[0]):text.index(README_MARKERS[1])]
+    rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| # ")]
+    assert 0 < len(rows) <= F.README_ROWS, len(rows)
+    assert max(len(line) for line in block.splitlines()) <= F.README_LINE
+
+
+def test_committed_findings_tables_are_never_cut():
+    """No cell of a committed notebook's findings output (the cells nbval checks) is cut to "..." by pandas."""
+    import nbformat
+
+    from spec_repro.paths import repo_root
+
+    for nb in sorted((repo_root() / "notebooks").glob("*.ipynb")):
+        for c in nbformat.read(nb, as_version=4).cells:
+            if "nbval-check-output" not in c.metadata.get("tags", []):
+                continue
+            for o in c.get("outputs", []):
+                for mime in ("text/plain", "text/html"):
+                    text = o.get("data", {}).get(mime, "")
+                    assert "..." not in text and "…" not in text, (nb.name, mime)

@@ -76,7 +76,7 @@ def test_clean_executed_strips_what_changes_between_runs(tmp_path):
 def test_unknown_parameter_is_one_line_before_anything_runs(tmp_path):
     from spec_repro.reproduce import reproduce
 
-    with pytest.raises(ValueError, match=r"unknown notebook parameter\(s\) \['bogus'\]: the notebooks declare .*'k'"):
+    with pytest.raises(ValueError, match=r"unknown notebook parameter\(s\) \['bogus'\]: the notebooks declare .*'max_fixed_k'"):
         reproduce("embedded", tmp_path / "out", figures_dir=tmp_path / "figs", notebooks=["05_oracle_bound"],
                   parameters={"bogus": 1}, progress=False)
     assert not list((tmp_path / "out" / "notebooks").glob("*")), "nothing left behind"
@@ -110,3 +110,19 @@ def test_a_run_in_jupyterlab_changes_only_outputs(tmp_path):
         return [[{k: (v if k != "data" else {m: d for m, d in v.items() if not m.startswith("image/")})
                   for k, v in o.items()} for o in c.get("outputs", [])] for c in n.cells]
     assert text(b) == text(a), "only outputs may change, and on the same data their text does not"
+
+
+def test_jupyter_folders_are_isolated(jupyter_dirs):
+    """Tests never write the user's Jupyter or IPython folders: the root conftest points them at a temporary
+    tree, and Jupyter resolves its config and data paths there."""
+    import os
+    from pathlib import Path
+
+    from jupyter_core.paths import jupyter_config_dir, jupyter_data_dir, jupyter_runtime_dir
+
+    home = Path.home()
+    for var, d in jupyter_dirs.items():
+        assert os.environ[var] == str(d) and home not in d.parents and d.is_dir(), var
+    assert Path(jupyter_config_dir()) == jupyter_dirs["JUPYTER_CONFIG_DIR"]
+    assert Path(jupyter_data_dir()) == jupyter_dirs["JUPYTER_DATA_DIR"]
+    assert Path(jupyter_runtime_dir()) == jupyter_dirs["JUPYTER_RUNTIME_DIR"]

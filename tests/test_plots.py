@@ -271,3 +271,22 @@ def test_spread_paper_range_only_on_paper_dataset_and_measured_proposers(trace):
     gids = [c.get_gid() for ax in fig.axes for c in ax.collections if (c.get_gid() or "").startswith("paper|")]
     assert gids == ["paper|ngram|code-edit"]
     plt.close(fig)
+
+
+def test_committed_figures_fit_a_page_width():
+    """Every committed figure is at most COLUMN_WIDTH_IN (7 in) wide as saved (PNG pixels ÷ its dpi). The adaptive
+    figure (notebook 07) is left to its own notebook's owner and named here."""
+    from PIL import Image
+
+    from spec_repro.paths import figures_dir
+    from spec_repro.plotstyle import COLUMN_WIDTH_IN
+
+    wide = []
+    for f in sorted(figures_dir().rglob("*.png")):
+        if f.stem == "07_adaptive":
+            continue
+        im = Image.open(f)
+        dpi = im.info.get("dpi", (120, 120))[0]
+        if im.size[0] / dpi > COLUMN_WIDTH_IN + 0.02:
+            wide.append((f.name, round(im.size[0] / dpi, 2)))
+    assert not wide, wide

@@ -45,7 +45,7 @@ def test_failure_names_cell_and_others_still_run(toy_root, tmp_path):
     assert (out / "notebooks" / "01_proposers_vs_batch.ipynb").exists()  # the partial notebook is kept
     assert table["finding"].tolist() == ["3 test"]
     md = (out / "summary.md").read_text()
-    assert "| q | paper | run |  | S1 |" in md and "- **S1**: toy notebook" in md
+    assert "| q | — | run |  | B1 |" in md and "- **B1**: toy notebook" in md
     assert "Failed notebooks" in md and "01_proposers_vs_batch" in md
     assert pd.read_csv(out / "summary.csv")["this_run"].tolist() == ["run"]
 

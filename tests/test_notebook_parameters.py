@@ -1,0 +1,192 @@
+"""Every parameter a notebook declares acts: each notebook is run with each of its parameters changed, one at a
+time, and some output (printed text, displayed values, figures, the summary rows, files written) differs from the
+run without the change.
+
+The notebooks run in this process (IPython's shell, the Agg backend), not in a kernel per run: the same code cells
+as papermill runs, with papermill's rule for parameters (the values are assigned after the parameters cell), on
+the committed traces narrowed to one small workload so that a run takes about a second. Parameters that act only
+on a live run (``backend``, ``live_*``) are changed on a live baseline (the torch engine decoding SmolLM2 on the
+CPU, one request of a few tokens); ``backend="vllm"`` needs a GPU host with vLLM and is not run here."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import re
+
+import jupytext
+import matplotlib
+import pytest
+
+from spec_repro import reproduce as R
+from spec_repro.paths import data_dir, repo_root
+
+matplotlib.use("Agg")
+
+NB = repo_root() / "notebooks"
+TRACE = "smollm2-135m__code-edit.parquet"
+
+# The baseline: the committed SmolLM2 code-edit trace (40 requests), small grids.
+BASE = {"model": "smollm2", "datasets": ["code-edit"], "batch_sizes": [1, 8], "max_fixed_k": 4,
+        "also_h200_fit": False}
+# A live baseline for the parameters that act only on a live run.
+LIVE = {"backend": "torch", "model": "smollm2-135m", "datasets": ["code-edit"], "proposers": ["ngram", "early-exit"],
+        "live_requests": 1, "live_max_new_tokens": 6, "batch_sizes": [1, 8], "max_fixed_k": 4,
+        "also_h200_fit": False, "other_proposer": "early-exit"}
+LIVE_ONLY = {"backend", "live_requests", "live_max_new_tokens"}
+# adaptive-learned cross-validates over requests: it needs at least 10 per workload
+LIVE_FOR = {"07_adaptive": {"live_requests": 10}}
+
+
+def _base(name: str, live: bool) -> dict:
+    d = _declared(name)
+    return {k: v for k, v in ({**LIVE, **LIVE_FOR.get(name, {})} if live else BASE).items() if k in d}
+
+
+def _changed(tmp_path) -> dict:
+    """The changed value of each parameter (``figures_dir`` / ``summary_path``: None -> a path)."""
+    import pandas as pd
+
+    from spec_repro.traces import read_trace
+
+    sub = tmp_path / "sub"
+    sub.mkdir(exist_ok=True)
+    t = read_trace(data_dir() / "traces" / TRACE)
+    keep = sorted(t.requests["request_id"].unique())[:12]
+    _subset(t, keep).to_parquet(sub / TRACE)
+    steps = pd.read_parquet(data_dir() / "gpu" / "steps.parquet")
+    steps[steps["model"].astype(str).str.startswith("llama31-8b")].to_parquet(tmp_path / "steps.parquet")
+    vc = pd.read_csv(data_dir() / "cpu" / "verify_cost.csv")
+    vc[vc["k"] <= 4].to_csv(tmp_path / "verify_cost.csv", index=False)
+    return {
+        "traces": str(sub), "model": "qwen", "datasets": ["humaneval"], "proposers": ["ngram", "eagle"],
+        "k": 5, "cost_model": "llama3.1-8b-h200", "batch_sizes": [1, 16], "max_fixed_k": 3,
+        "also_h200_fit": True, "vllm_job": "s3-tp2", "bin_size": 32, "other_proposer": "early-exit",
+        "combine": ["ngram", "early-exit"], "proposer_sets": [["ngram", "early-exit"]],
+        "steps_files": str(tmp_path / "steps.parquet"), "verify_cost_file": str(tmp_path / "verify_cost.csv"),
+        "figures_dir": str(tmp_path / "figs"), "summary_path": str(tmp_path / "summary.json"),
+        "backend": "torch", "live_requests": 2, "live_max_new_tokens": 10,
+    }
+
+
+def _subset(t, keep):
+    from spec_repro.traces import Trace
+
+    acc = t.acc[t.acc["request_id"].isin(keep)].reset_index(drop=True)
+    req = t.requests[t.requests["request_id"].isin(keep)].reset_index(drop=True)
+    return Trace(acc, req, dict(t.meta))
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(name: str) -> dict:
+    """The parameters the notebook's source (``NAME.py``) declares, as papermill reads them."""
+    from papermill.translators import PythonTranslator
+
+    cell = next(c for c in jupytext.read(NB / f"{name}.py").cells if "parameters" in c.metadata.get("tags", []))
+    return {p.name: p.default for p in PythonTranslator.inspect(cell)}
+
+
+def run_notebook(name: str, params: dict, tmp_path) -> str:
+    """Run notebook ``name`` here with ``params`` (papermill's rule: assigned after the parameters cell); returns
+    a digest of everything it produced: text and displayed values per cell (run numbers masked), each figure's
+    PNG, and the files written under ``figures_dir`` / ``summary_path``."""
+    import matplotlib.pyplot as plt
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    from traitlets.config import Config
+
+    cfg = Config()
+    cfg.HistoryManager.enabled = False  # no history database (the session's IPYTHONDIR is removed at exit)
+    shell = InteractiveShell.instance(config=cfg)
+    shell.reset(new_session=True)
+    shell.run_cell("import matplotlib; matplotlib.use('Agg')")
+    nb = jupytext.read(NB / f"{name}.py")
+    out = []
+    with _cwd(NB):
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            src = cell.source
+            if "parameters" in cell.metadata.get("tags", []):
+                src += "\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+            with capture_output() as cap:
+                res = shell.run_cell(src, store_history=False)
+            res.raise_error()
+            shown = [o.data.get("text/html") or o.data.get("text/plain") for o in cap.outputs]
+            out.append(re.sub(r"Out\[\d+\]", "Out", cap.stdout) + repr(shown))
+            for n in plt.get_fignums():
+                buf = io.BytesIO()
+                plt.figure(n).savefig(buf, format="png", dpi=40)
+                out.append(hashlib.sha256(buf.getvalue()).hexdigest())
+            plt.close("all")
+    for key in ("figures_dir", "summary_path"):
+        p = params.get(key)
+        if p:
+            from pathlib import Path
+
+            files = sorted(Path(p).rglob("*.png")) if Path(p).is_dir() else [Path(p)] if Path(p).exists() else []
+            out.append(json.dumps([f.name for f in files]))
+    return hashlib.sha256("\n".join(out).encode()).hexdigest()
+
+
+class _cwd:
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        import os
+
+        self.old = os.getcwd()
+        os.chdir(self.path)
+
+    def __exit__(self, *exc):
+        import os
+
+        os.chdir(self.old)
+
+
+@functools.lru_cache(maxsize=None)
+def _base_digest(name: str, live: bool, tmp: str) -> str:
+    from pathlib import Path
+
+    return run_notebook(name, _base(name, live), Path(tmp))
+
+
+CASES = [(n, p) for n in R.NOTEBOOKS for p in sorted(_declared(n)) if p != "backend" or n != "02_verification_bottleneck"]
+
+
+def test_every_parameter_has_a_change():
+    """Each declared parameter is changed by a case here (a new parameter needs its changed value above), and the
+    one not run (notebook 02's ``backend``: only "vllm" changes it, on a GPU host) is named."""
+    names = {p for n in R.NOTEBOOKS for p in _declared(n)}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        assert names <= set(_changed(Path(d))), names - set(_changed(Path(d)))
+    assert ("02_verification_bottleneck", "backend") not in CASES
+    assert "backend" in _declared("02_verification_bottleneck")
+
+
+@pytest.fixture(scope="module")
+def shared_tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("params")
+
+
+@pytest.mark.parametrize("name,param", CASES)
+def test_parameter_acts(name, param, shared_tmp, tmp_path):
+    changed = _changed(shared_tmp)
+    live = param in LIVE_ONLY
+    base = _base(name, live)
+    params = {**base, param: changed[param]}
+    if param == "live_requests":
+        params[param] = base[param] + 1
+    if param in ("figures_dir", "summary_path"):
+        params[param] = str(tmp_path / param)
+    if param == "backend":  # embedded -> a live run of the same model, workload and proposers
+        base_digest = run_notebook(name, {**base, "backend": "embedded"}, tmp_path)
+    else:
+        base_digest = _base_digest(name, live, str(shared_tmp))
+    assert run_notebook(name, params, tmp_path) != base_digest, f"{name}: changing {param} changes no output"
