@@ -522,12 +522,12 @@ def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_toke
                     decoded[w][str(r.id)] = (o, share)
                 f.flush()
                 os.fsync(f.fileno())
-    elif marker_done(out, model, workloads):
-        stats["engine_comparison"] = marker_done(out, model, workloads)
+    elif (earlier := _comparison_of_earlier_run(out, model, workloads)) is not None:
+        stats["engine_comparison"] = earlier
     return decoded, stats
 
 
-def marker_done(out, model, workloads) -> dict | None:
+def _comparison_of_earlier_run(out, model, workloads) -> dict | None:
     """The engine comparison of an interrupted run (kept beside the partial files), if any."""
     if not workloads:
         return None

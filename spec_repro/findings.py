@@ -164,8 +164,9 @@ VERDICT_RULES = (
 TERMS = (
     "Terms: tokens/step = tokens one speculative step produces (accepted + 1), per request; best fixed k = the "
     "fastest fixed k over k = 1-7 (\"any\": over every k the trace allows); gap closed = (policy - best fixed k) "
-    "÷ (Oracle Combine - best fixed k), the oracle paying the same drafting costs as the policy (all); worst "
-    "ratio = the policy's speedup ÷ the best fixed k's, at its worst batch size.")
+    "÷ (Oracle Combine - best fixed k), with the best fixed k at any k and the oracle paying the same drafting "
+    "costs as the policy (winner: only the drafter it verifies); worst = the policy's speedup ÷ the rule's "
+    "(ngram-else-eagle), at its worst batch size.")
 #: Source keys: A.. = the study's published traces (figures/published), B.. = this package's data (figures/).
 KEY_PREFIXES = {"published": "A", "package": "B"}
 

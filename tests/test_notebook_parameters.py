@@ -48,7 +48,7 @@ def _changed(tmp_path) -> dict:
     """The changed value of each parameter (``figures_dir`` / ``summary_path``: None -> a path)."""
     import pandas as pd
 
-    from spec_repro.traces import read_trace
+    from spec_repro.tracefiles import read_trace
 
     sub = tmp_path / "sub"
     sub.mkdir(exist_ok=True)
