@@ -422,7 +422,7 @@ def finding3_rows(spread: pd.DataFrame, by_pos: pd.DataFrame, *, source: str) ->
                                " / ".join(f"{r.p5:.1f}-{r.p95:.1f}" for _, r in g.iterrows()), source,
                                float(g["p95"].max()),
                                f"departs: narrow ({', '.join(narrow)})" if narrow else "agrees",
-                               headline=True, short=f"{_who(ds, mdl)}: tokens/step 5th-95th pct, "
+                               headline=True, short=f"{_who(ds, mdl)}: tokens/step p5-p95, "
                                f"{' / '.join(g.index)}"))
     if spread["dataset"].nunique() > 1:
         by = ["model", "proposer"] if "model" in spread.columns else ["proposer"]

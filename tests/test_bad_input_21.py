@@ -131,7 +131,7 @@ def test_reproduce_with_parameters_or_traces_leaves_the_committed_results(tmp_pa
     monkeypatch.setattr(pm, "execute_notebook", fake_execute)
     monkeypatch.setattr(R, "update_readme_results", lambda *a, **k: pytest.fail("README rewritten"))
     tr = write_jsonl(tmp_path / "combined_x.jsonl", good_records())
-    for extra in (["-p", "k=5"], ["--traces", str(tr)]):
+    for extra in (["-p", "live_requests=5"], ["--traces", str(tr)]):
         out = tmp_path / f"out{len(seen)}"
         code, _ = run(["reproduce", "--only", "05_oracle_bound", "--out", out, *extra])
         assert code == 1                                       # the stub fails the notebook

@@ -87,7 +87,7 @@ def test_finding3_spread_on_the_focus_dataset_and_range_across_datasets():
     recap = [r for r in rows if r.headline]
     assert [(r.paper, r.this_run, r.verdict, r.short) for r in recap] == [
         ("1.1-15.0 / 2.7-7.4", "1.4-12.0 / 1.1-2.0", "departs: narrow (eagle)",
-         "code-edit, m: tokens/step 5th-95th pct, ngram / eagle")]
+         "code-edit, m: tokens/step p5-p95, ngram / eagle")]
 
 
 def test_finding3b_overlap_threshold_and_win_shares():

@@ -37,6 +37,10 @@ LIVE = {"backend": "torch", "model": "smollm2-135m", "datasets": ["code-edit"], 
 LIVE_ONLY = {"backend", "live_requests", "live_max_new_tokens"}
 # adaptive-learned cross-validates over requests: it needs at least 10 per workload
 LIVE_FOR = {"07_adaptive": {"live_requests": 10}}
+# notebook 07 takes n-gram and the EAGLE-class proposer by default: another pair changes its proposers
+CHANGED_FOR = {"07_adaptive": {"proposers": ["ngram", "early-exit"]}}
+# out-of-sample thresholds need a second model to tune on (with one model and the committed traces they are off)
+BASE_FOR = {("07_adaptive", "out_of_sample"): {"model": None, "seeds": [42]}}
 
 
 def _base(name: str, live: bool) -> dict:
@@ -67,6 +71,7 @@ def _changed(tmp_path) -> dict:
         "steps_files": str(tmp_path / "steps.parquet"), "verify_cost_file": str(tmp_path / "verify_cost.csv"),
         "figures_dir": str(tmp_path / "figs"), "summary_path": str(tmp_path / "summary.json"),
         "backend": "torch", "live_requests": 2, "live_max_new_tokens": 10,
+        "seeds": [1], "out_of_sample": False,
     }
 
 
@@ -177,7 +182,7 @@ def shared_tmp(tmp_path_factory):
 
 @pytest.mark.parametrize("name,param", CASES)
 def test_parameter_acts(name, param, shared_tmp, tmp_path):
-    changed = _changed(shared_tmp)
+    changed = {**_changed(shared_tmp), **CHANGED_FOR.get(name, {})}
     live = param in LIVE_ONLY
     base = _base(name, live)
     params = {**base, param: changed[param]}
@@ -185,7 +190,11 @@ def test_parameter_acts(name, param, shared_tmp, tmp_path):
         params[param] = base[param] + 1
     if param in ("figures_dir", "summary_path"):
         params[param] = str(tmp_path / param)
-    if param == "backend":  # embedded -> a live run of the same model, workload and proposers
+    if (name, param) in BASE_FOR:
+        base = {**base, **BASE_FOR[name, param]}
+        params = {**base, param: changed[param]}
+        base_digest = run_notebook(name, base, tmp_path)
+    elif param == "backend":  # embedded -> a live run of the same model, workload and proposers
         base_digest = run_notebook(name, {**base, "backend": "embedded"}, tmp_path)
     else:
         base_digest = _base_digest(name, live, str(shared_tmp))
