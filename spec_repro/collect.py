@@ -425,13 +425,8 @@ def _load(w, n, seed, tok, max_prompt_tokens, upto):
     """``n`` requests of ``w`` (``upto``: at most ``n``, all of a smaller workload, in the same seeded order)."""
     from . import workloads as wl
 
-    try:
-        return wl.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
-    except wl.WorkloadError:
-        if not upto:
-            raise
-        return wl.load(w, n=len(wl.load(w, n=None, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)),
-                       seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+    kw = dict(seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens)
+    return wl.load_upto(w, n, **kw) if upto else wl.load(w, n=n, **kw)
 
 
 def _decoded_path(part: Path) -> Path:

@@ -119,6 +119,16 @@ def proposer_acceptance(p: Proposer, prompt: Sequence[int], output: Sequence[int
     return acc, np.full(len(output), k_max)
 
 
+def _profile_into(prof: RequestProfile, proposers: Mapping[str, Proposer], k_max: int,
+                  exit_argmax: Mapping[str, Sequence[int]] | None = None) -> None:
+    """Every proposer's (acc_len, draft_len) over ``prof``'s prompt and output, stored on ``prof``."""
+    for name, p in proposers.items():
+        ex = (exit_argmax or {}).get(name)
+        acc, dl = proposer_acceptance(p, prof.prompt_token_ids, prof.output_token_ids, k_max, ex)
+        prof.acc[name] = acc.astype(int).tolist()
+        prof.draft_len[name] = dl.astype(int).tolist()
+
+
 def _req_fields(r, i: int, dataset: str | None):
     if isinstance(r, (list, tuple)):
         return str(i), dataset or "unknown", list(r), None
@@ -156,11 +166,8 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
                                   decode_s=res.wall_s / len(batch))
             if tokenizer is not None:
                 prof.output_text = tokenizer.decode(o)
-            for name, p in proposers.items():
-                ex = res.meta["exit_argmax"][taps[name]][j] if name in taps else None
-                acc, dl = proposer_acceptance(p, prompt, o, k_max, ex)
-                prof.acc[name] = acc.astype(int).tolist()
-                prof.draft_len[name] = dl.astype(int).tolist()
+            _profile_into(prof, proposers, k_max,
+                          {name: res.meta["exit_argmax"][taps[name]][j] for name in taps})
             out.append(prof)
         yield out
 
@@ -182,10 +189,7 @@ def profile_decoded(requests: Sequence, outputs: Sequence[Sequence[int]], propos
                               decode_s=float(decode_s[i]) if decode_s is not None else 0.0)
         if tokenizer is not None:
             prof.output_text = tokenizer.decode(prof.output_token_ids)
-        for name, p in proposers.items():
-            acc, dl = proposer_acceptance(p, prompt, prof.output_token_ids, k_max)
-            prof.acc[name] = acc.astype(int).tolist()
-            prof.draft_len[name] = dl.astype(int).tolist()
+        _profile_into(prof, proposers, k_max)
         out.append(prof)
     return out
 

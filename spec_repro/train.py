@@ -51,10 +51,7 @@ def eval_requests(*, tokenizer, eval_sets=None, seed: int = 0, max_prompt_tokens
 
     out = []
     for w, n in (EVAL_SETS if eval_sets is None else eval_sets).items():
-        try:
-            out += wl.load(w, n=n, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
-        except wl.WorkloadError:   # fewer than n: collect would take them all
-            out += wl.load(w, n=None, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+        out += wl.load_upto(w, n, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     return out
 
 

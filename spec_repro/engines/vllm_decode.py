@@ -16,7 +16,7 @@ import gc
 import time
 from typing import Sequence
 
-__all__ = ["ENGINES", "EngineError", "check_engine", "vllm_greedy", "engine_description"]
+__all__ = ["ENGINES", "EngineError", "check_engine", "vllm_greedy"]
 
 ENGINES = ("torch", "vllm")
 
@@ -43,11 +43,6 @@ def check_engine(engine: str, device: str = "cuda") -> None:
     if str(device).split(":")[0] != "cuda":
         raise EngineError(f"--engine vllm decodes on the GPU; --device {device} would profile elsewhere: use "
                           "--device cuda")
-
-
-def engine_description(settings: dict) -> str:
-    return (f"vllm {settings.get('vllm_version')} (default engine: V1 scheduler, continuous batching, CUDA graphs), "
-            f"greedy, {settings.get('dtype')}, prefix caching off")
 
 
 def vllm_greedy(model_dir: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

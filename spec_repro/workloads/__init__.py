@@ -112,6 +112,15 @@ def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
     return out
 
 
+def load_upto(name: str, n: int, **kw) -> list[Request]:
+    """At most ``n`` requests of ``name`` (``load``'s arguments): all of a smaller workload, in the same seeded
+    order (``collect --upto``; the evaluation sets that training keeps out)."""
+    try:
+        return load(name, n=n, **kw)
+    except WorkloadError:
+        return load(name, n=len(load(name, n=None, **kw)), **kw)
+
+
 def source_key(req) -> str:
     """Where a request comes from, across workloads: the HumanEval task (``humaneval`` and ``code-edit``), the
     ShareGPT conversation (its id without the ``_N`` part suffix), the gsm-symbolic template, the networkx
