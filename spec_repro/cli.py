@@ -318,6 +318,9 @@ def _add_collect(sub):
                         "are then profiled over its outputs")
     p.add_argument("--out", default="data/traces", help="trace directory (default data/traces)")
     p.add_argument("--force", action="store_true", help="redo workloads whose trace file exists")
+    p.add_argument("--reprofile", nargs="+", default=[], metavar="PROPOSER",
+                   help="profile these proposers again on finished traces from their stored token ids (no new "
+                        "decode), e.g. eagle after retraining its head; each must also be in --proposers")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is much faster than the default on a CPU shared with other jobs)")
     p.set_defaults(func=_run_collect)
@@ -347,7 +350,7 @@ def _run_collect(args):
                         seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
                         device=args.device, force=args.force, eagle_head=args.eagle_head, engine=args.engine,
-                        compare_engines=args.compare_engines, upto=args.upto)
+                        compare_engines=args.compare_engines, upto=args.upto, reprofile=args.reprofile)
     except MemoryError as e:
         raise SystemExit(f"error: {e}; lower --batch-size or --max-prompt-tokens")
     except (ValueError, RuntimeError) as e:
@@ -381,6 +384,11 @@ def _add_train(sub):
     p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test; default 5)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop the training loop after this long and write the head as trained so far (recorded)")
+    p.add_argument("--topk", type=int, default=32,
+                   help="the target's distribution per position is kept as its K most likely tokens (default 32)")
+    p.add_argument("--loss-vocab", type=int, default=32768, metavar="N",
+                   help="the loss's softmax runs over the target's N most frequent top tokens plus every target "
+                        "token of the batch (default 32768; 0: the whole vocabulary)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -401,7 +409,8 @@ def _run_train(args):
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
-                                      engine=args.engine, time_limit_s=args.time_limit)
+                                      engine=args.engine, time_limit_s=args.time_limit, topk=args.topk,
+                                      loss_vocab=args.loss_vocab)
     except MemoryError as e:
         raise SystemExit(f"error: {e}; lower --batch-size, --tokens-per-batch or --max-prompt-tokens")
     except (ValueError, RuntimeError) as e:

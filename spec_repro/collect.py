@@ -221,15 +221,17 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             batch_size: int = 8, seed: int = 0, max_prompt_tokens: int = 1024, draft_model: str | None = None,
             early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
             force: bool = False, quiet: bool = False, eagle_head: str | None = None, engine: str = "torch",
-            compare_engines: int = 0, upto: bool = False) -> list[Path]:
+            compare_engines: int = 0, upto: bool = False, reprofile: Sequence[str] = ()) -> list[Path]:
     """Collect one trace file per workload; returns their paths. See the module doc.
 
     ``engine="vllm"`` (a GPU host): vLLM decodes every request (one engine for all workloads), then the proposers
     are profiled over its outputs by teacher forcing on ``device``; decoded outputs are kept beside the partial
     file, so a resume never decodes again. ``compare_engines=N``: the first N requests of the first workload are
     also decoded by vLLM and by the torch engine alone (at most 256 new tokens each, batch N), and both output
-    tokens/s go into the manifest. ``upto``: ``n`` is an upper bound (a workload with fewer requests gives them
-    all, e.g. humaneval's 164 and mt-bench's 80 beside 300 of the others)."""
+    tokens/s go into the manifest (also when nothing is left to decode). ``upto``: ``n`` is an upper bound (a
+    workload with fewer requests gives them all, e.g. humaneval's 164 and mt-bench's 80 beside 300 of the
+    others). ``reprofile``: proposers profiled again on finished traces from their stored token ids (a retrained
+    head), replacing their rows; each must be among ``proposers``."""
     import contextlib
 
     from . import workloads as wl
@@ -240,6 +242,10 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
         raise ValueError(f"--compare-engines must be an integer >= 0, got {compare_engines!r}")
     if compare_engines and engine != "vllm":
         raise ValueError("--compare-engines compares vLLM with the torch engine: it needs --engine vllm")
+    reprofile = sorted({_trace_name(p) for p in reprofile})
+    if set(reprofile) - {_trace_name(p) for p in proposers}:
+        raise ValueError(f"--reprofile {' '.join(sorted(set(reprofile) - {_trace_name(p) for p in proposers}))}: "
+                         f"not among --proposers {' '.join(proposers)}")
 
     workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
@@ -269,7 +275,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
                                k_max=k_max, batch_size=batch_size, seed=seed, max_prompt_tokens=max_prompt_tokens,
                                draft_model=draft_model, early_exit_layers=early_exit_layers, min_n=min_n,
                                max_n=max_n, device=device, force=force, quiet=quiet, eagle_head=eagle_head,
-                               engine=engine, compare_engines=compare_engines, upto=upto)
+                               engine=engine, compare_engines=compare_engines, upto=upto, reprofile=reprofile)
 
 
 def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
@@ -299,7 +305,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
 
 def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
                     max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet,
-                    eagle_head=None, engine="torch", compare_engines=0, upto=False):
+                    eagle_head=None, engine="torch", compare_engines=0, upto=False, reprofile=()):
     from tqdm.auto import tqdm
 
     from . import models
@@ -330,21 +336,24 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         finished = read_trace(trace_path(out, model, w))
         _check_finished(trace_path(out, model, w), finished.meta, resume_settings(w))
         have = set(finished.proposers)
-        if wanted - have:
-            augment[w] = sorted(wanted - have)
+        if (wanted - have) or set(reprofile):
+            augment[w] = sorted((wanted - have) | set(reprofile))
         elif not quiet:
             print(f"[collect] {trace_path(out, model, w)} exists with {sorted(have)}, skipped (--force to redo)")
-    if not todo_wl and not augment:
+    if not todo_wl and not augment and not compare_engines:
         return paths
     if "draft" in proposers and not draft_model:
         raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
+    # the proposers profiled by this run: all of them for a workload to collect, else only those added
+    needed = list(proposers) if todo_wl else [p for p in proposers if _trace_name(p) in
+                                              {x for v in augment.values() for x in v}]
     target, tok = models.load(model, device=device)
     drafter = None
-    if draft_model:
+    if draft_model and any(_trace_name(p) == "draft" for p in needed):
         drafter, dtok = models.load(draft_model, device=device)
         if dtok.get_vocab() != tok.get_vocab():
             raise ValueError(f"draft model {draft_model!r} does not share {model!r}'s tokenizer")
-    props = build_proposers(proposers, target, draft_model=drafter, early_exit_layers=early_exit_layers,
+    props = build_proposers(needed, target, draft_model=drafter, early_exit_layers=early_exit_layers,
                             min_n=min_n, max_n=max_n, eagle_head=eagle_head)
     settings = {"proposers": {p.name: _proposer_settings(p, draft_model) for p in props.values()},
                 "k_max": k_max, "max_new_tokens": max_new_tokens, "n": n, "seed": seed,
@@ -355,11 +364,15 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         decoded, vstats = _vllm_decode(model, todo_wl, target, tok, out=out, n=n, seed=seed,
                                        max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                        settings_of=resume_settings, compare=compare_engines, quiet=quiet,
-                                       upto=upto)
+                                       upto=upto, compare_workload=workloads[0])
         settings.update(engine="vllm", decode_engine=vstats, dtype="bfloat16 (vLLM decode); "
                         f"{target.dtype} (profiling passes)", profiling="teacher-forced over vLLM's outputs")
+        if "engine_comparison" in vstats:
+            record(out / "MANIFEST.json", f"engine_comparison:{_safe(model)}", **vstats["engine_comparison"],
+                   model=model, **_model_provenance(model),
+                   kind="decode throughput, vLLM vs the torch engine (measured, same requests, each alone)")
     for w, missing in augment.items():
-        add_proposers(trace_path(out, model, w), {n: props[n] for n in missing}, quiet=quiet,
+        add_proposers(trace_path(out, model, w), {n: props[n] for n in missing}, quiet=quiet, replace=True,
                       settings={n: _proposer_settings(props[n], draft_model) for n in missing},
                       provenance=_model_provenance(draft_model) if draft_model and "draft" in missing else None)
     for w in todo_wl:
@@ -455,7 +468,7 @@ def _read_decoded(path: Path, settings: dict) -> dict:
 
 
 def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_tokens, max_new_tokens, settings_of, compare,
-                 quiet, upto=False):
+                 quiet, upto=False, compare_workload=None):
     """vLLM's greedy outputs for every request of ``workloads`` (one engine start), kept in a decoded-outputs file
     beside each partial file; returns ({workload: {request id: (output, seconds)}}, decode stats)."""
     from . import models
@@ -467,34 +480,41 @@ def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_toke
     decoded = {w: _read_decoded(_decoded_path(partial_path(out, model, w)), settings_of(w)) for w in workloads}
     todo = [(w, r) for w in workloads for r in reqs[w] if str(r.id) not in decoded[w]]
     stats: dict = {"decoded_before_resume": sum(map(len, decoded.values()))}
-    cmp_prompts = [list(r.prompt_token_ids) for r in reqs[workloads[0]][:compare]] if compare and workloads else []
+    cw = compare_workload or (workloads[0] if workloads else None)
+    cmp_prompts = [list(r.prompt_token_ids) for r in (reqs[cw] if cw in reqs else
+                                                      _load(cw, n, seed, tok, max_prompt_tokens, upto))[:compare]] \
+        if compare and cw else []
     if todo or cmp_prompts:
         path = models.converted_dir(model) if model in models.names() else model
-        todo_prompts = [list(r.prompt_token_ids) for _, r in todo] or cmp_prompts[:1]
+        todo_prompts = [list(r.prompt_token_ids) for _, r in todo]
         cmp_new = min(256, max_new_tokens)
-        marker = partial_path(out, model, workloads[0]).parent / "engine_comparison.json"
+        marker = partial_path(out, model, cw or "x").parent / "engine_comparison.json"
         if cmp_prompts:   # the torch engine first, alone on the GPU (vLLM has not started)
             t1 = time.perf_counter()
             res = generate(target, cmp_prompts, max_new_tokens=cmp_new, eos_token_ids=eos)
             wall = time.perf_counter() - t1
+            torch_outs = res.output_ids
             nt = sum(map(len, res.output_ids))
             stats["engine_comparison"] = {
-                "requests": len(cmp_prompts), "workload": workloads[0], "max_new_tokens": cmp_new,
+                "requests": len(cmp_prompts), "workload": cw, "max_new_tokens": cmp_new,
                 "torch_output_tokens_per_s": round(nt / wall, 1), "torch_output_tokens": nt,
                 "torch_batch_size": len(cmp_prompts), "torch_dtype": str(target.dtype),
                 "note": "same requests, each engine alone on the GPU, all submitted at once (torch: one batch)"}
 
         def compared(extras):
-            _, cst = extras[0]
+            vouts, cst = extras[0]
             c = stats["engine_comparison"]
-            c.update(vllm_output_tokens_per_s=cst["output_tokens_per_s"], vllm_output_tokens=cst["output_tokens"])
+            c.update(vllm_output_tokens_per_s=cst["output_tokens_per_s"], vllm_output_tokens=cst["output_tokens"],
+                     identical_outputs=sum(list(a) == list(b) for a, b in zip(vouts, torch_outs)),
+                     speedup_vllm_over_torch=round(cst["output_tokens_per_s"] / c["torch_output_tokens_per_s"], 2)
+                     if cst["output_tokens_per_s"] and c["torch_output_tokens_per_s"] else None)
             from .io import atomic_write
 
             marker.parent.mkdir(parents=True, exist_ok=True)
             with atomic_write(marker) as f:
                 f.write(json.dumps(c) + "\n")
             if not quiet:
-                print(f"[collect] decode throughput on {len(cmp_prompts)} {workloads[0]} requests: vLLM "
+                print(f"[collect] decode throughput on {len(cmp_prompts)} {cw} requests: vLLM "
                       f"{c['vllm_output_tokens_per_s']} tok/s, torch engine {c['torch_output_tokens_per_s']} tok/s")
 
         outs, st = vllm_greedy(str(path), todo_prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos,
@@ -541,9 +561,10 @@ def _trace_name(proposer: str) -> str:
 
 
 def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = None, provenance: dict | None = None,
-                  quiet: bool = False) -> Path:
+                  quiet: bool = False, replace: bool = False) -> Path:
     """Add proposers to an existing trace from its stored token ids: n-gram by lookup, model-based proposers by
-    one teacher-forced pass each (exact, as in the profiler; no new decode). Rewrites the file atomically and
+    one teacher-forced pass each (exact, as in the profiler; no new decode). ``replace``: a proposer the trace
+    already holds is profiled again and its rows replaced (else refused). Rewrites the file atomically and
     updates its manifest entry."""
     import numpy as np
     import pandas as pd
@@ -557,6 +578,9 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     k_max = int(t.acc.k_max.iloc[0])
     if "output_token_ids" not in t.requests.columns:
         raise ValueError(f"{path}: the trace has no token ids, proposers cannot be added")
+    again = sorted(set(proposers) & set(t.proposers))
+    if again and not replace:
+        raise ValueError(f"{path} already holds {', '.join(again)}; profile it again with --reprofile")
     rows = []
     for r in tqdm(list(t.requests.itertuples()), desc=f"add {sorted(proposers)} to {path.name}", disable=quiet):
         prompt, o = [int(x) for x in r.prompt_token_ids], [int(x) for x in r.output_token_ids]
@@ -569,7 +593,8 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
                 "draft_len": pd.array(dl[:L], dtype="Int16"), "prompt_len": int(r.prompt_len), "output_len": L}))
     meta = dict(t.meta)
     meta.setdefault("proposers", {}).update(settings or {})
-    new = Trace(pd.concat([t.acc] + rows, ignore_index=True), t.requests, meta)
+    kept = t.acc[~t.acc.proposer.isin(list(proposers))]
+    new = Trace(pd.concat([kept] + rows, ignore_index=True), t.requests, meta)
     new.to_parquet(path)
     man_path = path.parent / "MANIFEST.json"
     old = json.loads(man_path.read_text()).get(path.name, {}) if man_path.exists() else {}
@@ -579,8 +604,13 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
                             for p in new.proposers}
     if provenance:
         keep.update({f"draft_{k}": v for k, v in provenance.items()})
-    keep["original_run"] = {k: old.get(k) for k in ("date", "machine", "command")}
-    keep["added_proposers"] = sorted(proposers)
+    keep["original_run"] = old.get("original_run") or {k: old.get(k) for k in ("date", "machine", "command")}
+    keep["added_proposers"] = sorted(set(keep.get("added_proposers") or []) | set(proposers))
+    if again:
+        import datetime as _dt
+
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        keep["reprofiled"] = {**(keep.get("reprofiled") or {}), **{a: now for a in again}}
     record(man_path, path.name, **keep)
     if not quiet:
         print(f"[collect] added {sorted(proposers)} to {path} (mean acc_len {keep['mean_acc_len']})")

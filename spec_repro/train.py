@@ -142,29 +142,90 @@ def batched_features(target, seqs, layers, *, tokens_per_batch: int = 32768, pro
     return out
 
 
-def _soft_ce(head: EagleHead, out, p_feat):
-    """Cross-entropy of the head's logits against the target's distribution at the next position."""
-    with torch.no_grad():
-        p = torch.softmax(head.target.get_output_embeddings()(p_feat).float(), dim=-1)
-    logp = torch.log_softmax(head.logits(out).float(), dim=-1)
-    return -(p * logp).sum(-1)
+def target_topk(target, feats, k: int, *, chunk: int = 8192) -> list:
+    """The target's next-token distribution at every position, kept sparse: its ``k`` most likely tokens (int32
+    ids) and their probabilities renormalised over those ``k`` (float16), one pair per sequence. Computed once
+    from the feature pass's features (the LM head runs once per position, not once per depth and step)."""
+    W = target.get_output_embeddings()
+    out = []
+    for f in feats:
+        ids, ps = [], []
+        for s in range(0, f.shape[0], chunk):
+            z = W(f[s: s + chunk].to(W.weight.dtype)).float()
+            p, i = torch.softmax(z, -1).topk(min(k, z.shape[-1]), dim=-1)
+            ids.append(i.to(torch.int32))
+            ps.append((p / p.sum(-1, keepdim=True)).to(torch.float16))
+        out.append((torch.cat(ids), torch.cat(ps)))
+    return out
 
 
-def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float):
-    """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,)."""
-    from torch.utils.checkpoint import checkpoint
+def loss_vocabulary(tops, size: int, vocab: int) -> tuple[torch.Tensor | None, float]:
+    """The ``size`` tokens the target ranks first most often over the training positions (None: the whole
+    vocabulary, when ``size`` is 0 or covers it), and the share of positions whose top token is among them."""
+    if not size or size >= vocab:
+        return None, 1.0
+    dev = tops[0][0].device
+    counts = torch.zeros(vocab, dtype=torch.long, device=dev)
+    for ids, _ in tops:
+        counts += torch.bincount(ids[:, 0].long(), minlength=vocab)
+    keep = counts.topk(size).indices.sort().values
+    return keep, float(counts[keep].sum() / counts.sum().clamp(min=1))
 
+
+class _SparseCE(torch.autograd.Function):
+    """Summed cross-entropy of softmax(h W^T) against sparse target distributions, and its gradient, in one
+    chunked pass (the (tokens x vocabulary) logits are never kept, so nothing is recomputed in the backward).
+
+    h (n, H); W (V', H) the LM-head rows of the loss vocabulary; cols (n, K) the target tokens' rows in W;
+    p (n, K) their probabilities (rows sum to 1)."""
+
+    @staticmethod
+    def forward(ctx, h, W, cols, p, chunk: int):
+        grad = torch.empty_like(h)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for s in range(0, h.shape[0], chunk):
+            z = (h[s: s + chunk].to(W.dtype) @ W.T).float()
+            lse = torch.logsumexp(z, -1, keepdim=True)
+            c, q = cols[s: s + chunk], p[s: s + chunk].float()
+            total += (q * (lse - z.gather(1, c))).sum()
+            g = z.sub_(lse).exp_()                       # softmax, in place
+            g.scatter_add_(1, c, -q)                     # d loss / d logits = softmax - p
+            grad[s: s + chunk] = (g.to(W.dtype) @ W).to(h.dtype)
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx, g_out):
+        (grad,) = ctx.saved_tensors
+        return grad * g_out.to(grad.dtype), None, None, None, None
+
+
+def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops=None, vocab_rows=None, chunk: int = 4096):
+    """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,); ``tops``: the
+    target's sparse next-token distributions (ids (B, N, K), probs (B, N, K)); ``vocab_rows``: the loss
+    vocabulary (None: all of it)."""
     B, N = ids.shape
     T = N - 1                                      # pairs i = 0..N-2: (ids[i+1], f_i) -> f_{i+1}
     outs = head.chain(ids[:, 1:], feats[:, :-1], depth)
     tgt = feats[:, 1:]
     ii = torch.arange(T, device=ids.device)
     valid0 = ii[None, :] < (lens[:, None] - 1)
+    W = head.target.get_output_embeddings().weight
+    t_ids, t_p = tops[0][:, 1:], tops[1][:, 1:]    # the target's distribution at position i+1
+    V = W.shape[0]
+    if vocab_rows is None:
+        rows = torch.arange(V, device=W.device)
+    else:                                          # the loss vocabulary and every target token of this batch
+        rows = torch.unique(torch.cat([vocab_rows, t_ids[valid0].reshape(-1).long()]))
+    where = torch.full((V,), -1, dtype=torch.long, device=W.device)
+    where[rows] = torch.arange(len(rows), device=W.device)
+    Wr = W[rows].detach().to(torch.bfloat16 if W.is_cuda else W.dtype)
     total, parts = 0.0, []
     for d, out in enumerate(outs, start=1):
         m = valid0 & (ii[None, :] >= d - 1)
         o, t = out[m], tgt[m]
-        ce = checkpoint(lambda a, b: _soft_ce(head, a, b), o, t, use_reentrant=False).mean()
+        n = max(int(m.sum()), 1)
+        ce = _SparseCE.apply(o, Wr, where[t_ids[m].long()], t_p[m], chunk) / n
         w = 0.8 ** (d - 1)
         total = total + w * ce
         parts.append(float(ce.detach()))
@@ -188,15 +249,21 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Gener
     return [out[j] for j in rng.permutation(len(out))]
 
 
-def _pad(seqs, feats, idx, device):
+def _pad(seqs, feats, idx, device, tops=None):
     n = max(len(seqs[i]) for i in idx)
     ids = torch.zeros(len(idx), n, dtype=torch.long, device=device)
     F_ = torch.zeros(len(idx), n, feats[idx[0]].shape[-1], dtype=feats[idx[0]].dtype, device=device)
+    K = tops[idx[0]][0].shape[-1] if tops is not None else 1
+    t_ids = torch.zeros(len(idx), n, K, dtype=torch.int32, device=device)
+    t_p = torch.zeros(len(idx), n, K, dtype=torch.float16, device=device)
     for r, i in enumerate(idx):
         ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=device)
         F_[r, : len(seqs[i])] = feats[i].to(device)
+        if tops is not None:
+            t_ids[r, : len(seqs[i])] = tops[i][0].to(device)
+            t_p[r, : len(seqs[i])] = tops[i][1].to(device)
     lens = torch.as_tensor([len(seqs[i]) for i in idx], device=device)
-    return ids, F_, lens
+    return ids, F_, lens, (t_ids, t_p)
 
 
 @torch.no_grad()
@@ -207,6 +274,8 @@ def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
       walks each output, a step advancing by min(acc_len, k + 1): the study's tokens per step);
     * ``draft_position_rate``: the study's per-position rate at k = max(ks) (drafts whose i-th token was
       accepted / drafts, over the walked steps);
+    * ``conditional_position_rate``: drafts whose i-th token was accepted / drafts whose (i-1)-th was (what
+      shows a head collapsing past its training depth; i = 1 equals the rate above);
     * ``position_mean``: {k: mean over output positions of min(acc_len, k + 1)}, which is not what a run
       produces per step (kept, named, for comparison with earlier records)."""
     from .metrics import walk_steps
@@ -219,24 +288,29 @@ def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
         s = walk_steps(a, K)
         hist += np.bincount(np.minimum(a[s] - 1, K), minlength=K + 1)[: K + 1]
     rate = {i: float(hist[i:].sum() / hist.sum()) for i in range(1, K + 1)}
+    cond = {i: float(hist[i:].sum() / max(hist[i - 1:].sum(), 1)) for i in range(1, K + 1)}
     flat = np.concatenate(accs)
     pos = {k: float(np.minimum(flat, k + 1).mean()) for k in ks}
-    return {"tokens_per_step": tps, "draft_position_rate": rate, "position_mean": pos, "requests": len(accs)}
+    return {"tokens_per_step": tps, "draft_position_rate": rate, "conditional_position_rate": cond,
+            "position_mean": pos, "requests": len(accs)}
 
 
 def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
                 lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
                 seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
-                progress: bool = True, started: float | None = None,
-                time_limit_s: float | None = None) -> tuple[EagleHead, dict]:
+                progress: bool = True, started: float | None = None, time_limit_s: float | None = None,
+                topk: int = 32, loss_vocab: int = 32768) -> tuple[EagleHead, dict]:
     """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
 
     ``log``: facts about the data to keep in the record (workloads, prompt counts ...); ``started``: when the
-    whole recipe began (``time.time()``), for the record's total wall time."""
+    whole recipe began (``time.time()``), for the record's total wall time. ``topk``: the target's distribution
+    at each position is kept as its ``topk`` most likely tokens (renormalised); ``loss_vocab``: the softmax of
+    the loss runs over the target's ``loss_vocab`` most frequent top tokens plus every target token of the batch
+    (0: the whole vocabulary). Held-out acceptance always drafts over the whole vocabulary, as vLLM does."""
     from tqdm.auto import tqdm
 
     check_train_settings(steps=steps, lr=lr, tokens_per_batch=tokens_per_batch, ttt_depth=ttt_depth, reg=reg,
-                         seed=seed, ckpt_every=ckpt_every, eval_every=eval_every)
+                         seed=seed, ckpt_every=ckpt_every, eval_every=eval_every, topk=topk, loss_vocab=loss_vocab)
     if not train_pairs:
         raise ValueError("no training sequences (every decode was a single token, or --val-n took them all)")
     out = Path(out)
@@ -250,14 +324,29 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     seqs = [list(p) + list(o) for p, o in train_pairs]
     t_feat = time.time()
     feats = batched_features(target, seqs, layers, progress=progress)
+    tops = target_topk(target, feats if layers == "final" else  # EAGLE-3 reads aux layers: targets need the last
+                       batched_features(target, seqs, "final", progress=False), topk)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     t_feat = time.time() - t_feat
+    V = int(target.get_output_embeddings().weight.shape[0])
+    vocab_rows, coverage = loss_vocabulary(tops, loss_vocab, V)
     settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
-                "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs))}
+                "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs)),
+                "topk": topk, "loss_vocab": loss_vocab}
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
+    # warm-up over the first 5% and a cosine to 10% of ``lr``, over the steps or, with a time limit, over whichever
+    # ends first: a run stopped by its time limit ends annealed, not at its peak learning rate
+    progress = {"p": 0.0}
     warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+
+    def lr_factor(s):
+        p = min(1.0, max(s / steps, progress["p"]))
+        w = min(1.0, max(p, (s + 1) / steps) / 0.05) if time_limit_s else min(1.0, (s + 1) / warm)
+        return w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     out = claim_dir(head_dir(out), "spec-repro train eagle")   # a new, empty or earlier head's folder only
     ck = out / ".ckpt" / "state.pt"                             # inside --out: nothing is written beside it
     step, curve, evals, queue = 0, [], [], []
@@ -278,7 +367,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                                                                                                        enabled=False)
     head.train()
     bar = tqdm(total=steps, initial=step, desc=f"train {kind}", disable=not progress)
-    stopped_at = None
+    stopped_at, seen = None, 0
     while step < steps:
         if time_limit_s is not None and time.time() - t0 > time_limit_s:
             stopped_at = step            # out of time: the head as trained so far, evaluated below
@@ -286,23 +375,27 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         if not queue:
             queue = _batches(lengths, tokens_per_batch, rng)
         idx = queue.pop()
-        ids, fb, lens = _pad(seqs, feats, idx, dev)
+        ids, fb, lens, tb = _pad(seqs, feats, idx, dev, tops)
+        seen += int(lens.sum())
         with autocast:
             loss, parts = _loss(head, ids, fb.to(torch.bfloat16 if dev.type == "cuda" else fb.dtype), lens,
-                                ttt_depth, reg)
+                                ttt_depth, reg, tb, vocab_rows)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
         opt.step()
-        sched.step()
         step += 1
+        if time_limit_s is not None:
+            progress["p"] = max(step / steps, (time.time() - t0) / time_limit_s)
+        sched.step()
         curve.append([step, round(float(loss.detach()), 5), [round(p, 4) for p in parts]])
         post = {"loss": f"{curve[-1][1]:.3f}"}
         if val_pairs and (step % eval_every == 0 or step == steps):
             head.eval()
+            te = time.time()
             ev = held_out_acceptance(head, val_pairs)
             head.train()
-            evals.append({"step": step, **ev})
+            evals.append({"step": step, **ev, "eval_s": round(time.time() - te, 2)})
             post["heldout_k3"] = f"{ev['tokens_per_step'][3]:.2f}"
         bar.set_postfix(post)
         bar.update(1)
@@ -319,9 +412,19 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     from .provenance import machine_info, package_versions
 
     n_feat = sum(map(len, seqs))
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t_loop = time.time() - t0 - sum(e.get("eval_s", 0.0) for e in evals)
     record = {"settings": settings, "feature_pass_s": round(t_feat, 1), "train_wall_s": round(time.time() - t0, 1),
               "feature_pass_tokens_per_s": round(n_feat / t_feat, 1) if t_feat else None,
-              "train_tokens_per_s": round(step * tokens_per_batch / max(time.time() - t0, 1e-9), 1),
+              "feature_pass": "target forward (features) + its LM head once per position (top-k targets)",
+              "train_tokens_per_s": round(seen / max(t_loop, 1e-9), 1) if seen else None,
+              "train_tokens_per_s_meaning": f"sequence tokens (prompt + output, no padding) through one optimizer "
+                                            f"step of every chain depth 1..{ttt_depth}, per second of the loop "
+                                            f"(held-out evaluations excluded); this run's tokens only (a resumed "
+                                            f"run counts from its resume)",
+              "loss_vocabulary": {"size": loss_vocab if vocab_rows is not None else V,
+                                  "top_token_coverage": round(coverage, 5), "target_topk": topk},
               "steps_done": step, "stopped_by_time_limit": stopped_at is not None, "time_limit_s": time_limit_s,
               "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:], "held_out": evals,
               "final_held_out_tokens_per_step": evals[-1]["tokens_per_step"] if evals else None,
@@ -344,7 +447,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
 
 def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3,
                          reg: float = 0.1, seed: int = 0, ckpt_every: int = 200, eval_every: int = 200,
-                         time_limit_s: float | None = None) -> None:
+                         time_limit_s: float | None = None, topk: int = 32, loss_vocab: int = 32768) -> None:
     """Refuse, with one line naming the option, any training number that cannot give a trained head."""
     from .guard import check_float, check_int
 
@@ -356,6 +459,8 @@ def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batc
     check_int("--seed", seed, 0, 2**32 - 1)
     check_int("ckpt_every", ckpt_every, 1)
     check_int("eval_every", eval_every, 1)
+    check_int("--topk", topk, 1, 4096)
+    check_int("--loss-vocab", loss_vocab, 0, 2**31 - 1)
     if time_limit_s is not None:
         check_float("--time-limit", time_limit_s, 0.0, 1e9, lo_open=True)
 
@@ -381,10 +486,12 @@ def _load_checkpoint(ck: Path, dev) -> dict:
 def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("sharegpt", "py-functions"),
                          eval_n: int | None = None, train_n: int = 1000, val_n: int = 32, max_new_tokens: int = 256,
                          max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
-                         kind: str = "eagle", engine: str = "torch", **train_kw) -> tuple[EagleHead, dict]:
+                         kind: str = "eagle", engine: str = "torch", vllm_memory: float = 0.8,
+                         vllm_max_seqs: int = 1024, **train_kw) -> tuple[EagleHead, dict]:
     """The whole recipe of ``spec-repro train eagle``: split prompts by source, decode (the torch engine, or vLLM
     on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
-    (None: the sets as collected, humaneval 164 and mt-bench 80)."""
+    (None: the sets as collected, humaneval 164 and mt-bench 80). ``vllm_memory`` / ``vllm_max_seqs``: vLLM's
+    gpu_memory_utilization and max_num_seqs for the decode (the GPU is vLLM's alone until it shuts down)."""
     from . import models
     from .guard import check_device, check_int
 
@@ -398,6 +505,10 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                         ("--batch-size", batch_size, 1)) + ((("--eval-n", eval_n, 0),) if eval_n is not None else ()):
         check_int(name, v, lo, 2**31 - 1)
     check_train_settings(seed=seed, **train_kw)       # every number, before the model loads
+    from .guard import check_float
+
+    check_float("vllm_memory", vllm_memory, 0.0, 1.0, lo_open=True)
+    check_int("vllm_max_seqs", vllm_max_seqs, 1, 2**20)
     check_engine(engine, device)                       # before the device: it says what --engine vllm needs
     check_device(device)
     from . import workloads as wl
@@ -420,7 +531,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
         from .engines.vllm_decode import vllm_greedy
 
         outs, dstats = vllm_greedy(str(models.converted_dir(target_name)), prompts, max_new_tokens=max_new_tokens,
-                                   eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed)
+                                   eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed,
+                                   gpu_memory_utilization=vllm_memory, max_num_seqs=vllm_max_seqs)
     else:
         outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
         n_out = sum(map(len, outs))

@@ -42,7 +42,8 @@ def trained(target, tmp_path_factory):
     pairs = _train_pairs(target)
     out = tmp_path_factory.mktemp("head") / "eagle"
     head, rec = train_eagle(target, pairs[:40], val_pairs=pairs[40:], out=out, steps=150, lr=3e-3,
-                            tokens_per_batch=512, ttt_depth=3, eval_every=150, progress=False)
+                            tokens_per_batch=512, ttt_depth=3, eval_every=150, progress=False,
+                            topk=VOCAB)   # the tiny random target's distributions are flat: keep them whole
     return out, rec
 
 
@@ -281,3 +282,48 @@ def test_cli_collect_eagle_without_a_usable_head_is_one_line(tmp_path):
         assert r.returncode != 0 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "t").exists() or not any((tmp_path / "t").rglob("*.jsonl"))
+
+
+# ---- the loss: sparse target distributions, a loss vocabulary, one fused pass --------------------------------
+def test_sparse_ce_equals_autograd_cross_entropy():
+    from spec_repro.train import _SparseCE
+
+    g = torch.Generator().manual_seed(0)
+    n, H, V, K = 37, 16, 50, 5
+    h = torch.randn(n, H, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(V, H, dtype=torch.float64, generator=g)
+    p, cols = torch.softmax(torch.randn(n, V, dtype=torch.float64, generator=g), -1).topk(K, -1)
+    p = p / p.sum(-1, keepdim=True)
+    loss = _SparseCE.apply(h, W, cols, p, 8)      # chunks of 8 rows: the last one is ragged
+    (2.0 * loss).backward()
+    got = h.grad.clone()
+    h.grad = None
+    ref = -(p * torch.log_softmax(h @ W.T, -1).gather(1, cols)).sum()
+    (2.0 * ref).backward()
+    assert abs(float(loss) - float(ref)) < 1e-4 * abs(float(ref))
+    assert torch.allclose(got, h.grad, atol=1e-5)
+
+
+def test_loss_vocabulary_keeps_the_most_frequent_top_tokens():
+    from spec_repro.train import loss_vocabulary
+
+    tops = [(torch.tensor([[3, 1], [3, 2], [5, 1]], dtype=torch.int32), None),
+            (torch.tensor([[3, 0], [7, 1]], dtype=torch.int32), None)]
+    rows, cover = loss_vocabulary(tops, 2, 10)
+    assert sorted(rows.tolist()) in ([3, 5], [3, 7]) and abs(cover - 0.8) < 1e-6     # 3 is top 3 times, 5 and 7 once
+    assert loss_vocabulary(tops, 0, 10) == (None, 1.0) and loss_vocabulary(tops, 10, 10) == (None, 1.0)
+
+
+def test_training_with_a_loss_vocabulary_learns(target, tmp_path):
+    """A loss vocabulary smaller than the target's still trains (its softmax also holds every target token of the
+    batch), and the record says how much of the top tokens it covers; held-out drafting uses the whole vocabulary."""
+    pairs = _train_pairs(target, n=48, seed=3)
+    _, rec = train_eagle(target, pairs[:40], val_pairs=pairs[40:], out=tmp_path / "h", steps=60, lr=3e-3,
+                         tokens_per_batch=512, ttt_depth=2, eval_every=60, progress=False, topk=VOCAB,
+                         loss_vocab=VOCAB // 3)
+    lv = rec["loss_vocabulary"]
+    assert lv["size"] == VOCAB // 3 and 0.3 < lv["top_token_coverage"] < 1.0
+    assert rec["final_held_out_tokens_per_step"][3] > 1.15
+    cond = rec["final_held_out_draft_position_rate"], rec["held_out"][-1]["conditional_position_rate"]
+    assert abs(cond[0][1] - cond[1][1]) < 1e-12 and all(0 <= v <= 1 for v in cond[1].values())
+    assert rec["train_tokens_per_s"] > 0 and rec["settings"]["loss_vocab"] == VOCAB // 3

@@ -85,3 +85,29 @@ def test_live_adding_a_proposer_to_a_trace_matches_the_decode_readout(tmp_path):
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
     man = json.loads((tmp_path / "MANIFEST.json").read_text())[only.name]
     assert man["added_proposers"] == ["early-exit"] and set(man["mean_acc_len"]) == {"early-exit", "ngram"}
+
+
+def test_reprofile_replaces_a_proposer_from_stored_ids_without_loading_what_it_does_not_need(tmp_path, monkeypatch):
+    """--reprofile early-exit on a finished trace profiles it again (its rows replaced, not doubled, equal to a
+    fresh profile: the same model) and loads no draft model, since 'draft' is not profiled again."""
+    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True)
+    (path,) = collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), **kw)
+    before = read_trace(path)
+    from spec_repro import models
+
+    loaded, real_load = [], models.load
+    monkeypatch.setattr(models, "load", lambda name, *a, **k: (loaded.append(name), real_load(name, *a, **k))[1])
+    with pytest.raises(ValueError, match="not among --proposers"):
+        collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram",), reprofile=["early-exit"], **kw)
+    collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), reprofile=["early-exit"],
+                        **kw)
+    after = read_trace(path)
+    assert loaded == ["smollm2-135m"] and len(after.acc) == len(before.acc)
+    want, got = before.arrays("early-exit"), after.arrays("early-exit")
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
+    assert list(man["reprofiled"]) == ["early-exit"] and man["original_run"]["date"]
+    from spec_repro.proposers import make_proposer
+
+    with pytest.raises(ValueError, match="already holds"):
+        collect_mod.add_proposers(path, {"ngram": make_proposer("ngram", None)}, quiet=True)

@@ -89,7 +89,9 @@ def vllm_greedy(model_dir: str, prompts: Sequence[Sequence[int]], *, max_new_tok
         extras = [run(ps, n) for ps, n in extra]
         if on_extra_done is not None:
             on_extra_done(extras)
-        outs, st = run(prompts, max_new_tokens)
+        outs, st = run(prompts, max_new_tokens) if len(prompts) else \
+            ([], {"requests": 0, "max_new_tokens": int(max_new_tokens), "output_tokens": 0, "decode_wall_s": 0.0,
+                  "output_tokens_per_s": None})     # only the extra runs (an engine comparison)
     finally:
         _shutdown(llm)
     stats = {"engine": "vllm", "vllm_version": vllm.__version__, "dtype": "bfloat16", **st,
