@@ -73,12 +73,15 @@ case "$1" in
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   packtraces)   # the finished traces alone, as soon as they exist
     tar czf $OUT/traces_$2.tgz -C $R --exclude='.partial' --exclude='*.lock' traces log_compare.txt && ls -la $OUT ;;
-  pack)
-    tar czf $OUT/res_$2.tgz -C $R --exclude='heads/*/model.safetensors' --exclude='*.ckpt' --exclude='.partial' \
-      --exclude='*.lock' . && ls -la $OUT/res_$2.tgz
+  pack)        # everything into $R/pack; the results + the first 3 head pieces come back now, the rest by `send`
+    mkdir -p $R/pack && rm -f $R/pack/*
+    tar czf $R/pack/res_$2.tgz -C $R --exclude='heads/*/model.safetensors' --exclude='*.ckpt' --exclude='.partial' \
+      --exclude='*.lock' --exclude='pack' . 
     if [ -f $HEAD/model.safetensors ]; then
-      sha256sum $HEAD/model.safetensors > $OUT/head_$2.sha256
-      split -b 16M -d -a 1 $HEAD/model.safetensors $OUT/head_$2.part
+      sha256sum $HEAD/model.safetensors > $R/pack/head_$2.sha256
+      split -b 16M -d -a 1 $HEAD/model.safetensors $R/pack/head_$2.part
     fi
-    ls -la $OUT ;;
+    ls -la $R/pack; cp $R/pack/res_$2.tgz $R/pack/head_$2.sha256 $R/pack/head_$2.part[0-2] $OUT/ 2>/dev/null; ls -la $OUT ;;
+  send)        # send PATTERN: more of $R/pack
+    cp $R/pack/$2 $OUT/ && ls -la $OUT ;;
 esac
