@@ -66,6 +66,17 @@ if figures_dir: P.save(fig, "03_acceptance_by_draft_position", figures_dir)
 rate.pivot_table(index=["dataset", "proposer"], columns="draft_position", values="rate").round(3)
 
 # %% [markdown]
+# **Beside the study's.** The same two rates on the study's own published traces (Llama-3.1-8B-Instruct, vLLM, H100; the committed table `data/published/draft_position_rates.csv`, made from SpecDecode-Bench/simulator's files by `python -m spec_repro.published draft-position-rates`, provenance in `data/published/MANIFEST.json`), paired by dataset (code-edit ↔ InstructCoder, sharegpt ↔ ShareGPT, gsm-symbolic ↔ GSM8K), for n-gram and EAGLE. The study's rate (left) can only fall with i, since the i-th token counts only when all before it were accepted; the conditional rate (right) says whether a proposer itself gets worse deeper into its draft. The study's EAGLE on ShareGPT at k=5 falls .61 → .12 by its definition while its conditional rate rises .61 → .73: no collapse past the head's training depth.
+
+# %%
+study = A.study_draft_position_rates()   # the committed table; its provenance in study.attrs["source"]
+vs_study = A.draft_position_vs_study(rate, study, k=k)
+fig = P.draft_position_vs_study(vs_study, source=f"package: measured, {SOURCE}\nstudy: {study.attrs['source']}")
+if figures_dir: P.save(fig, "03_draft_position_vs_study", figures_dir)
+vs_study.pivot_table(index=["pair", "proposer", "kind", "side", "model"], columns="draft_position",
+                     values="value", sort=False).round(3)
+
+# %% [markdown]
 # Spread across requests: tokens per step of each request when every step proposes exactly what will be accepted (up to the trace's k_max), as the study reports it.
 
 # %%

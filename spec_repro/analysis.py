@@ -20,19 +20,22 @@ from .grids import (ADAPTIVE_BATCH_SIZES, COMBINE_PARTNERS, DRAFTER_STANDINS, ad
 from .live import live_trace, live_vllm_job
 from .measured import (acceptance_agreement, cpu_steps, gpu_cost_model_path, gpu_job_specs, gpu_speedups, gpu_steps,
                        gpu_verify_limits, verify_cost)
-from .metrics import (PHASES, SHARE_COLUMNS, acceptance_by_draft_position, acceptance_by_output_position,
+from .metrics import (PHASES, SHARE_COLUMNS, STUDY_ANALOGUES, acceptance_by_draft_position, acceptance_by_output_position,
+                      draft_position_vs_study,
                       hybrid_table, ngram_advantage, ngram_advantage_by_model, oracle_gap, overlap_threshold,
                       overlap_thresholds, MIN_OVERLAP_REQUESTS,
                       phase_shares, prompt_output_bleu, shares_long, tokens_per_step_per_request,
                       tokens_per_step_spread, walk_steps)
 from .paths import PUBLISHED_MODEL, data_dir, figures_dir, load_traces, repo_root, trace_files
 from .provenance import describe_source, short_source, trace_provenance
+from .published import read_draft_position_rates as study_draft_position_rates
 
 __all__ = [
     # paths
     "repo_root", "data_dir", "figures_dir", "trace_files", "load_traces", "PUBLISHED_MODEL",
     # metrics
-    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
+    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "STUDY_ANALOGUES",
+    "draft_position_vs_study", "study_draft_position_rates", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
     "overlap_threshold", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
     # measured

@@ -10,7 +10,8 @@ import pandas as pd
 from .traces import Trace, TraceError
 
 __all__ = [
-    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "tokens_per_step_per_request",
+    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "STUDY_ANALOGUES",
+    "draft_position_vs_study", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
     "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "verify_cost_summary", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
 ]
@@ -72,7 +73,12 @@ def acceptance_by_draft_position(trace: Trace, k: int = 3, proposers: Sequence[s
 
     Steps are those of a fixed-k greedy run (``walk_steps``); a step counts as a draft when the proposer
     proposed something (``draft_len`` > 0; unknown draft_len counts as a draft). Returns dataset, model,
-    proposer, draft_position (1..k), rate, drafts."""
+    proposer, draft_position (1..k), rate, conditional_rate, drafts.
+
+    ``rate`` is the study's (unconditional) rate, which can only fall with i: the i-th token is accepted only
+    if every earlier one was. ``conditional_rate`` is drafts whose i-th token was accepted ÷ drafts whose
+    (i-1)-th was (i = 1: the same as ``rate``; NaN where no draft reached i-1): whether a proposer gets worse
+    deeper into its draft (a head past its training depth) or only looks so because fewer drafts get there."""
     rows = []
     for (ds, mdl, prop), g in trace.acc.groupby(["dataset", "model", "proposer"], observed=True):
         if proposers is not None and prop not in proposers:
@@ -87,10 +93,62 @@ def acceptance_by_draft_position(trace: Trace, k: int = 3, proposers: Sequence[s
             acc_n = np.minimum(a[s] - 1, k)
             accepted_hist += np.bincount(acc_n, minlength=k + 1)[: k + 1]
         drafts = int(accepted_hist.sum())
+        reached = accepted_hist[::-1].cumsum()[::-1]  # reached[j]: drafts with at least j tokens accepted
         for i in range(1, k + 1):
             rows.append({"dataset": ds, "model": mdl, "proposer": prop, "draft_position": i,
-                         "rate": accepted_hist[i:].sum() / drafts if drafts else np.nan, "drafts": drafts})
+                         "rate": reached[i] / drafts if drafts else np.nan,
+                         "conditional_rate": reached[i] / reached[i - 1] if reached[i - 1] else np.nan,
+                         "drafts": drafts})
     return pd.DataFrame(rows)
+
+
+#: The study's datasets and this package's workload standing in for each (the study's name: the package's).
+STUDY_ANALOGUES = {"instructcoder": "code-edit", "sharegpt": "sharegpt", "gsm8k": "gsm-symbolic"}
+
+
+def draft_position_vs_study(ours: pd.DataFrame, study: pd.DataFrame, *, k: int,
+                            proposers: Sequence[str] = ("eagle", "ngram")) -> pd.DataFrame:
+    """This package's per-draft-position acceptance (``acceptance_by_draft_position``) beside the study's (the
+    committed table ``published.read_draft_position_rates``, at the same ``k``), for the proposer families both
+    have, paired by dataset (``STUDY_ANALOGUES``; a trace of the study's own datasets pairs with itself).
+
+    Long format: pair (e.g. ``code-edit ↔ instructcoder``), side (``package`` / ``study``), dataset, model,
+    proposer, draft_position, kind (``unconditional``: the study's rate; ``conditional``: given the previous draft
+    token accepted), value, drafts. Pairs are those the package's rows reach and proposers those it has among
+    ``proposers``; where it reaches none, every pair / proposer of the study is kept (the study's side alone).
+    ``attrs["notes"]`` says what could not be paired."""
+    to_study = {**{o_ds: st_ds for st_ds, o_ds in STUDY_ANALOGUES.items()}, **{d: d for d in STUDY_ANALOGUES}}
+    notes = []
+    st = study[study["k"] == k]
+    if not len(st):
+        notes.append(f"The study's table has no rows at k={k} (it has k = "
+                     f"{', '.join(map(str, sorted(study['k'].unique())))}): the package's side alone.")
+    o = ours[ours["dataset"].astype(str).isin(to_study) & ours["proposer"].astype(str).isin(proposers)]
+    present = sorted(set(o["dataset"].astype(str)))
+    if not present:
+        notes.append(f"The package's rows have no {' or '.join(proposers)} on a dataset with a study counterpart "
+                     f"({', '.join(f'{v} for {k}' for k, v in STUDY_ANALOGUES.items())}); they have datasets "
+                     f"{', '.join(sorted(set(ours['dataset'].astype(str)))) or 'none'}, proposers "
+                     f"{', '.join(sorted(set(ours['proposer'].astype(str)))) or 'none'}: the study's side alone.")
+    label: dict[str, str] = {}
+    for d in present:
+        label.setdefault(to_study[d], to_study[d] if d == to_study[d] else f"{d} ↔ {to_study[d]}")
+    st = st[st["dataset"].astype(str).isin(label or STUDY_ANALOGUES)
+            & st["proposer"].astype(str).isin(set(o["proposer"].astype(str)) or set(proposers))]
+    rows = []
+    for side, d in (("package", o), ("study", st)):
+        for r in d.itertuples(index=False):
+            st_ds = to_study[str(r.dataset)] if side == "package" else str(r.dataset)
+            for kind, col in (("unconditional", "rate"), ("conditional", "conditional_rate")):
+                rows.append({"pair": label.get(st_ds, st_ds), "side": side, "dataset": str(r.dataset),
+                             "model": str(r.model), "proposer": str(r.proposer),
+                             "draft_position": int(r.draft_position), "kind": kind, "value": getattr(r, col),
+                             "drafts": int(r.drafts)})
+    out = pd.DataFrame(rows, columns=["pair", "side", "dataset", "model", "proposer", "draft_position", "kind",
+                                      "value", "drafts"])
+    out.attrs["notes"] = notes
+    out.attrs["k"] = k
+    return out
 
 
 def tokens_per_step_per_request(trace: Trace, k: int | None = None, proposers: Sequence[str] | None = None

@@ -19,7 +19,8 @@ from .metrics import MIN_OVERLAP_REQUESTS, SHARE_COLUMNS, overlap_support, overl
 
 __all__ = [
     "PALETTE", "PHASE_COLORS", "COLUMN_WIDTH_IN", "color", "palette_for", "save", "speedup_vs_batch",
-    "time_breakdown", "verify_vs_floor", "verify_cost_curve", "acceptance_by_position", "draft_position_rate", "tokens_per_step_spread",
+    "time_breakdown", "verify_vs_floor", "verify_cost_curve", "acceptance_by_position", "draft_position_rate",
+    "draft_position_vs_study", "tokens_per_step_spread",
     "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
 ]
 
@@ -265,6 +266,65 @@ def draft_position_rate(df: pd.DataFrame, *, title: str = "", source: str | None
         ax.set_ylabel("P(i-th draft token accepted)")
     _legend_below(fig, axes)
     fig.suptitle(title or "Per-position acceptance rate", y=1.03)
+    return _finish(fig, source)
+
+
+_KIND_HEAD = {"unconditional": ("study's definition (unconditional)", "P(i-th draft token accepted)"),
+              "conditional": ("given the previous draft token accepted", "P(i-th accepted | (i-1)-th accepted)")}
+
+
+def draft_position_vs_study(cmp: pd.DataFrame, *, title: str = "", source: str | None = None):
+    """The package's per-draft-position acceptance beside the study's (``metrics.draft_position_vs_study``): a
+    row per dataset pair, the study's unconditional rate on the left, the conditional one on the right; colour =
+    proposer, line style = whose trace (the study's: dashed, squares; the package's: solid / dotted)."""
+    from matplotlib.lines import Line2D
+
+    k = cmp.attrs.get("k")
+    pairs = list(dict.fromkeys(cmp.sort_values(["side", "pair"])["pair"]))  # the package's pairs first
+    pairs = sorted(pairs, key=lambda p: ("↔" not in p, p))
+    nrow = max(len(pairs), 1)
+    fig, axs = plt.subplots(nrow, 2, figsize=(COLUMN_WIDTH_IN - 0.3, 2.35 * nrow + 0.4), squeeze=False, sharey=True)
+    props = sorted(cmp["proposer"].unique())
+    sides = list(dict.fromkeys(zip(cmp.sort_values("side")["side"], cmp.sort_values("side")["model"])))
+    styles = {}
+    pkg = [s for s in sides if s[0] == "package"]
+    for i, s_ in enumerate(pkg):
+        styles[s_] = {"ls": ["-", ":", "-."][i % 3], "marker": ["o", "^", "D"][i % 3], "lw": 1.6, "ms": 4.5}
+    for s_ in sides:
+        if s_[0] == "study":
+            styles[s_] = {"ls": "--", "marker": "s", "lw": 1.3, "ms": 4.0, "mfc": "white"}
+    for row, pair in enumerate(pairs):
+        for col, kind in enumerate(("unconditional", "conditional")):
+            ax = axs[row][col]
+            d = cmp[(cmp["pair"] == pair) & (cmp["kind"] == kind)]
+            for (side, mdl, prop), g in d.groupby(["side", "model", "proposer"], sort=True):
+                g = g.sort_values("draft_position")
+                ax.plot(g["draft_position"], g["value"], color=color(prop), **styles[(side, mdl)])
+            ax.set_ylim(0, 1.02)
+            if k:
+                ax.set_xticks(range(1, int(k) + 1))
+            head, ylab = _KIND_HEAD[kind]
+            ax.set_title(f"$\\bf{{{head.replace(' ', '~')}}}$\n{pair}" if row == 0 else pair, fontsize=8.5)
+            ax.set_ylabel(ylab if col == 0 else "", fontsize=7.5)
+            ax.set_xlabel("draft token index i", fontsize=7.5)
+        axs[row][1].set_ylabel(_KIND_HEAD["conditional"][1], fontsize=7.5)
+        axs[row][1].tick_params(labelleft=True)
+    extra = [(Line2D([], [], color=color(p), lw=2.2), p) for p in props]
+    for s_ in sides:
+        side, mdl = s_
+        who = (f"study: {mdl.replace(' (published trace)', '')} (its published traces, vLLM, H100)"
+               if side == "study" else f"package: {mdl} (this notebook's trace)")
+        extra.append((Line2D([], [], color="0.25", **styles[s_]), who))
+    _legend_below(fig, list(axs.flat), ncol=2, extra=extra)
+    for n in cmp.attrs.get("notes", []):
+        _note(fig, n)
+    _note(fig, "Left: the study's per-position rate, drafts whose i-th token was accepted ÷ all drafts (it can "
+          "only fall with i). Right: ÷ the drafts whose (i-1)-th token was accepted, which shows whether a "
+          "proposer gets worse deeper into its draft. n-gram: steps where its lookup found no match are not drafts "
+          "(recomputed from the study's token ids; recorded in the package's traces).")
+    kk = f" at k={k}" if k else ""
+    fig.suptitle(title or f"Per-draft-position acceptance{kk}:\nthis package's traces beside the study's "
+                 "(Llama-3.1-8B-Instruct, H100)", y=1.01, fontsize=9.5)
     return _finish(fig, source)
 
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .traces import STUDY_FILES, STUDY_MODEL, STUDY_SOURCE, Trace, TraceError, _check_acc_array, dataset_from_path
 
-__all__ = ["read_published_jsonl", "read_published_cached"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["read_published_jsonl", "read_published_cached", "with_ngram_draft_len", "draft_position_table",
+           "write_draft_position_table", "read_draft_position_rates", "STUDY_REPO", "STUDY_TRACE_DIR",
+           "DRAFT_POSITION_KS"]
 
 _PUBLISHED_ACC = re.compile(r"^acc(?:_(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*))?$")
 
@@ -192,3 +199,183 @@ def read_published_cached(path: Path, **kw) -> Trace:
     except OSError:
         pass  # a read-only or full cache only costs the next read its parse
     return t
+
+
+# ---- the study's per-draft-position acceptance, as a committed table ----------------------------------------
+#: Where the study's published traces live (their sha256 are ``traces.STUDY_FILES``).
+STUDY_REPO = "https://github.com/SpecDecode-Bench/simulator"
+STUDY_TRACE_DIR = "data/llama3.1-8B"
+#: The draft lengths ``data/published/draft_position_rates.csv`` covers.
+DRAFT_POSITION_KS = (3, 5, 7)
+_TABLE = "draft_position_rates.csv"
+
+
+def with_ngram_draft_len(trace: Trace) -> tuple[Trace, dict]:
+    """``trace`` with n-gram's ``draft_len`` filled in where it is unknown (the study's files do not record it):
+    vLLM's prompt lookup (min 3 / max 7) recomputed from the token ids, in the alignment that reproduces the
+    trace's own n-gram acc_len (``simcore.ngram_match``). A step where the lookup finds no match is then no draft,
+    as in this package's own traces. Returns the trace and, per (dataset, model), the alignment and the share of
+    positions where the recomputed acceptance equals the published one."""
+    import numpy as np
+
+    from .simcore import group_arrays, is_ngram, ngram_match
+
+    acc = trace.acc.copy()
+    report: dict = {}
+    for prop in trace.proposers:
+        if not is_ngram(prop):
+            continue
+        for (ds, mdl), g in acc[acc["proposer"] == prop].groupby(["dataset", "model"], observed=True):
+            if g["draft_len"].notna().all():
+                continue
+            order = list(dict.fromkeys(g["request_id"]))
+            req = trace.requests[(trace.requests["dataset"] == ds) & (trace.requests["model"] == mdl)]
+            reqs = group_arrays(g, req, [prop], order)
+            m = ngram_match(reqs, req, 0, int(g["k_max"].max()))
+            report[f"{ds}/{mdl}/{prop}"] = {"alignment": m.alignment,
+                                            "agreement": {a: round(v, 4) for a, v in m.agreement.items()},
+                                            **({"why": m.why} if m.lens is None else {})}
+            if m.lens is None:
+                continue
+            # group_arrays concatenates the requests in `order`, positions 0..L-1 each: the same order as g sorted
+            rank = {r: i for i, r in enumerate(order)}
+            idx = g.assign(_r=g["request_id"].map(rank)).sort_values(["_r", "position"]).index
+            acc.loc[idx, "draft_len"] = np.asarray(m.lens, np.int64)
+    acc["draft_len"] = acc["draft_len"].astype("Int16")
+    return Trace(acc, trace.requests, dict(trace.meta)), report
+
+
+def draft_position_table(paths, ks=DRAFT_POSITION_KS) -> tuple[pd.DataFrame, dict]:
+    """``metrics.acceptance_by_draft_position`` (both rates) of the published trace files ``paths`` at each
+    draft length in ``ks``, n-gram's no-match steps left out (``with_ngram_draft_len``). Returns the table
+    (dataset, model, proposer, k, draft_position, rate, conditional_rate, drafts) and a per-file report (name,
+    sha256, dataset, requests, n-gram's recomputed-lookup agreement)."""
+    import pandas as pd
+
+    from .metrics import acceptance_by_draft_position
+
+    parts, files = [], {}
+    for path in sorted(Path(p) for p in paths):
+        t = read_published_jsonl(path)
+        t, ngram = with_ngram_draft_len(t)
+        files[path.name] = {"sha256": t.meta["sha256"], "study_file": bool(t.meta.get("study_file")),
+                            "dataset": t.datasets[0] if len(t.datasets) == 1 else list(t.datasets),
+                            "requests": int(t.requests["request_id"].nunique()), "ngram_lookup": ngram}
+        for k in ks:
+            r = acceptance_by_draft_position(t, k=int(k))
+            r.insert(3, "k", int(k))
+            parts.append(r)
+    table = pd.concat(parts, ignore_index=True)
+    table[["rate", "conditional_rate"]] = table[["rate", "conditional_rate"]].round(4)
+    table = table.sort_values(["dataset", "model", "proposer", "k", "draft_position"], kind="stable")
+    return table.reset_index(drop=True), files
+
+
+def _git_blob_sha1(path: Path) -> str:
+    import hashlib
+
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _git_commit(git_dir: str | Path, files: Sequence[Path]) -> str:
+    """The commit of ``git_dir`` (HEAD) whose ``STUDY_TRACE_DIR/<name>`` blobs are these files' bytes."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", f"--git-dir={git_dir}", *a], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    for f in files:
+        blob = git("rev-parse", f"{commit}:{STUDY_TRACE_DIR}/{f.name}")
+        if blob != _git_blob_sha1(f):
+            raise TraceError(f"{f}: not the bytes of {STUDY_TRACE_DIR}/{f.name} at {commit} in {git_dir}")
+    return commit
+
+
+def write_draft_position_table(paths, out_dir: str | Path, *, ks=DRAFT_POSITION_KS, git_dir: str | Path | None = None,
+                               commit: str | None = None, command: str | None = None) -> Path:
+    """Write ``out_dir/draft_position_rates.csv`` (``draft_position_table``) and its entry in
+    ``out_dir/MANIFEST.json``: the source repository and commit (``git_dir``: a clone or mirror of it, checked
+    blob by blob against the files; or ``commit`` as given), every file's sha256 and git blob id, the command."""
+    from .io import atomic_path
+    from .provenance import record
+
+    paths = sorted(Path(p) for p in paths)
+    if not paths:
+        raise TraceError("no published trace files given")
+    if git_dir is not None:
+        commit = _git_commit(git_dir, paths)
+    table, files = draft_position_table(paths, ks)
+    for p in paths:
+        files[p.name].update(path_in_repo=f"{STUDY_TRACE_DIR}/{p.name}", git_blob=_git_blob_sha1(p))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / _TABLE) as tmp:
+        table.to_csv(tmp, index=False)
+    record(out / "MANIFEST.json", _TABLE, **({"command": command} if command else {}),
+           kind="derived: per-draft-position acceptance of the study's published traces "
+                "(spec_repro.metrics.acceptance_by_draft_position)",
+           source_repo=STUDY_REPO, source_commit=commit or "unknown", source_files=files, ks=[int(k) for k in ks],
+           model=STUDY_MODEL, rows=len(table),
+           definitions={"rate": "drafts whose i-th token was accepted / drafts (the study's per-position rate)",
+                        "conditional_rate": "drafts whose i-th token was accepted / drafts whose (i-1)-th was "
+                                            "(i = 1: rate)",
+                        "drafts": "steps of a fixed-k greedy run where the proposer proposed something",
+                        "ngram": "steps where vLLM's prompt lookup (min 3 / max 7), recomputed from the files' "
+                                 "token ids, finds no match are no drafts (as in this package's traces, "
+                                 "draft_len 0); EAGLE drafts at every step"})
+    return out / _TABLE
+
+
+def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
+    """The committed table of the study's per-draft-position acceptance (``data/published/draft_position_rates.csv``,
+    written by ``python -m spec_repro.published draft-position-rates``)."""
+    import pandas as pd
+
+    from .paths import data_dir
+
+    path = Path(path) if path else data_dir() / "published" / _TABLE
+    if not path.is_file():
+        raise TraceError(f"{path}: no such table; write it with `python -m spec_repro.published "
+                         f"draft-position-rates PATH/combined_*.jsonl --out {path.parent}`")
+    df = pd.read_csv(path)
+    man = path.parent / "MANIFEST.json"
+    e = json.loads(man.read_text()).get(path.name, {}) if man.is_file() else {}
+    where = (f"{e.get('source_repo', '?').removeprefix('https://github.com/')} @ {str(e.get('source_commit', '?'))[:7]}, "
+             f"{STUDY_TRACE_DIR}/combined_*.jsonl, {len(e.get('source_files', {}))} files" if e
+             else "no MANIFEST.json entry")
+    df.attrs["source"] = f"{STUDY_SOURCE} ({where}) via {path.parent.name}/{path.name}"
+    return df
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.published",
+                                 description="Tables derived from the study's published traces.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("draft-position-rates", help="per-draft-position acceptance (both rates) at several k")
+    d.add_argument("files", nargs="+", help="the study's combined_<dataset>.jsonl files")
+    d.add_argument("--out", default="data/published", help="folder for the table and its MANIFEST.json entry")
+    d.add_argument("--k", type=int, nargs="+", default=list(DRAFT_POSITION_KS), help="draft lengths")
+    src = d.add_mutually_exclusive_group()
+    src.add_argument("--git-dir", help="a clone/mirror of the source repository: its HEAD is recorded, after "
+                                       "checking that the files are its blobs")
+    src.add_argument("--commit", help="the source commit, recorded as given")
+    a = ap.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        out = write_draft_position_table(a.files, a.out, ks=a.k, git_dir=a.git_dir, commit=a.commit,
+                                         command="python -m spec_repro.published " + " ".join(args))
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -61,6 +61,44 @@ def test_draft_position_rate_skips_no_match_steps():
     r = A.acceptance_by_draft_position(t, k=3)
     assert r["drafts"].iloc[0] == 2
     assert r["rate"].tolist() == [0.5, 0.5, 0.5]
+    assert r["conditional_rate"].tolist() == [0.5, 1.0, 1.0]
+
+
+def test_draft_position_conditional_rate_by_hand():
+    # k=3 walk (a step at p produces min(a[p], 4) tokens): 0 (a=4: 3 accepted) -> 4 (a=2: 1) -> 6 (a=3: 2)
+    # -> 9 (a=1: 0) -> 10 (a=1: 0) -> 11 = end. 5 drafts; at least 1 accepted: 3, at least 2: 2, all 3: 1.
+    t = _trace({"r0": {"eagle": [4, 1, 1, 1, 2, 1, 3, 1, 1, 1, 1]}})
+    r = A.acceptance_by_draft_position(t, k=3).set_index("draft_position")
+    assert r["drafts"].tolist() == [5, 5, 5]
+    assert r["rate"].tolist() == pytest.approx([3 / 5, 2 / 5, 1 / 5])          # the study's: ÷ all drafts
+    assert r["conditional_rate"].tolist() == pytest.approx([3 / 5, 2 / 3, 1 / 2])  # ÷ drafts reaching i-1
+    # nothing ever accepted: the conditional rate past i=1 has no draft to condition on
+    r0 = A.acceptance_by_draft_position(_trace({"r0": {"eagle": [1] * 4}}), k=3)
+    assert r0["rate"].tolist() == [0.0, 0.0, 0.0]
+    assert r0["conditional_rate"].iloc[0] == 0.0 and r0["conditional_rate"].iloc[1:].isna().all()
+
+
+def test_draft_position_vs_study_pairs_datasets_and_sides():
+    ours = A.acceptance_by_draft_position(
+        Trace.concat([_trace({"r0": {"eagle": [4, 1, 1, 1, 2, 1], "early-exit": [2] * 6}}, dataset=d)
+                      for d in ("code-edit", "humaneval")]), k=2)
+    study = pd.DataFrame([{"dataset": ds, "model": "Llama (published trace)", "proposer": p, "k": k, "draft_position": i,
+                           "rate": 0.5 / i, "conditional_rate": 0.6, "drafts": 100}
+                          for ds in ("instructcoder", "sharegpt") for p in ("eagle", "ngram") for k in (2, 3)
+                          for i in range(1, k + 1)])
+    c = A.draft_position_vs_study(ours, study, k=2)
+    assert set(c["pair"]) == {"code-edit ↔ instructcoder"}    # humaneval has no counterpart; sharegpt not in ours
+    assert set(c["proposer"]) == {"eagle"}                    # early-exit is not EAGLE; ours has no n-gram
+    assert set(c["side"]) == {"package", "study"} and set(c["kind"]) == {"unconditional", "conditional"}
+    st = c[(c["side"] == "study") & (c["kind"] == "unconditional")].set_index("draft_position")["value"]
+    assert st.tolist() == [0.5, 0.25] and not c.attrs["notes"]
+    pk = c[(c["side"] == "package") & (c["kind"] == "conditional")].set_index("draft_position")["value"]
+    # k=2 walk: 0 (a=4: 2 accepted) -> 3 (a=1: 0) -> 4 (a=2: 1) -> 6 = end: 3 drafts, 2 reach i=1, 1 reaches i=2
+    assert pk.tolist() == pytest.approx([2 / 3, 1 / 2])
+    # no counterpart at all: the study's side alone, with a note; a k the table lacks: the package's alone
+    alone = A.draft_position_vs_study(ours[ours["dataset"] == "humaneval"], study, k=2)
+    assert set(alone["side"]) == {"study"} and "no eagle or ngram" in alone.attrs["notes"][0]
+    assert set(A.draft_position_vs_study(ours, study, k=5)["side"]) == {"package"}
 
 
 def test_acceptance_by_output_position_bins_and_caps():

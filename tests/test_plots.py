@@ -70,6 +70,8 @@ def _figs(trace):
         "verify": P.verify_cost_curve(vc, source="synthetic"),
         "by_pos": P.acceptance_by_position(A.acceptance_by_output_position(trace, k=3), k=3),
         "draft_pos": P.draft_position_rate(A.acceptance_by_draft_position(trace, k=3)),
+        "draft_pos_vs_study": P.draft_position_vs_study(A.draft_position_vs_study(
+            A.acceptance_by_draft_position(trace, k=3), A.study_draft_position_rates(), k=3)),
         "spread": P.tokens_per_step_spread(A.tokens_per_step_per_request(trace), paper={"ngram": (1.1, 15.0)},
                                             paper_dataset="code-edit"),
         "overlap": P.overlap_vs_advantage(adv, other="eagle", threshold=thr),
