@@ -318,6 +318,11 @@ def draft_position_vs_study(cmp: pd.DataFrame, *, title: str = "", source: str |
     _legend_below(fig, list(axs.flat), ncol=2, extra=extra)
     for n in cmp.attrs.get("notes", []):
         _note(fig, n)
+    if any(side != "study" and "(published trace)" in str(mdl) for side, mdl in sides):
+        _note(fig, "Here the notebook's trace IS the study's published one: the two lines of a proposer are the same "
+              "data. n-gram's differ because the published files record no draft length: the solid line counts steps "
+              "where the lookup found no match as drafts, the dashed one does not (given the previous token "
+              "accepted, they differ only at position 1).")
     _note(fig, "Left: the study's per-position rate, drafts whose i-th token was accepted ÷ all drafts (it can "
           "only fall with i). Right: ÷ the drafts whose (i-1)-th token was accepted, which shows whether a "
           "proposer gets worse deeper into its draft. n-gram: steps where its lookup found no match are not drafts "
