@@ -17,6 +17,7 @@
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")
 #   bash gpu/traces_job.sh setup                   # carry=[".stage/run", ".carry/extra", ".carry/traces"]
 #   TRAIN_LIMIT=480 bash gpu/traces_job.sh start   # the pipeline, detached (setsid): survives between calls
+#     (TRAIN_WL="sharegpt sharegpt-turns py-functions" TRAIN_N=... adds the later ShareGPT turns: more data)
 #   bash gpu/traces_job.sh status                  # its log tails
 #   bash gpu/traces_job.sh pack TAG                # $OUT/res_TAG.tgz + $OUT/head_TAG.partN (16 MiB)
 set -u
@@ -56,7 +57,7 @@ case "$1" in
     fi
     # (2) the head: every training prompt outside the evaluation sources, decoded by vLLM, then trained
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads sharegpt py-functions --train-n ${TRAIN_N:-20000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
+      --workloads ${TRAIN_WL:-sharegpt py-functions} --train-n ${TRAIN_N:-20000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
       --steps ${STEPS:-100000} --time-limit $TRAIN_LIMIT --lr ${LR:-8e-4} --tokens-per-batch ${TPB:-16384} \
       --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
     echo "train rc=$?" >> $R/log_train.txt

@@ -7,14 +7,17 @@
 2. Data: the target decodes every training prompt greedily (the torch engine, batched); one teacher-forced pass
    gives its feature at every position (EAGLE-1: last hidden state after the final norm).
 3. Loss, per chain depth d = 1..``ttt_depth`` (the attention pattern of :meth:`EagleHead.chain`, so depth d
-   sees its own earlier drafts exactly as at inference): cross-entropy against the target's full next-token
-   distribution (softmax of its LM head on the next position's feature), weighted 0.8^(d-1), plus EAGLE-1's
-   smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay frozen.
+   sees its own earlier drafts exactly as at inference): cross-entropy against the target's next-token
+   distribution, kept as its ``topk`` most likely tokens (renormalised; computed once per position in the
+   feature pass), over a loss vocabulary (the target's ``loss_vocab`` most frequent top tokens plus every target
+   token of the batch; 0: all), fused with its gradient in chunks (:class:`_SparseCE`), weighted 0.8^(d-1), plus
+   EAGLE-1's smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay
+   frozen. Held-out acceptance always drafts over the whole vocabulary.
 4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
    curve; loaded with ``weights_only=True``): a rerun with the same settings resumes. ``<out>`` must be a new
    folder, an empty one or an earlier head's (marked ``.spec_repro_owned``): no other folder is ever touched. The head is written in vLLM's layout
    (:func:`spec_repro.proposers.eagle.save_head`) with ``<out>/TRAINING.json``: data, steps, loss curve,
-   held-out tokens/step at k = 1..5, wall time, hardware.
+   held-out walked tokens per step at k = 1..8 and per-position rates, throughput, wall time, hardware.
 
 Seeded and deterministic on CPU (and on CUDA up to the GPU's own nondeterministic kernels).
 """
@@ -338,11 +341,11 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                             weight_decay=0.0)
     # warm-up over the first 5% and a cosine to 10% of ``lr``, over the steps or, with a time limit, over whichever
     # ends first: a run stopped by its time limit ends annealed, not at its peak learning rate
-    progress = {"p": 0.0}
+    done_share = {"p": 0.0}
     warm = max(1, steps // 20)
 
     def lr_factor(s):
-        p = min(1.0, max(s / steps, progress["p"]))
+        p = min(1.0, max(s / steps, done_share["p"]))
         w = min(1.0, max(p, (s + 1) / steps) / 0.05) if time_limit_s else min(1.0, (s + 1) / warm)
         return w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
@@ -386,7 +389,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         opt.step()
         step += 1
         if time_limit_s is not None:
-            progress["p"] = max(step / steps, (time.time() - t0) / time_limit_s)
+            done_share["p"] = max(step / steps, (time.time() - t0) / time_limit_s)
         sched.step()
         curve.append([step, round(float(loss.detach()), 5), [round(p, 4) for p in parts]])
         post = {"loss": f"{curve[-1][1]:.3f}"}
