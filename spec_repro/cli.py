@@ -365,7 +365,8 @@ def _add_train(sub):
     p.add_argument("--target", default="smollm2-135m", help="embedded name, HF id or local directory")
     p.add_argument("--out", required=True, metavar="DIR", help="head directory (vLLM eagle layout + TRAINING.json)")
     p.add_argument("--workloads", nargs="+", default=["sharegpt", "py-functions"], metavar="NAME",
-                   help="training prompt sources (default: sharegpt py-functions); no request sharing a source "
+                   help="training prompt sources (default: sharegpt py-functions; sharegpt-turns adds later "
+                        "ShareGPT turns with their history); no request sharing a source "
                         "(HumanEval task, ShareGPT conversation, gsm-symbolic template) with an evaluation request")
     p.add_argument("--eval-n", type=int, default=None,
                    help="evaluation requests kept out per workload (default: what collect profiles: 300 each, "

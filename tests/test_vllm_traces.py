@@ -39,8 +39,8 @@ def test_eval_requests_are_what_collect_profiles(held):
     assert counts == {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
 
 
-@pytest.mark.parametrize("workload", ["sharegpt", "py-functions", "code-edit", "humaneval", "gsm-symbolic",
-                                      "mt-bench"])
+@pytest.mark.parametrize("workload", ["sharegpt", "sharegpt-turns", "py-functions", "code-edit", "humaneval",
+                                      "gsm-symbolic", "mt-bench"])
 def test_training_split_shares_no_source_with_any_evaluation_request(tok, held, workload):
     """Every workload that has sources: training never sees an evaluation request's HumanEval task, ShareGPT
     conversation, gsm-symbolic template or prompt; where every source is taken by evaluation, nothing is left."""
@@ -57,11 +57,14 @@ def test_training_split_shares_no_source_with_any_evaluation_request(tok, held, 
     split, facts = split_by_source([workload], train_n=10**6, tokenizer=tok)
     train = split[workload]
     keys = {wl.source_key(r) for r in train}
-    assert len(train) > (1000 if workload in ("sharegpt", "py-functions") else 0)
+    assert len(train) > (1000 if workload in ("sharegpt", "sharegpt-turns", "py-functions") else 0)
     assert not keys & banned and not {r.prompt_text for r in train} & texts
     assert len({r.prompt_text for r in train}) == len(train)
     if workload == "sharegpt":   # conversations split into parts share a key: a part of an eval conversation is out
         assert facts["sharegpt"]["dropped_sharing_an_eval_source"] >= 300
+    if workload == "sharegpt-turns":   # evaluation conversations have later turns, and every one of them is out
+        assert len({wl.source_key(r) for r in wl.load("sharegpt-turns")} & banned) > 100
+        assert facts["sharegpt-turns"]["dropped_sharing_an_eval_source"] > 100
 
 
 def test_source_keys_name_the_origin(tok):
@@ -72,6 +75,8 @@ def test_source_keys_name_the_origin(tok):
     assert all(wl.source_key(r) == f"gsm-symbolic:template{r.meta['template']}" for r in g)
     s = wl.load("sharegpt", n=50)
     assert all(wl.source_key(r) == "sharegpt:" + r.id.split("/", 1)[1].rsplit("_", 1)[0] for r in s)
+    first = {r.id: wl.source_key(r) for r in wl.load("sharegpt")}     # a later turn: its conversation's key
+    assert all(wl.source_key(r) == first[r.id.split("#")[0]] for r in wl.load("sharegpt-turns"))
     assert wl.source_key(wl.load("py-functions", n=1)[0]).startswith("networkx:networkx.")
 
 

@@ -9,7 +9,7 @@ import tokenize
 import pytest
 
 from spec_repro import workloads as W
-from spec_repro.workloads import gsm_symbolic, sharegpt
+from spec_repro.workloads import gsm_symbolic, sharegpt, sharegpt_turns
 
 
 def _names(code: str) -> set[str]:
@@ -40,6 +40,32 @@ def test_sharegpt_recover_keeps_complete_records_only():
     recs, left = sharegpt.recover('[{"id": "a", "x": [1, 2]}, {"id": "b"},\n {"id": "c", "conv')
     assert [r["id"] for r in recs] == ["a", "b"] and left == len(' {"id": "c", "conv') - 1
     assert sharegpt.recover('[{"id": 1}, {"id": 2}]') == ([{"id": 1}, {"id": 2}], 0)
+
+
+def test_sharegpt_turns_are_later_human_turns_with_their_history():
+    def conv(cid, *turns):
+        return {"id": cid, "conversations": [{"from": f, "value": v} for f, v in turns]}
+
+    raw = [conv("a_0", ("human", "q1"), ("gpt", "a1"), ("user", "q2"), ("chatgpt", "a2"), ("human", "q3")),
+           conv("b_1", ("gpt", "answer to the previous part"), ("human", "q1"), ("assistant", "a1"), ("human", "q2")),
+           conv("c_0", ("human", "q1"), ("human", "q2"), ("gpt", "a2"), ("human", "q3")),       # two user turns
+           conv("d_0", ("human", "q1"), ("gpt", " "), ("human", "q2")),                         # an empty turn
+           conv("e_0", ("human", "q1"), ("bard", "a1"), ("human", "q2")),                       # unknown role
+           conv("f_0", ("human", "only one turn")), conv("g_0")]
+    recs, facts = sharegpt_turns.later_turns(raw)
+    u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
+    assert [r["id"] for r in recs] == ["sharegpt/a_0#t2", "sharegpt/a_0#t3", "sharegpt/b_1#t2"]
+    assert recs[0]["messages"] == [u("q1"), a("a1"), u("q2")]
+    assert recs[1]["messages"] == [u("q1"), a("a1"), u("q2"), a("a2"), u("q3")]
+    assert recs[2]["messages"] == [u("q1"), a("a1"), u("q2")]           # the leading answer is dropped
+    assert facts == {"recovered_conversations": 7, "skipped_malformed": 3}
+    assert {W.source_key(W.Request(id=r["id"], dataset="sharegpt-turns", messages=[], prompt_text=""))
+            for r in recs} == {"sharegpt:a", "sharegpt:b"}
+    # history is capped: the most recent pairs that keep the messages within max_chars
+    long = conv("h_0", ("human", "x" * 50), ("gpt", "y" * 50), ("human", "q2"), ("gpt", "a2"), ("human", "q3"))
+    recs, _ = sharegpt_turns.later_turns([long], max_chars=20)
+    assert recs[1]["messages"] == [u("q2"), a("a2"), u("q3")] and recs[1]["meta"]["history_dropped"] == 2
+    assert recs[0]["messages"] == [u("q2")] and recs[0]["meta"]["history_messages"] == 0
 
 
 @pytest.mark.parametrize("name", W.NAMES)

@@ -5,7 +5,8 @@ study's own datasets online when a Hugging Face hub is reachable.
 >>> reqs = workloads.load("code-edit", n=40, seed=0, tokenizer=tok)   # chat template applied
 
 Offline (``NAMES``): ``sharegpt``, ``code-edit``, ``humaneval``, ``mt-bench``, ``gsm-symbolic``, ``champ``,
-``py-functions`` (EAGLE training prompts). ``source_key`` names where a request comes from (for leak-free splits).
+``py-functions`` and ``sharegpt-turns`` (EAGLE training prompts). ``source_key`` names where a request comes from
+(for leak-free splits).
 Online (``ONLINE_NAMES``): ``cnn_dailymail``, ``sharegpt-hf``, ``instructcoder``, ``gsm8k``, ``aime``, ``gpqa``.
 Data are cached under ``<cache>/workloads/<name>/`` (``$SPEC_REPRO_CACHE`` or ``~/.cache/spec_repro``) with a
 ``manifest.json`` (wheel, sha256s, license).
@@ -14,7 +15,17 @@ from __future__ import annotations
 
 from random import Random
 
-from . import champ, code_edit, gsm_symbolic, humaneval, mtbench, online, pyfunctions, sharegpt
+from . import (
+    champ,
+    code_edit,
+    gsm_symbolic,
+    humaneval,
+    mtbench,
+    online,
+    pyfunctions,
+    sharegpt,
+    sharegpt_turns,
+)
 from ._base import Request, WorkloadError, cached_records, manifest, workload_dir  # noqa: F401
 
 # offline workload -> (source module, what it stands in for in the study)
@@ -26,6 +37,7 @@ _OFFLINE = {
     "gsm-symbolic": (gsm_symbolic, "GSM8K (templated GSM8K problems)"),
     "champ": (champ, "AIME 22-24 (competition math)"),
     "py-functions": (pyfunctions, "training prompts only: code edits of networkx functions (no HumanEval task)"),
+    "sharegpt-turns": (sharegpt_turns, "training prompts only: later ShareGPT turns with their history"),
 }
 NAMES: tuple[str, ...] = tuple(_OFFLINE)
 ONLINE_NAMES: tuple[str, ...] = tuple(online.DATASETS)
@@ -123,8 +135,9 @@ def load_upto(name: str, n: int, **kw) -> list[Request]:
 
 def source_key(req) -> str:
     """Where a request comes from, across workloads: the HumanEval task (``humaneval`` and ``code-edit``), the
-    ShareGPT conversation (its id without the ``_N`` part suffix), the gsm-symbolic template, the networkx
-    function, else the request id. Training and evaluation sets share no key (``spec_repro.train``)."""
+    ShareGPT conversation (its id without the ``_N`` part suffix or ``sharegpt-turns``' ``#tK`` turn: every turn of
+    a conversation shares its key), the gsm-symbolic template, the networkx function, else the request id. Training
+    and evaluation sets share no key (``spec_repro.train``)."""
     meta = getattr(req, "meta", None) or {}
     ds = getattr(req, "dataset", "")
     if meta.get("task_id"):
@@ -134,5 +147,5 @@ def source_key(req) -> str:
         return f"gsm-symbolic:template{meta['template']}"
     rid = str(req.id)
     if ds == "sharegpt" or rid.startswith("sharegpt/"):
-        return "sharegpt:" + rid.split("/", 1)[-1].rsplit("_", 1)[0]
+        return "sharegpt:" + rid.split("/", 1)[-1].split("#", 1)[0].rsplit("_", 1)[0]
     return f"{ds}:{rid}"
