@@ -21,15 +21,15 @@ from pathlib import Path
 import pandas as pd
 
 from spec_repro.engines.vllm import VLLMEngineError
-from spec_repro.engines.vllm_steps import overhead_table
-from spec_repro.engines.vllm_jobs import LLAMA8B, run_spec
+from spec_repro.engines.vllm.steps import overhead_table
+from spec_repro.engines.vllm.jobs import LLAMA8B, run_spec
 
 
 def host_cost(batch_sizes=(1, 64), steps: int = 3000) -> None:
     import time
     import types
 
-    from spec_repro.engines import vllm_plugin as vp
+    from spec_repro.engines.vllm import plugin as vp
 
     class Ev:
         def __init__(self, enable_timing=True):

@@ -2,7 +2,7 @@
 # On the lent H200, from the repo root, after ../shared/gpu's install.sh (vLLM 0.25.0 in /root/site).
 #   bash gpu/device.sh setup                # env + the plugin's entry point
 #   bash gpu/device.sh smol                 # assemble the carried SmolLM2 GGUF, install gguf, convert to HF float32
-#   bash gpu/device.sh job NAME SECONDS     # run a job of spec_repro/engines/vllm_jobs.py with a deadline
+#   bash gpu/device.sh job NAME SECONDS     # run a job of spec_repro/engines/vllm/jobs.py with a deadline
 #   CUDA_VISIBLE_DEVICES=1 bash gpu/device.sh job NAME SECONDS   # a single-GPU job on the second GPU
 #   bash gpu/device.sh pack TAG             # everything under /root/res as ONE file, $OUT/res_TAG.tgz
 #   bash gpu/device.sh piece pNN            # one piece of gpu/stage_cache.sh's cache stream (carry .carry/pNN)
@@ -17,19 +17,19 @@ export PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 case "$1" in
   setup)
-    python3 -m spec_repro.engines.vllm_jobs setup --site /root/site
+    python3 -m spec_repro.engines.vllm.jobs setup --site /root/site
     python3 -c 'import importlib.metadata as m; print([e.value for e in m.entry_points(group="vllm.general_plugins")])'
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ;;
   smol)
     mkdir -p /root/gguf && cat $(ls /root/gguf/smol.gguf.part* | sort) > /root/smollm2.gguf \
       && echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /root/smollm2.gguf" | sha256sum -c - || exit 3
     python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/gguf/*.whl 2>&1 | tail -2
-    [ -f /root/smollm2_hf/config.json ] || python3 -m spec_repro.engines.vllm_jobs convert-gguf --gguf /root/smollm2.gguf \
+    [ -f /root/smollm2_hf/config.json ] || python3 -m spec_repro.engines.vllm.jobs convert-gguf --gguf /root/smollm2.gguf \
       --out /root/smollm2_hf | tee /root/smollm2_convert.json
     mkdir -p $OUT/smollm2 && cp /root/smollm2_convert.json /root/smollm2_hf/config.json $OUT/smollm2/ 2>/dev/null; true ;;
   job)
     mkdir -p /root/res/$2 $OUT/$2
-    timeout $(( ${3:-500} + 30 )) python3 -m spec_repro.engines.vllm_jobs run "$2" --out /root/res/$2 --deadline ${3:-500} \
+    timeout $(( ${3:-500} + 30 )) python3 -m spec_repro.engines.vllm.jobs run "$2" --out /root/res/$2 --deadline ${3:-500} \
       2>&1 | tee -a /root/res/$2/log.txt | grep -v -E "^(INFO|DEBUG)|it/s\]$" ; rc=${PIPESTATUS[0]}
     tail -c 200000 /root/res/$2/log.txt > $OUT/$2/log_tail.txt ; echo "job $2 rc=$rc" ;;
   piece)    # one piece of gpu/stage_cache.sh's stream (carry=[".carry/pNN"])

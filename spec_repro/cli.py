@@ -544,12 +544,12 @@ def _run_vllm(args):
     import json
 
     from .engines import vllm as V
-    from .engines import vllm_steps as VS
+    from .engines.vllm import steps as VS
 
     if args.vllm_cmd == "summarize":
         from pathlib import Path
 
-        from .engines.vllm_summary import summarize
+        from .engines.vllm.summary import summarize
         from .io import check_writable_dir
 
         for r in args.raw:

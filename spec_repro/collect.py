@@ -235,7 +235,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     import contextlib
 
     from . import workloads as wl
-    from .engines.vllm_decode import check_engine
+    from .engines.vllm.decode import check_engine
 
     check_engine(engine, device)
     if isinstance(compare_engines, bool) or not isinstance(compare_engines, int) or compare_engines < 0:
@@ -473,7 +473,7 @@ def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_toke
     beside each partial file; returns ({workload: {request id: (output, seconds)}}, decode stats)."""
     from . import models
     from .engines.torch import eos_ids_of, generate
-    from .engines.vllm_decode import vllm_greedy
+    from .engines.vllm.decode import vllm_greedy
 
     eos = sorted(eos_ids_of(target, tok))
     reqs = {w: _load(w, n, seed, tok, max_prompt_tokens, upto) for w in workloads}

@@ -42,7 +42,7 @@ def live_trace(backend: str, *, model: str | None = None, datasets: Sequence[str
 
 
 def live_vllm_job(job: str, out: str | Path | None = None, timeout_s: float = 420) -> Path:
-    """Run one of the vLLM device jobs (``spec_repro.engines.vllm_jobs``, e.g. ``llama8b``) now, each engine in
+    """Run one of the vLLM device jobs (``spec_repro.engines.vllm.jobs``, e.g. ``llama8b``) now, each engine in
     its own process; returns the folder holding ``results.jsonl`` and ``steps_*.jsonl`` for ``gpu_speedups`` /
     ``gpu_steps``. Needs vLLM and a GPU (the job fails with a clear message otherwise)."""
     import subprocess
@@ -52,7 +52,7 @@ def live_vllm_job(job: str, out: str | Path | None = None, timeout_s: float = 42
 
     out = Path(out) if out else cache_root() / "live_vllm" / job
     out.mkdir(parents=True, exist_ok=True)
-    rc = subprocess.run([sys.executable, "-m", "spec_repro.engines.vllm_jobs", "run", job, "--out", str(out),
+    rc = subprocess.run([sys.executable, "-m", "spec_repro.engines.vllm.jobs", "run", job, "--out", str(out),
                          "--timeout", str(timeout_s)]).returncode
     if rc != 0:
         print(f"vLLM job {job!r}: {rc} engine spec(s) failed; see {out / 'results.jsonl'}")

@@ -88,7 +88,7 @@ def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
 
 def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     """Timed vLLM runs: the committed ``data/gpu/runs.csv`` (one row per run), or the ``kind == "run"`` records
-    of job result files (``results.jsonl``, see engines/vllm_jobs.py)."""
+    of job result files (``results.jsonl``, see engines/vllm/jobs.py)."""
     folder = data_dir() / "gpu"
     if files is None:
         found = [folder / "runs.csv"] if (folder / "runs.csv").exists() else sorted(folder.rglob("results.jsonl"))

@@ -321,7 +321,7 @@ def phase_shares(steps: pd.DataFrame, by: Sequence[str] = ("model", "method", "k
     """Share of step time in each phase (drafting, verification, rejection sampling, overhead): each phase summed
     over all steps of a group, divided by the summed step time (``t_total``).
 
-    Steps flagged ``outlier`` (JIT compilations, see ``engines.vllm_steps.flag_jit_outliers``) are left out when
+    Steps flagged ``outlier`` (JIT compilations, see ``engines.vllm.steps.flag_jit_outliers``) are left out when
     the table has that column; ``decode_only`` keeps only steps marked ``phase == 'decode'`` (no prefill, no
     chunked prefill mixed in) when the table has that column. Returns the ``by`` columns, steps, total_s,
     ms_per_step and ``SHARE_COLUMNS`` (drafting_share, verification_share, rejection_sampling_share,

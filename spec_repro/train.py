@@ -501,7 +501,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     if kind != "eagle":
         raise ValueError("training supports kind 'eagle' (EAGLE-1 layout, chain-trained); EAGLE-3 heads load and "
                          "draft but are not trained here")
-    from .engines.vllm_decode import check_engine
+    from .engines.vllm.decode import check_engine
 
     for name, v, lo in (("--train-n", train_n, 1), ("--val-n", val_n, 0),
                         ("--max-new-tokens", max_new_tokens, 1), ("--max-prompt-tokens", max_prompt_tokens, 1),
@@ -531,7 +531,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     t_dec = time.time()
     if engine == "vllm":
         from .engines.torch import eos_ids_of
-        from .engines.vllm_decode import vllm_greedy
+        from .engines.vllm.decode import vllm_greedy
 
         outs, dstats = vllm_greedy(str(models.converted_dir(target_name)), prompts, max_new_tokens=max_new_tokens,
                                    eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed,

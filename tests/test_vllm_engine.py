@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from spec_repro.engines import vllm as V
-from spec_repro.engines import vllm_steps as VS
+from spec_repro.engines.vllm import engine as VE
+from spec_repro.engines.vllm import steps as VS
 
 FIX = Path(__file__).parent / "fixtures" / "vllm"
 CONFIGS = Path(__file__).parents[1] / "data" / "gpu" / "configs"
@@ -71,11 +72,11 @@ def test_out_of_memory_messages_become_advice():
                 "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
                 "needed, which is larger than the available KV cache memory (9.5 GiB).",
                 "CUDA out of memory. Tried to allocate 2.00 GiB"):
-        assert V._is_oom(ValueError(msg))
-        err = V._oom_error(ValueError(msg), V.VLLMConfig(model="m", max_num_seqs=512), "a batch of 512 requests")
+        assert VE._is_oom(ValueError(msg))
+        err = VE._oom_error(ValueError(msg), V.VLLMConfig(model="m", max_num_seqs=512), "a batch of 512 requests")
         assert "does not fit in GPU memory" in str(err) and "max_num_seqs (now 512)" in str(err)
         assert "tensor_parallel_size" in str(err)
-    assert not V._is_oom(ValueError("unknown architecture"))
+    assert not VE._is_oom(ValueError("unknown architecture"))
 
 
 def test_parse_spec_metrics_sums_label_sets_and_positions():
@@ -151,7 +152,7 @@ def test_cli_vllm_reports_bad_method_and_missing_vllm():
 
 
 def test_every_device_job_spec_is_a_valid_engine_configuration():
-    from spec_repro.engines.vllm_jobs import JOBS
+    from spec_repro.engines.vllm.jobs import JOBS
 
     names = set()
     seen: dict = {}
@@ -168,3 +169,15 @@ def test_every_device_job_spec_is_a_valid_engine_configuration():
             assert kw["max_num_seqs"] >= max(max(t.get("batch_sizes", [1])) for t in spec["tasks"])
             names.add(spec["name"])
     assert {"llama8b-none", "llama8b-ngram", "llama8b-eagle", "smollm2-ngram"} <= names
+
+
+def test_the_vllm_package_re_exports_its_engine_and_imports_no_vllm():
+    import subprocess
+    import sys
+
+    code = ("import sys; import spec_repro.engines.vllm as V, spec_repro.engines.vllm.engine as E; "
+            "import spec_repro.engines.vllm.plugin, spec_repro.engines.vllm.jobs, spec_repro.engines.vllm.decode; "
+            "assert V.__all__ == E.__all__ and all(getattr(V, n) is getattr(E, n) for n in E.__all__); "
+            "assert V.SUPPORTED_VLLM == E.SUPPORTED_VLLM; assert 'vllm' not in sys.modules, 'vllm imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

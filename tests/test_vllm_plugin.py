@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from spec_repro.engines import vllm_plugin as vp
-from spec_repro.engines.vllm_agreement import ngram_propose, predict_ngram_steps
+from spec_repro.engines.vllm import plugin as vp
+from spec_repro.engines.vllm.agreement import ngram_propose, predict_ngram_steps
 from spec_repro.traces import TraceError, validate_steps
 import pandas as pd
 

@@ -9,9 +9,9 @@ import pytest
 
 from spec_repro import costmodel
 from spec_repro.metrics import SHARE_COLUMNS
-from spec_repro.engines import vllm_agreement as VA
-from spec_repro.engines import vllm_steps as VS
-from spec_repro.engines.vllm_plugin import prompt_hash
+from spec_repro.engines.vllm import agreement as VA
+from spec_repro.engines.vllm import steps as VS
+from spec_repro.engines.vllm.plugin import prompt_hash
 from spec_repro.traces import STEP_COLUMNS, read_steps
 
 ROOT = Path(__file__).parents[1]
@@ -170,7 +170,7 @@ def test_agreement_detects_a_wrong_count():
 
 
 def test_load_raw_reads_device_outputs():
-    from spec_repro.engines.vllm_summary import load_raw
+    from spec_repro.engines.vllm.summary import load_raw
 
     runs, steps, engines = load_raw(FIX)
     assert len(runs) == 5 and set(runs["session"]) == {"1-plugin-v1"}

@@ -154,7 +154,7 @@ def test_engine_vllm_without_a_gpu_or_on_the_cpu_is_refused(monkeypatch):
 
     import torch
 
-    from spec_repro.engines import vllm_decode
+    from spec_repro.engines.vllm import decode as vllm_decode
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "vllm" else real(n, *a))

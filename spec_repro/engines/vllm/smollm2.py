@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import atomic_write
+from ...io import atomic_write
 
 __all__ = ["SMOL_WORKLOADS", "prepare_smollm2_prompts", "tensor_digest", "convert_gguf"]
 
@@ -19,8 +19,8 @@ def prepare_smollm2_prompts(out: str | Path, workloads=SMOL_WORKLOADS, n: int = 
     torch engine's collection (``spec_repro.collect``: n=40, seed 0, prompts <= 1024 tokens). Runs on the CPU."""
     from transformers import AutoTokenizer
 
-    from .. import models
-    from .. import workloads as wl
+    from ... import models
+    from ... import workloads as wl
 
     models._convert("smollm2-135m", quiet=True)
     tok = AutoTokenizer.from_pretrained(models.converted_dir("smollm2-135m"))

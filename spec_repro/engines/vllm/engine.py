@@ -1,4 +1,4 @@
-"""The study's configurations in vLLM (0.25.x), with per-step phase timing from ``vllm_plugin``.
+"""The study's configurations in vLLM (0.25.x), with per-step phase timing from ``plugin``.
 
 ``VLLMEngine(VLLMConfig(model=..., method="ngram", k=3))`` builds ``vllm.LLM`` for a speculative method
 (``none`` = no SD, ``ngram``, ``eagle``, ``eagle3``, ``draft_model``, ``mtp``), ``run_batch`` runs the study's

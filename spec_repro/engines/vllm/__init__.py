@@ -1,0 +1,30 @@
+"""The study's methods in vLLM, one package (importing it needs neither vLLM nor a GPU).
+
+``engine``: configuration and engine (``VLLMConfig``, ``VLLMEngine``, ``RunResult``, ...; re-exported here, so
+``from spec_repro.engines.vllm import VLLMConfig`` works); ``plugin``: per-step phase timing as a vLLM general
+plugin (entry point ``spec_repro.engines.vllm.plugin:register``); ``jobs``: the runner of the device jobs
+(``python -m spec_repro.engines.vllm.jobs``); ``steps``: step tables -> phase breakdown, overhead, HBM floor;
+``summary``: raw device outputs -> ``data/gpu``; ``agreement``: vLLM's acceptance against this package's;
+``smollm2``: SmolLM2 prompts and weights for vLLM; ``decode``: greedy decoding with vLLM for ``--engine vllm``.
+"""
+from .engine import (
+    METHODS,
+    RunResult,
+    VLLMConfig,
+    VLLMEngine,
+    VLLMEngineError,
+    diff_spec_metrics,
+    engine_env,
+    engine_kwargs,
+    parse_spec_metrics,
+    random_prompts,
+    require_vllm,
+    speculative_config,
+    study_prompt,
+)
+from .engine import SUPPORTED_VLLM as SUPPORTED_VLLM
+
+__all__ = [   # as engine.__all__
+    "METHODS", "VLLMConfig", "VLLMEngine", "VLLMEngineError", "RunResult", "speculative_config", "engine_kwargs",
+    "engine_env", "parse_spec_metrics", "diff_spec_metrics", "require_vllm", "study_prompt", "random_prompts",
+]
