@@ -111,16 +111,6 @@ def _run_kind(run_id: str) -> str:
     return "study"
 
 
-def _run_kind(run_id: str) -> str:
-    if run_id.startswith("profile-"):
-        return "profile"
-    if run_id.startswith("overhead-"):
-        return "overhead"
-    if run_id.startswith("prompts-"):
-        return "prompts"
-    return "study"
-
-
 def write_steps(llm, dims: dict, out: Path):
     """``steps.parquet``: every step, next to its memory floor ((streamed weights + KV read) / (GPUs x 4.8 TB/s))
     and the GB/s it achieved. Returns the table written."""
