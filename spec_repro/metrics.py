@@ -10,7 +10,8 @@ import pandas as pd
 from .traces import Trace, TraceError
 
 __all__ = [
-    "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "STUDY_ANALOGUES",
+    "walk_steps", "accepted_histogram", "acceptance_by_output_position", "acceptance_by_draft_position",
+    "STUDY_ANALOGUES",
     "draft_position_vs_study", "tokens_per_step_per_request",
     "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
     "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "verify_cost_summary", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
@@ -33,6 +34,16 @@ def walk_steps(acc_len: np.ndarray, k: int | None) -> np.ndarray:
         starts.append(p)
         p += int(a[p])
     return np.asarray(starts, dtype=np.int64)
+
+
+def accepted_histogram(acc_len: np.ndarray, k: int, drafted: np.ndarray | None = None) -> np.ndarray:
+    """Over the steps of a fixed-``k`` greedy run (``walk_steps``), how many drafts had exactly j tokens accepted,
+    j = 0..k; ``drafted`` (bool per position): only the steps where the proposer proposed something count."""
+    a = np.asarray(acc_len, dtype=np.int64)
+    s = walk_steps(a, k)
+    if drafted is not None:
+        s = s[drafted[s]]
+    return np.bincount(np.minimum(a[s] - 1, k), minlength=k + 1)[: k + 1]
 
 
 def _groups(trace: Trace, proposers: Sequence[str] | None):
@@ -85,13 +96,9 @@ def acceptance_by_draft_position(trace: Trace, k: int = 3, proposers: Sequence[s
             continue
         accepted_hist = np.zeros(k + 1, np.int64)  # accepted_hist[j]: drafts with exactly j accepted
         for _, r in g.sort_values(["request_id", "position"]).groupby("request_id", sort=False, observed=True):
-            a = r["acc_len"].to_numpy(np.int64)
             dl = r["draft_len"]
-            drafted = np.ones(len(a), bool) if dl.isna().all() else (dl.fillna(1).to_numpy(np.int64) > 0)
-            s = walk_steps(a, k)
-            s = s[drafted[s]]
-            acc_n = np.minimum(a[s] - 1, k)
-            accepted_hist += np.bincount(acc_n, minlength=k + 1)[: k + 1]
+            drafted = None if dl.isna().all() else (dl.fillna(1).to_numpy(np.int64) > 0)
+            accepted_hist += accepted_histogram(r["acc_len"].to_numpy(np.int64), k, drafted)
         drafts = int(accepted_hist.sum())
         reached = accepted_hist[::-1].cumsum()[::-1]  # reached[j]: drafts with at least j tokens accepted
         for i in range(1, k + 1):

@@ -122,26 +122,15 @@ def batched_features(target, seqs, layers, *, tokens_per_batch: int = 32768, pro
     from tqdm.auto import tqdm
 
     dev = next(target.parameters()).device
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list = [None] * len(seqs)
-    b = 0
     with tqdm(total=sum(map(len, seqs)), desc="feature pass", unit="tok", unit_scale=True,
               disable=not progress) as bar:
-        while b < len(order):
-            n = len(seqs[order[b]])
-            e = b + 1
-            while e < len(order) and len(seqs[order[e]]) * (e + 1 - b) <= max(tokens_per_batch, n):
-                e += 1
-            idx = order[b:e]
-            T = len(seqs[idx[-1]])
-            ids = torch.zeros(len(idx), T, dtype=torch.long, device=dev)
-            for r, i in enumerate(idx):
-                ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=dev)
+        for idx in _buckets([len(x) for x in seqs], tokens_per_batch):
+            ids, _ = _pad_ids(seqs, idx, dev)
             f = target_features(target, ids, layers)
             for r, i in enumerate(idx):
                 out[i] = f[r, : len(seqs[i])].clone()
             bar.update(sum(len(seqs[i]) for i in idx))
-            b = e
     return out
 
 
@@ -203,7 +192,7 @@ class _SparseCE(torch.autograd.Function):
         return grad * g_out.to(grad.dtype), None, None, None, None
 
 
-def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops=None, vocab_rows=None, chunk: int = 4096):
+def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops, vocab_rows=None, chunk: int = 4096):
     """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,); ``tops``: the
     target's sparse next-token distributions (ids (B, N, K), probs (B, N, K)); ``vocab_rows``: the loss
     vocabulary (None: all of it)."""
@@ -237,8 +226,9 @@ def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops=None, 
     return total / sum(0.8 ** k for k in range(depth)), parts
 
 
-def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Generator) -> list[list[int]]:
-    """Length-sorted buckets of about ``tokens_per_batch`` padded tokens, in a seeded random order."""
+def _buckets(lengths: Sequence[int], tokens_per_batch: int) -> list[list[int]]:
+    """Length-sorted buckets of about ``tokens_per_batch`` padded tokens (a longer sequence alone), shortest
+    first."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     out, cur, longest = [], [], 0
     for i in order:
@@ -249,23 +239,36 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Gener
         longest = max(longest, lengths[i])
     if cur:
         out.append(cur)
+    return out
+
+
+def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Generator) -> list[list[int]]:
+    """:func:`_buckets` in a seeded random order (the training loop's)."""
+    out = _buckets(lengths, tokens_per_batch)
     return [out[j] for j in rng.permutation(len(out))]
 
 
-def _pad(seqs, feats, idx, device, tops=None):
-    n = max(len(seqs[i]) for i in idx)
-    ids = torch.zeros(len(idx), n, dtype=torch.long, device=device)
-    F_ = torch.zeros(len(idx), n, feats[idx[0]].shape[-1], dtype=feats[idx[0]].dtype, device=device)
-    K = tops[idx[0]][0].shape[-1] if tops is not None else 1
-    t_ids = torch.zeros(len(idx), n, K, dtype=torch.int32, device=device)
-    t_p = torch.zeros(len(idx), n, K, dtype=torch.float16, device=device)
+def _pad_ids(seqs, idx, device):
+    """Sequences ``idx`` of ``seqs`` right-padded with 0 into (B, N) ids, and their lengths (B,)."""
+    ids = torch.zeros(len(idx), max(len(seqs[i]) for i in idx), dtype=torch.long, device=device)
     for r, i in enumerate(idx):
         ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=device)
+    return ids, torch.as_tensor([len(seqs[i]) for i in idx], device=device)
+
+
+def _pad(seqs, feats, tops, idx, device):
+    """One training batch: ids and lengths (:func:`_pad_ids`), features (B, N, H) and the target's sparse
+    distributions (ids (B, N, K), probs (B, N, K)), zero past each sequence's end."""
+    ids, lens = _pad_ids(seqs, idx, device)
+    B, n = ids.shape
+    F_ = torch.zeros(B, n, feats[idx[0]].shape[-1], dtype=feats[idx[0]].dtype, device=device)
+    K = tops[idx[0]][0].shape[-1]
+    t_ids = torch.zeros(B, n, K, dtype=torch.int32, device=device)
+    t_p = torch.zeros(B, n, K, dtype=torch.float16, device=device)
+    for r, i in enumerate(idx):
         F_[r, : len(seqs[i])] = feats[i].to(device)
-        if tops is not None:
-            t_ids[r, : len(seqs[i])] = tops[i][0].to(device)
-            t_p[r, : len(seqs[i])] = tops[i][1].to(device)
-    lens = torch.as_tensor([len(seqs[i]) for i in idx], device=device)
+        t_ids[r, : len(seqs[i])] = tops[i][0].to(device)
+        t_p[r, : len(seqs[i])] = tops[i][1].to(device)
     return ids, F_, lens, (t_ids, t_p)
 
 
@@ -281,15 +284,12 @@ def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
       shows a head collapsing past its training depth; i = 1 equals the rate above);
     * ``position_mean``: {k: mean over output positions of min(acc_len, k + 1)}, which is not what a run
       produces per step (kept, named, for comparison with earlier records)."""
-    from .metrics import walk_steps
+    from .metrics import accepted_histogram, walk_steps
 
     accs = [eagle_chain_acceptance(head, p, o, max(ks)) for p, o in pairs if len(o) > 1]
     tps = {k: float(np.mean([len(a) / len(walk_steps(a, k)) for a in accs])) for k in ks}
     K = max(ks)
-    hist = np.zeros(K + 1, np.int64)
-    for a in accs:
-        s = walk_steps(a, K)
-        hist += np.bincount(np.minimum(a[s] - 1, K), minlength=K + 1)[: K + 1]
+    hist = sum(accepted_histogram(a, K) for a in accs)
     rate = {i: float(hist[i:].sum() / hist.sum()) for i in range(1, K + 1)}
     cond = {i: float(hist[i:].sum() / max(hist[i - 1:].sum(), 1)) for i in range(1, K + 1)}
     flat = np.concatenate(accs)
@@ -378,7 +378,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         if not queue:
             queue = _batches(lengths, tokens_per_batch, rng)
         idx = queue.pop()
-        ids, fb, lens, tb = _pad(seqs, feats, idx, dev, tops)
+        ids, fb, lens, tb = _pad(seqs, feats, tops, idx, dev)
         seen += int(lens.sum())
         with autocast:
             loss, parts = _loss(head, ids, fb.to(torch.bfloat16 if dev.type == "cuda" else fb.dtype), lens,
@@ -496,7 +496,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     (None: the sets as collected, humaneval 164 and mt-bench 80). ``vllm_memory`` / ``vllm_max_seqs``: vLLM's
     gpu_memory_utilization and max_num_seqs for the decode (the GPU is vLLM's alone until it shuts down)."""
     from . import models
-    from .guard import check_device, check_int
+    from .guard import check_device, check_float, check_int
 
     if kind != "eagle":
         raise ValueError("training supports kind 'eagle' (EAGLE-1 layout, chain-trained); EAGLE-3 heads load and "
@@ -508,8 +508,6 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                         ("--batch-size", batch_size, 1)) + ((("--eval-n", eval_n, 0),) if eval_n is not None else ()):
         check_int(name, v, lo, 2**31 - 1)
     check_train_settings(seed=seed, **train_kw)       # every number, before the model loads
-    from .guard import check_float
-
     check_float("vllm_memory", vllm_memory, 0.0, 1.0, lo_open=True)
     check_int("vllm_max_seqs", vllm_max_seqs, 1, 2**20)
     check_engine(engine, device)                       # before the device: it says what --engine vllm needs
