@@ -243,9 +243,9 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     if compare_engines and engine != "vllm":
         raise ValueError("--compare-engines compares vLLM with the torch engine: it needs --engine vllm")
     reprofile = sorted({_trace_name(p) for p in reprofile})
-    if set(reprofile) - {_trace_name(p) for p in proposers}:
-        raise ValueError(f"--reprofile {' '.join(sorted(set(reprofile) - {_trace_name(p) for p in proposers}))}: "
-                         f"not among --proposers {' '.join(proposers)}")
+    unknown = sorted(set(reprofile) - {_trace_name(p) for p in proposers})
+    if unknown:
+        raise ValueError(f"--reprofile {' '.join(unknown)}: not among --proposers {' '.join(proposers)}")
 
     workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
@@ -488,7 +488,7 @@ def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_toke
         path = models.converted_dir(model) if model in models.names() else model
         todo_prompts = [list(r.prompt_token_ids) for _, r in todo]
         cmp_new = min(256, max_new_tokens)
-        marker = partial_path(out, model, cw or "x").parent / "engine_comparison.json"
+        marker = _comparison_path(out)
         if cmp_prompts:   # the torch engine first, alone on the GPU (vLLM has not started)
             t1 = time.perf_counter()
             res = generate(target, cmp_prompts, max_new_tokens=cmp_new, eos_token_ids=eos)
@@ -537,18 +537,20 @@ def _vllm_decode(model, workloads, target, tok, *, out, n, seed, max_prompt_toke
                     decoded[w][str(r.id)] = (o, share)
                 f.flush()
                 os.fsync(f.fileno())
-    elif (earlier := _comparison_of_earlier_run(out, model, workloads)) is not None:
+    elif workloads and (earlier := _comparison_of_earlier_run(out)) is not None:
         stats["engine_comparison"] = earlier
     return decoded, stats
 
 
-def _comparison_of_earlier_run(out, model, workloads) -> dict | None:
+def _comparison_path(out) -> Path:
+    """Where a run keeps its engine comparison until it finishes: beside the partial files."""
+    return Path(out) / ".partial" / "engine_comparison.json"
+
+
+def _comparison_of_earlier_run(out) -> dict | None:
     """The engine comparison of an interrupted run (kept beside the partial files), if any."""
-    if not workloads:
-        return None
-    m = partial_path(out, model, workloads[0]).parent / "engine_comparison.json"
     try:
-        return json.loads(m.read_text())
+        return json.loads(_comparison_path(out).read_text())
     except (OSError, ValueError):
         return None
 
