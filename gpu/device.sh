@@ -36,7 +36,9 @@ case "$1" in
     mkdir -p /root/stage && cp .carry/$2/* /root/stage/ && ls /root/stage | wc -l ;;
   cache)    # reassemble the carried cache under /root/cache, verify, install the carried gguf wheel
     (cd /root/stage && sha256sum -c --quiet pieces.sha256.flat) || exit 3
-    mkdir -p /root/cache && cat $(ls /root/stage/cache.tar.* | sort) | tar xf - -C /root/cache || exit 4
+    mkdir -p /root/cache
+    if ls /root/stage/cache.tgz.* >/dev/null 2>&1; then cat $(ls /root/stage/cache.tgz.* | sort) | tar xzf - -C /root/cache || exit 4
+    else cat $(ls /root/stage/cache.tar.* | sort) | tar xf - -C /root/cache || exit 4; fi
     for d in /root/cache/models/*/; do python3 -c "
 import json, hashlib, sys; d='$d'; i=json.load(open(d+'info.json')); h=hashlib.sha256()
 f=open(d+i['gguf_file'],'rb')

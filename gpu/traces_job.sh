@@ -17,7 +17,9 @@
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")
 #   bash gpu/traces_job.sh setup                   # carry=[".stage/run", ".carry/extra", ".carry/traces"]
 #   TRAIN_LIMIT=480 bash gpu/traces_job.sh start   # the pipeline, detached (setsid): survives between calls
-#     (TRAIN_WL="sharegpt sharegpt-turns py-functions" TRAIN_N=... adds the later ShareGPT turns: more data)
+#     (TRAIN_WL / TRAIN_N: the training prompts, default sharegpt + 4,000 later ShareGPT turns + py-functions;
+#      TRAIN_BUDGET=S: the train command stops training S seconds after it starts, whatever the decode took;
+#      COMPARE=0 skips stage (1), e.g. when its result is already committed)
 #   bash gpu/traces_job.sh status                  # its log tails
 #   bash gpu/traces_job.sh pack TAG                # $OUT/res_TAG.tgz + $OUT/head_TAG.partN (16 MiB)
 set -u
@@ -47,18 +49,20 @@ case "$1" in
     tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ;;
   start)
-    setsid nohup env TRAIN_LIMIT=${TRAIN_LIMIT:-480} bash gpu/traces_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
+    setsid nohup env TRAIN_LIMIT=${TRAIN_LIMIT:-480} ${TRAIN_BUDGET:+TRAIN_BUDGET=$TRAIN_BUDGET} \
+      bash gpu/traces_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo started ;;
   run)
     # (1) decode throughput, each engine alone on the GPU (nothing else runs): the committed traces' settings
-    if [ ! -f $R/done_compare ]; then
+    if [ "${COMPARE:-64}" != 0 ] && [ ! -f $R/done_compare ]; then
       collect ngram draft early-exit --compare-engines ${COMPARE:-64} > $R/log_compare.txt 2>&1
       rc=$?; echo "compare rc=$rc" >> $R/log_compare.txt; [ $rc = 0 ] && touch $R/done_compare
     fi
     # (2) the head: every training prompt outside the evaluation sources, decoded by vLLM, then trained
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads ${TRAIN_WL:-sharegpt py-functions} --train-n ${TRAIN_N:-20000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} \
-      --steps ${STEPS:-100000} --time-limit $TRAIN_LIMIT --lr ${LR:-8e-4} --tokens-per-batch ${TPB:-16384} \
+      --workloads ${TRAIN_WL:-sharegpt sharegpt-turns py-functions} --train-n ${TRAIN_N:-20000 sharegpt-turns=4000} \
+      --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} --steps ${STEPS:-100000} --time-limit $TRAIN_LIMIT \
+      ${TRAIN_BUDGET:+--time-budget $TRAIN_BUDGET} --lr ${LR:-8e-4} --tokens-per-batch ${TPB:-16384} \
       --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
     echo "train rc=$?" >> $R/log_train.txt
     # (3) eagle profiled again on the committed traces with the new head (teacher-forced over their stored ids)

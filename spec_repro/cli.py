@@ -373,7 +373,9 @@ def _add_train(sub):
                         "humaneval 164, mt-bench 80)")
     p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
                    help="decoder of the self-distillation data: torch (anywhere) or vllm (a GPU host)")
-    p.add_argument("--train-n", type=int, default=1000, help="training prompts per workload (at most)")
+    p.add_argument("--train-n", nargs="+", default=["1000"], metavar="N|WORKLOAD=N",
+                   help="training prompts per workload (at most; default 1000); WORKLOAD=N sets one workload's "
+                        "(e.g. --train-n 20000 sharegpt-turns=6000)")
     p.add_argument("--val-n", type=int, default=32, help="training decodes held out to track acceptance")
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="output tokens per training decode at most (default 256)")
@@ -385,16 +387,36 @@ def _add_train(sub):
     p.add_argument("--ttt-depth", type=int, default=5, help="chain depths trained (EAGLE-3's training-time test; default 5)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop the training loop after this long and write the head as trained so far (recorded)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="the whole run (decode, features, training) stops training by this many seconds after "
+                        "it starts (the training loop gets what the decode and features left; recorded)")
     p.add_argument("--topk", type=int, default=32,
                    help="the target's distribution per position is kept as its K most likely tokens (default 32)")
     p.add_argument("--loss-vocab", type=int, default=32768, metavar="N",
-                   help="the loss's softmax runs over the target's N most frequent top tokens plus every target "
-                        "token of the batch (default 32768; 0: the whole vocabulary)")
+                   help="the loss's softmax runs over the target's N most frequent top tokens plus every "
+                        "position's top token, the target's distribution restricted to them (default 32768; 0: the "
+                        "whole vocabulary)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_run_train)
     return p
+
+
+def _train_n(values) -> tuple[int, dict]:
+    """``--train-n N [WORKLOAD=N ...]`` as (default, {workload: N}); one clear line for anything else."""
+    default, per = 1000, {}
+    for v in values:
+        name, eq, num = str(v).rpartition("=")
+        try:
+            n = int(num)
+        except ValueError:
+            raise SystemExit(f"error: --train-n takes N or WORKLOAD=N (an integer N), got {v!r}")
+        if eq:
+            per[name] = n
+        else:
+            default = n
+    return default, per
 
 
 def _run_train(args):
@@ -404,9 +426,11 @@ def _run_train(args):
     from .train import train_from_workloads
 
     _set_threads(args.threads)
+    train_n, train_n_for = _train_n(args.train_n)
     try:
         _, rec = train_from_workloads(args.target, args.out, workloads=args.workloads, eval_n=args.eval_n,
-                                      train_n=args.train_n, val_n=args.val_n, max_new_tokens=args.max_new_tokens,
+                                      train_n=train_n, train_n_for=train_n_for, time_budget_s=args.time_budget,
+                                      val_n=args.val_n, max_new_tokens=args.max_new_tokens,
                                       max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,

@@ -9,8 +9,9 @@
 3. Loss, per chain depth d = 1..``ttt_depth`` (the attention pattern of :meth:`EagleHead.chain`, so depth d
    sees its own earlier drafts exactly as at inference): cross-entropy against the target's next-token
    distribution, kept as its ``topk`` most likely tokens (renormalised; computed once per position in the
-   feature pass), over a loss vocabulary (the target's ``loss_vocab`` most frequent top tokens plus every target
-   token of the batch; 0: all), fused with its gradient in chunks (:class:`_SparseCE`), weighted 0.8^(d-1), plus
+   feature pass), over a loss vocabulary (the target's ``loss_vocab`` most frequent top tokens plus every
+   position's top token in the batch, the distribution restricted to those rows; 0: all), fused with its gradient
+   in chunks (:class:`_SparseCE`; no host sync: padding counts as rows of weight 0), weighted 0.8^(d-1), plus
    EAGLE-1's smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay
    frozen. Held-out acceptance always drafts over the whole vocabulary.
 4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
@@ -59,8 +60,10 @@ def eval_requests(*, tokenizer, eval_sets=None, seed: int = 0, max_prompt_tokens
 
 
 def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: int = 0,
-                    max_prompt_tokens: int | None = 1024, eval_sets=None) -> tuple[dict, dict]:
-    """Training requests of ``workloads`` (at most ``train_n`` each, seeded order) sharing no source with any
+                    max_prompt_tokens: int | None = 1024, eval_sets=None,
+                    train_n_for: dict | None = None) -> tuple[dict, dict]:
+    """Training requests of ``workloads`` (at most ``train_n`` each, or ``train_n_for[workload]``, in seeded
+    order) sharing no source with any
     evaluation request (:data:`EVAL_SETS`): no HumanEval task, ShareGPT conversation, gsm-symbolic template
     (:func:`spec_repro.workloads.source_key`) and no identical prompt. Returns ({workload: requests}, facts)."""
     from random import Random
@@ -72,6 +75,7 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
     texts = {r.prompt_text for r in held}
     out, facts = {}, {}
     for w in workloads:
+        cap = (train_n_for or {}).get(w, train_n)
         reqs = wl.load(w, n=None, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
         Random(seed + 1).shuffle(reqs)
         keep, seen, dropped = [], set(), 0
@@ -83,13 +87,13 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
                 continue
             seen.add(r.prompt_text)
             keep.append(r)
-            if len(keep) >= train_n:
+            if len(keep) >= cap:
                 break
         if not keep:
             raise ValueError(f"workload {w!r} has no request whose source is outside the evaluation sets")
         out[w] = keep
         facts[w] = {"train_requests": len(keep), "dropped_sharing_an_eval_source": dropped,
-                    "sources": len({wl.source_key(r) for r in keep})}
+                    "sources": len({wl.source_key(r) for r in keep}), "cap": cap}
     facts["eval_sets"] = dict(EVAL_SETS if eval_sets is None else eval_sets)
     facts["eval_sources_excluded"] = len(banned)
     return out, facts
@@ -169,7 +173,8 @@ class _SparseCE(torch.autograd.Function):
     chunked pass (the (tokens x vocabulary) logits are never kept, so nothing is recomputed in the backward).
 
     h (n, H); W (V', H) the LM-head rows of the loss vocabulary; cols (n, K) the target tokens' rows in W;
-    p (n, K) their probabilities (rows sum to 1)."""
+    p (n, K) their probabilities: a row sums to 1, or to 0 for a position that does not count (padding, a chain
+    depth's first positions), whose loss and gradient are then exactly 0 (no boolean indexing: no host sync)."""
 
     @staticmethod
     def forward(ctx, h, W, cols, p, chunk: int):
@@ -180,7 +185,7 @@ class _SparseCE(torch.autograd.Function):
             lse = torch.logsumexp(z, -1, keepdim=True)
             c, q = cols[s: s + chunk], p[s: s + chunk].float()
             total += (q * (lse - z.gather(1, c))).sum()
-            g = z.sub_(lse).exp_()                       # softmax, in place
+            g = z.sub_(lse).exp_().mul_(q.sum(-1, keepdim=True))   # softmax (x the row's weight), in place
             g.scatter_add_(1, c, -q)                     # d loss / d logits = softmax - p
             grad[s: s + chunk] = (g.to(W.dtype) @ W).to(h.dtype)
         ctx.save_for_backward(grad)
@@ -193,37 +198,56 @@ class _SparseCE(torch.autograd.Function):
 
 
 def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops, vocab_rows=None, chunk: int = 4096):
-    """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,); ``tops``: the
-    target's sparse next-token distributions (ids (B, N, K), probs (B, N, K)); ``vocab_rows``: the loss
-    vocabulary (None: all of it)."""
+    """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,) (a CPU tensor or
+    list: the counts of positions are known without asking the GPU); ``tops``: the target's sparse next-token
+    distributions (ids (B, N, K), probs (B, N, K)); ``vocab_rows``: the loss vocabulary (None: all of it). With a
+    loss vocabulary the softmax runs over it plus every position's top token, and the target's distribution is
+    restricted to those rows (renormalised): its tail tokens outside them are dropped. Returns (loss, per-depth
+    cross-entropies as one tensor)."""
     B, N = ids.shape
     T = N - 1                                      # pairs i = 0..N-2: (ids[i+1], f_i) -> f_{i+1}
     outs = head.chain(ids[:, 1:], feats[:, :-1], depth)
     tgt = feats[:, 1:]
-    ii = torch.arange(T, device=ids.device)
-    valid0 = ii[None, :] < (lens[:, None] - 1)
+    dev = ids.device
+    lens_l = [int(x) for x in lens]
     W = head.target.get_output_embeddings().weight
-    t_ids, t_p = tops[0][:, 1:], tops[1][:, 1:]    # the target's distribution at position i+1
+    t_ids, t_p = tops[0][:, 1:].long(), tops[1][:, 1:]     # the target's distribution at position i+1
     V = W.shape[0]
     if vocab_rows is None:
-        rows = torch.arange(V, device=W.device)
-    else:                                          # the loss vocabulary and every target token of this batch
-        rows = torch.unique(torch.cat([vocab_rows, t_ids[valid0].reshape(-1).long()]))
-    where = torch.full((V,), -1, dtype=torch.long, device=W.device)
-    where[rows] = torch.arange(len(rows), device=W.device)
-    Wr = W[rows].detach().to(torch.bfloat16 if W.is_cuda else W.dtype)
+        rows = None
+        cols, q = t_ids, t_p.float()
+    else:                                          # the loss vocabulary and every position's top token
+        rows = torch.unique(torch.cat([vocab_rows, t_ids[..., 0].reshape(-1)]))   # (padding's 0 is harmless)
+        where = torch.full((V,), -1, dtype=torch.long, device=W.device)
+        where[rows] = torch.arange(len(rows), device=W.device)
+        cols = where[t_ids]
+        q = t_p.float() * (cols >= 0)
+        q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)    # padding rows stay 0
+        cols = cols.clamp_min(0)
+    Wr = (W if rows is None else W[rows]).detach().to(torch.bfloat16 if W.is_cuda else W.dtype)
+    H = tgt.shape[-1]
+    K = cols.shape[-1]
+    cols, q = cols.reshape(B * T, K), q.reshape(B * T, K)
     total, parts = 0.0, []
     for d, out in enumerate(outs, start=1):
-        m = valid0 & (ii[None, :] >= d - 1)
-        o, t = out[m], tgt[m]
-        n = max(int(m.sum()), 1)
-        ce = _SparseCE.apply(o, Wr, where[t_ids[m].long()], t_p[m], chunk) / n
+        at = _positions(lens_l, T, d, dev)        # the pairs depth d counts (i >= d-1, inside the sequence)
+        n = max(len(at), 1)
+        o = out.reshape(B * T, H)[at]
+        ce = _SparseCE.apply(o, Wr, cols[at], q[at], chunk) / n
         w = 0.8 ** (d - 1)
         total = total + w * ce
-        parts.append(float(ce.detach()))
+        parts.append(ce.detach())
         if d == 1 and reg:
-            total = total + reg * F.smooth_l1_loss(o.float(), t.float())
-    return total / sum(0.8 ** k for k in range(depth)), parts
+            total = total + reg * F.smooth_l1_loss(o.float(), tgt.reshape(B * T, H)[at].float())
+    return total / sum(0.8 ** k for k in range(depth)), torch.stack(parts)
+
+
+def _positions(lens: Sequence[int], T: int, d: int, dev) -> torch.Tensor:
+    """Flat indices b*T + i of the pairs i = d-1 .. lens[b]-2 of every row b, built on the host and copied
+    without a sync (boolean masks would make the host wait for the GPU)."""
+    idx = [np.arange(b * T + d - 1, b * T + L - 1, dtype=np.int64) for b, L in enumerate(lens) if L - 1 > d - 1]
+    t = torch.from_numpy(np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64))
+    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t
 
 
 def _buckets(lengths: Sequence[int], tokens_per_batch: int) -> list[list[int]]:
@@ -298,18 +322,42 @@ def held_out_acceptance(head: EagleHead, pairs, ks=tuple(range(1, 9))) -> dict:
             "position_mean": pos, "requests": len(accs)}
 
 
+#: the training steps (counted from the run's first) timed phase by phase, the device synchronised at each phase
+SPLIT_STEPS = (20, 30)
+
+
+def _mark(dev, timed: bool) -> float:
+    if timed and dev.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() if timed else 0.0
+
+
+def _step_split(rows) -> dict | None:
+    """Mean seconds per phase of the timed steps: batch assembly, forward + loss, backward, clip + optimizer."""
+    if not rows:
+        return None
+    a = np.asarray(rows, dtype=float)
+    out = {k: round(float(a[:, i].mean()), 5) for i, k in enumerate(("pad_s", "forward_loss_s", "backward_s",
+                                                                      "optimizer_s"))}
+    out.update(steps=len(rows), real_tokens_per_step=round(float(a[:, 4].mean()), 1),
+               padded_tokens_per_step=round(float(a[:, 5].mean()), 1))
+    return out
+
+
 def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", steps: int = 1000,
                 lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
                 seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
                 progress: bool = True, started: float | None = None, time_limit_s: float | None = None,
-                topk: int = 32, loss_vocab: int = 32768) -> tuple[EagleHead, dict]:
+                topk: int = 32, loss_vocab: int = 32768, deadline: float | None = None) -> tuple[EagleHead, dict]:
     """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
 
     ``log``: facts about the data to keep in the record (workloads, prompt counts ...); ``started``: when the
     whole recipe began (``time.time()``), for the record's total wall time. ``topk``: the target's distribution
     at each position is kept as its ``topk`` most likely tokens (renormalised); ``loss_vocab``: the softmax of
-    the loss runs over the target's ``loss_vocab`` most frequent top tokens plus every target token of the batch
-    (0: the whole vocabulary). Held-out acceptance always drafts over the whole vocabulary, as vLLM does."""
+    the loss runs over the target's ``loss_vocab`` most frequent top tokens plus every position's top token
+    (0: the whole vocabulary). Held-out acceptance always drafts over the whole vocabulary, as vLLM does.
+    ``deadline`` (a ``time.time()``): the loop's time limit shrinks, once the features are ready, so that training
+    stops by then (a leased GPU's budget: the decode before it may take longer than planned)."""
     from tqdm.auto import tqdm
 
     check_train_settings(steps=steps, lr=lr, tokens_per_batch=tokens_per_batch, ttt_depth=ttt_depth, reg=reg,
@@ -332,6 +380,9 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t_feat = time.time() - t_feat
+    if deadline is not None:                      # what is left of the budget, never more than asked for
+        left = max(1.0, deadline - time.time())
+        time_limit_s = left if time_limit_s is None else min(float(time_limit_s), left)
     V = int(target.get_output_embeddings().weight.shape[0])
     vocab_rows, coverage = loss_vocabulary(tops, loss_vocab, V)
     settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
@@ -370,7 +421,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                                                                                                        enabled=False)
     head.train()
     bar = tqdm(total=steps, initial=step, desc=f"train {kind}", disable=not progress)
-    stopped_at, seen = None, 0
+    stopped_at, seen, step0, split = None, 0, step, []
     while step < steps:
         if time_limit_s is not None and time.time() - t0 > time_limit_s:
             stopped_at = step            # out of time: the head as trained so far, evaluated below
@@ -378,20 +429,30 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         if not queue:
             queue = _batches(lengths, tokens_per_batch, rng)
         idx = queue.pop()
-        ids, fb, lens, tb = _pad(seqs, feats, tops, idx, dev)
-        seen += int(lens.sum())
+        timed = SPLIT_STEPS[0] <= step - step0 < SPLIT_STEPS[1]    # a few steps timed phase by phase
+        marks = [_mark(dev, timed)]
+        ids, fb, _, tb = _pad(seqs, feats, tops, idx, dev)
+        lens = [lengths[i] for i in idx]          # on the host: no sync to count positions
+        seen += sum(lens)
+        marks.append(_mark(dev, timed))
         with autocast:
             loss, parts = _loss(head, ids, fb.to(torch.bfloat16 if dev.type == "cuda" else fb.dtype), lens,
                                 ttt_depth, reg, tb, vocab_rows)
+        marks.append(_mark(dev, timed))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        marks.append(_mark(dev, timed))
         torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
         opt.step()
+        marks.append(_mark(dev, timed))
+        if timed:
+            split.append([b - a for a, b in zip(marks, marks[1:])] + [sum(lens), ids.numel()])
         step += 1
         if time_limit_s is not None:
             done_share["p"] = max(step / steps, (time.time() - t0) / time_limit_s)
         sched.step()
-        curve.append([step, round(float(loss.detach()), 5), [round(p, 4) for p in parts]])
+        vals = torch.cat([loss.detach().reshape(1).float(), parts.float()]).tolist()   # one host sync a step
+        curve.append([step, round(vals[0], 5), [round(p, 4) for p in vals[1:]]])
         post = {"loss": f"{curve[-1][1]:.3f}"}
         if val_pairs and (step % eval_every == 0 or step == steps):
             head.eval()
@@ -428,7 +489,9 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                                             f"run counts from its resume)",
               "loss_vocabulary": {"size": loss_vocab if vocab_rows is not None else V,
                                   "top_token_coverage": round(coverage, 5), "target_topk": topk},
+              "step_split": _step_split(split),
               "steps_done": step, "stopped_by_time_limit": stopped_at is not None, "time_limit_s": time_limit_s,
+              "time_limit_from_deadline": deadline is not None,
               "loss_curve": curve[:: max(1, len(curve) // 200)] + curve[-1:], "held_out": evals,
               "final_held_out_tokens_per_step": evals[-1]["tokens_per_step"] if evals else None,
               "final_held_out_draft_position_rate": evals[-1]["draft_position_rate"] if evals else None,
@@ -490,11 +553,15 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                          eval_n: int | None = None, train_n: int = 1000, val_n: int = 32, max_new_tokens: int = 256,
                          max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
                          kind: str = "eagle", engine: str = "torch", vllm_memory: float = 0.8,
-                         vllm_max_seqs: int = 1024, **train_kw) -> tuple[EagleHead, dict]:
+                         vllm_max_seqs: int = 1024, train_n_for: dict | None = None,
+                         time_budget_s: float | None = None, **train_kw) -> tuple[EagleHead, dict]:
     """The whole recipe of ``spec-repro train eagle``: split prompts by source, decode (the torch engine, or vLLM
     on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
-    (None: the sets as collected, humaneval 164 and mt-bench 80). ``vllm_memory`` / ``vllm_max_seqs``: vLLM's
-    gpu_memory_utilization and max_num_seqs for the decode (the GPU is vLLM's alone until it shuts down)."""
+    (None: the sets as collected, humaneval 164 and mt-bench 80). ``train_n_for``: {workload: at most this many
+    training prompts} over ``train_n``. ``vllm_memory`` / ``vllm_max_seqs``: vLLM's
+    gpu_memory_utilization and max_num_seqs for the decode (the GPU is vLLM's alone until it shuts down).
+    ``time_budget_s``: the whole recipe stops training by this many seconds after it started (the loop's
+    ``time_limit_s`` shrinks to what the decode and the feature pass left)."""
     from . import models
     from .guard import check_device, check_float, check_int
 
@@ -507,6 +574,12 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                         ("--max-new-tokens", max_new_tokens, 1), ("--max-prompt-tokens", max_prompt_tokens, 1),
                         ("--batch-size", batch_size, 1)) + ((("--eval-n", eval_n, 0),) if eval_n is not None else ()):
         check_int(name, v, lo, 2**31 - 1)
+    for w, v in (train_n_for or {}).items():
+        if w not in workloads:
+            raise ValueError(f"--train-n {w}={v}: {w!r} is not among --workloads ({' '.join(workloads)})")
+        check_int(f"--train-n {w}", v, 1, 2**31 - 1)
+    if time_budget_s is not None:
+        check_float("--time-budget", time_budget_s, 0.0, 1e9, lo_open=True)
     check_train_settings(seed=seed, **train_kw)       # every number, before the model loads
     check_float("vllm_memory", vllm_memory, 0.0, 1.0, lo_open=True)
     check_int("vllm_max_seqs", vllm_max_seqs, 1, 2**20)
@@ -521,7 +594,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     t0 = time.time()
     target, tok = models.load(target_name, device=device)
     split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
-                                   max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets)
+                                   max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets, train_n_for=train_n_for)
     prompts = [list(r.prompt_token_ids) for w in workloads for r in split[w]]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(prompts))
@@ -547,4 +620,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                     "target_tokens": sum(len(p) + len(o) for p, o in pairs),
                     "output_tokens": sum(len(o) for _, o in pairs),
                     "decode_s": round(time.time() - t0, 1)}}
-    return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0, **train_kw)
+    if time_budget_s is not None:
+        log["time_budget_s"] = time_budget_s
+    return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0,
+                       deadline=None if time_budget_s is None else t0 + time_budget_s, **train_kw)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -304,6 +305,67 @@ def test_sparse_ce_equals_autograd_cross_entropy():
     assert torch.allclose(got, h.grad, atol=1e-5)
 
 
+def test_sparse_ce_rows_of_weight_zero_count_for_nothing():
+    """Padding and a depth's first positions come as rows whose distribution is all zero: their loss and
+    gradient are exactly 0, and the other rows' equal the loss over those rows alone."""
+    from spec_repro.train import _SparseCE
+
+    g = torch.Generator().manual_seed(1)
+    n, H, V, K = 29, 8, 40, 4
+    h = torch.randn(n, H, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(V, H, dtype=torch.float64, generator=g)
+    p, cols = torch.softmax(torch.randn(n, V, dtype=torch.float64, generator=g), -1).topk(K, -1)
+    p = p / p.sum(-1, keepdim=True)
+    keep = torch.rand(n, generator=g) < 0.6
+    _SparseCE.apply(h, W, cols, p * keep[:, None], 8).backward()
+    got = h.grad.clone()
+    h.grad = None
+    ref = _SparseCE.apply(h[keep], W, cols[keep], p[keep], 8)
+    ref.backward()
+    assert torch.all(got[~keep] == 0) and torch.allclose(got[keep], h.grad[keep], atol=1e-12)
+    h.grad = None
+    assert abs(float(_SparseCE.apply(h, W, cols, p * keep[:, None], 8)) - float(ref)) < 1e-9
+
+
+def test_loss_over_a_vocabulary_restricts_the_target_distribution(target):
+    """With a loss vocabulary, the loss equals cross-entropy over (the vocabulary + every position's top token)
+    against the target's distribution restricted to those rows and renormalised (computed here the slow way)."""
+    from spec_repro.proposers.eagle import new_head
+    from spec_repro.train import _loss
+
+    torch.manual_seed(0)
+    head = new_head(target, "eagle", seed=0).to(next(target.parameters()).dtype)
+    g = torch.Generator().manual_seed(2)
+    B, N, K = 2, 9, 6
+    V = int(target.get_output_embeddings().weight.shape[0])
+    ids = torch.randint(0, V, (B, N), generator=g)
+    lens = [9, 6]
+    feats = torch.randn(B, N, head.cfg["hidden_size"], generator=g).to(next(target.parameters()).dtype)
+    t_ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(B * N)]).reshape(B, N, K).to(torch.int32)
+    t_p = torch.softmax(torch.randn(B, N, K, generator=g), -1).sort(-1, descending=True).values
+    t_p[1, 6:] = 0
+    vocab = torch.randperm(V, generator=g)[: V // 4].sort().values
+    loss, parts = _loss(head, ids, feats, lens, 2, 0.0, (t_ids, t_p), vocab)
+    outs = head.chain(ids[:, 1:], feats[:, :-1], 2)
+    Wt = head.target.get_output_embeddings().weight
+    want = []
+    for d, out in enumerate(outs, start=1):
+        tot, n = 0.0, 0
+        for b in range(B):
+            for i in range(d - 1, lens[b] - 1):
+                ti, tp = t_ids[b, i + 1].long(), t_p[b, i + 1].double()
+                rows = torch.unique(torch.cat([vocab, t_ids[:, 1:, 0].reshape(-1).long()]))
+                inr = torch.isin(ti, rows)
+                q = tp * inr / (tp * inr).sum()
+                lp = torch.log_softmax((out[b, i] @ Wt[rows].T).double(), -1)
+                pos = torch.searchsorted(rows, ti)
+                tot += float(-(q[inr] * lp[pos[inr]]).sum())
+                n += 1
+        want.append(tot / n)
+    assert np.allclose(parts.tolist(), want, rtol=1e-4)
+    assert abs(float(loss) - (want[0] + 0.8 * want[1]) / 1.8) < 1e-4 * abs(float(loss))
+
+
 def test_loss_vocabulary_keeps_the_most_frequent_top_tokens():
     from spec_repro.train import loss_vocabulary
 
@@ -315,8 +377,9 @@ def test_loss_vocabulary_keeps_the_most_frequent_top_tokens():
 
 
 def test_training_with_a_loss_vocabulary_learns(target, tmp_path):
-    """A loss vocabulary smaller than the target's still trains (its softmax also holds every target token of the
-    batch), and the record says how much of the top tokens it covers; held-out drafting uses the whole vocabulary."""
+    """A loss vocabulary smaller than the target's still trains (its softmax also holds every position's top
+    token), and the record says how much of the top tokens it covers; held-out drafting uses the whole
+    vocabulary."""
     pairs = _train_pairs(target, n=48, seed=3)
     _, rec = train_eagle(target, pairs[:40], val_pairs=pairs[40:], out=tmp_path / "h", steps=60, lr=3e-3,
                          tokens_per_batch=512, ttt_depth=2, eval_every=60, progress=False, topk=VOCAB,
