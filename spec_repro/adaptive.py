@@ -47,7 +47,9 @@ step's cost (target forward of B*(k+1) tokens at kv = B*(P+p), q's drafting of k
 tokens, the n-gram lookup, the overhead: the duplicated batch's step, an approximation under ``mixed`` batching);
 k = 0 (no speculation) competes too. The best (q, k) is verified and only
 q (and the n-gram lookup) runs: a step that verifies n-gram skips the model drafters' cost. A model proposer not
-verified for ``probe`` steps is verified once at its best k so its estimate does not go stale.
+verified for ``probe`` steps is verified once at its best k so its estimate does not go stale. The rule's
+per-decision pieces (``_reveal``, ``_alphas``, ``_rule_choice``, ``_advance``) are also what the live vLLM hybrid
+(:mod:`spec_repro.engines.vllm.hybrid`) calls at each engine step, so the simulated and the live rule are one code.
 
 ``adaptive-learned``: a scikit-learn ``DecisionTreeRegressor`` (multi-output) maps the signal vector (ng_dl,
 ng_run, log2 P, log2 p, and per proposer alpha1, alpha2, last, since) to the expected tokens-per-second of every action
@@ -129,6 +131,102 @@ def _catch_up_time(kind, dk, dt, d0, frac, kv, F, B, cup):
     return cup * _draft_time(kind, dk, dt, d0, frac, kv, 2, F, B, 1)
 
 
+# The per-decision pieces, shared by the walk below and the live policy (spec_repro.engines.vllm.hybrid): one
+# request's signal state is cnt (Q, 2, 4), last (Q,), since (Q,), prev_ran (Q,) and prev_d (Q,).
+@njit(cache=True)
+def _reveal(cnt, last, q, b, a, lim, decay):
+    """Fold one revealed outcome of proposer q (bucket b) into its decayed counts: ``a`` its acceptance at the
+    previous step start (exact when below ``lim``), ``lim`` = min(proposal + 1, tokens emitted since + 1)."""
+    v = min(a, lim)   # revealed: acc exactly if below lim, else "at least lim"
+    rej = a < lim
+    for c in range(4):
+        cnt[q, b, c] *= decay
+    if v >= 2:
+        cnt[q, b, 0] += 1.0
+        cnt[q, b, 2] += v - 2
+        if rej:
+            cnt[q, b, 3] += 1.0
+    elif rej:
+        cnt[q, b, 1] += 1.0
+    last[q] = v
+
+
+@njit(cache=True)
+def _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2):
+    """alpha1 / alpha2 of every proposer from its counts (n-gram's from its ``bucket``: 1 copy, 0 cold)."""
+    for q in range(cnt.shape[0]):
+        if q == ng:   # n-gram: first token and the rest apart (its whole proposal is always observed)
+            alpha1[q] = (cnt[q, bucket, 0] + prior_a * prior_w) / (cnt[q, bucket, 0] + cnt[q, bucket, 1]
+                                                                    + prior_w)
+            alpha2[q] = (cnt[q, bucket, 2] + prior_a * prior_w) / (cnt[q, bucket, 2] + cnt[q, bucket, 3]
+                                                                    + prior_w)
+        else:         # a model proposer: one pooled rate (short proposals reveal little about later tokens)
+            acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
+            alpha1[q] = (acc_n + prior_a * prior_w) / (acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + prior_w)
+            alpha2[q] = alpha1[q]
+
+
+@njit(cache=True)
+def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first, tcost, dkind, dk, dt, d0, frac,
+                 cstep, cup, probe):
+    """``adaptive-rule``'s decision: (verified proposer, -1 = none; k). ``kv`` = B * (P + p); ``first``: the
+    request's first step (no catch-up is charged)."""
+    c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
+    v = -1
+    k = 0
+    F = c_kv * kv + c_tok * B + c0
+    lk = _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, 1, F, B, ng_dl) if ng >= 0 else 0.0
+    best = 1.0 / (F + lk + over)
+    force = -1
+    fk = 0
+    for q in range(alpha1.shape[0]):
+        kq = ng_dl if q == ng else kmax
+        e = 1.0
+        term = alpha1[q]
+        qbest = -1.0
+        qk = 0
+        for kk in range(1, kq + 1):
+            e += term
+            term *= alpha2[q]
+            F = c_kv * kv + c_tok * B * (kk + 1) + c0
+            t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk, cstep[q])
+            if q != ng and not first and not prev_ran[q]:   # it skipped the last step: catch up
+                t += _catch_up_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, F, B, cup[q])
+            if ng >= 0 and q != ng:
+                t += _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, kk + 1, F, B, ng_dl)
+            g = e / t
+            if g > qbest:
+                qbest = g
+                qk = kk
+        if qbest > best:
+            best = qbest
+            v = q
+            k = qk
+        if q != ng and since[q] >= probe and qk > 0 and force < 0:
+            force = q
+            fk = qk
+    if force >= 0 and v != force:
+        v = force
+        k = fk
+    return v, k
+
+
+@njit(cache=True)
+def _advance(v, k, ng, ng_dl, since, prev_ran, prev_d):
+    """After a step that verified proposer v (-1: none) with k tokens: what ran, with which proposal length."""
+    for q in range(since.shape[0]):
+        prev_ran[q] = False
+        prev_d[q] = 0
+        since[q] += 1
+    if v >= 0:
+        prev_ran[v] = True
+        prev_d[v] = k
+        since[v] = 0
+    if ng >= 0 and ng_dl > 0:   # the lookup ran; its whole proposal is recomputable from the tokens
+        prev_ran[ng] = True
+        prev_d[ng] = ng_dl
+
+
 @njit(cache=True)
 def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep, cup, prm, mode,
           t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record):
@@ -139,7 +237,6 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
     n = len(P)
     total = off[n]
     nfeat = 4 + 4 * Q
-    c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
     copy_run, decay, prior_a, prior_w, probe = prm[0], prm[1], prm[2], prm[3], prm[4]
     req = np.empty(total, np.int64)
     pb = np.empty(total, np.int64)
@@ -177,21 +274,8 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
                 cap = j - prev_j + 1      # p - q: the tokens emitted after position prev_j, plus one
                 for q in range(Q):
                     if prev_ran[q] and prev_d[q] > 0:
-                        a = acc[q, o + prev_j]
-                        lim = min(prev_d[q] + 1, cap)
-                        v = min(a, lim)   # revealed: acc exactly if below lim, else "at least lim"
-                        rej = a < lim
-                        b = prev_bucket if q == ng else 0
-                        for c in range(4):
-                            cnt[q, b, c] *= decay
-                        if v >= 2:
-                            cnt[q, b, 0] += 1.0
-                            cnt[q, b, 2] += v - 2
-                            if rej:
-                                cnt[q, b, 3] += 1.0
-                        elif rej:
-                            cnt[q, b, 1] += 1.0
-                        last[q] = v
+                        _reveal(cnt, last, q, prev_bucket if q == ng else 0, acc[q, o + prev_j],
+                                min(prev_d[q] + 1, cap), decay)
             # 2. n-gram signals from the tokens
             ng_dl = 0
             ng_run = 0
@@ -203,16 +287,7 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
                         ng_run = m
                         break
             bucket = 1 if ng_run >= copy_run else 0
-            for q in range(Q):
-                if q == ng:   # n-gram: first token and the rest apart (its whole proposal is always observed)
-                    alpha1[q] = (cnt[q, bucket, 0] + prior_a * prior_w) / (cnt[q, bucket, 0] + cnt[q, bucket, 1]
-                                                                            + prior_w)
-                    alpha2[q] = (cnt[q, bucket, 2] + prior_a * prior_w) / (cnt[q, bucket, 2] + cnt[q, bucket, 3]
-                                                                            + prior_w)
-                else:         # a model proposer: one pooled rate (short proposals reveal little about later tokens)
-                    acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
-                    alpha1[q] = (acc_n + prior_a * prior_w) / (acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + prior_w)
-                    alpha2[q] = alpha1[q]
+            _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2)
             x[0] = ng_dl
             x[1] = ng_run
             x[2] = np.log2(P[r] + 1.0)
@@ -230,41 +305,8 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
             v = -1
             k = 0
             if mode == 0:
-                F = c_kv * kv + c_tok * B + c0
-                lk = _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, 1, F, B, ng_dl) if ng >= 0 else 0.0
-                best = 1.0 / (F + lk + over)
-                force = -1
-                fk = 0
-                for q in range(Q):
-                    kq = ng_dl if q == ng else kmax
-                    e = 1.0
-                    term = alpha1[q]
-                    qbest = -1.0
-                    qk = 0
-                    for kk in range(1, kq + 1):
-                        e += term
-                        term *= alpha2[q]
-                        F = c_kv * kv + c_tok * B * (kk + 1) + c0
-                        t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk,
-                                                   cstep[q])
-                        if q != ng and prev_j >= 0 and not prev_ran[q]:   # it skipped the last step: catch up
-                            t += _catch_up_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, F, B, cup[q])
-                        if ng >= 0 and q != ng:
-                            t += _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, kk + 1, F, B, ng_dl)
-                        g = e / t
-                        if g > qbest:
-                            qbest = g
-                            qk = kk
-                    if qbest > best:
-                        best = qbest
-                        v = q
-                        k = qk
-                    if q != ng and since[q] >= probe and qk > 0 and force < 0:
-                        force = q
-                        fk = qk
-                if force >= 0 and v != force:
-                    v = force
-                    k = fk
+                v, k = _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, prev_j < 0, tcost,
+                                    dkind, dk, dt, d0, frac, cstep, cup, probe)
             else:
                 t_i = tree_of_req[r]
                 node = 0
@@ -292,22 +334,14 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
             inp[s] = i
             gen[s] = g
             ver[s] = v
-            for q in range(Q):
-                prev_ran[q] = False
-                prev_d[q] = 0
-                since[q] += 1
+            _advance(v, k, ng, ng_dl, since, prev_ran, prev_d)
             if v >= 0:
                 ran[v, s] = True
                 prop[v, s] = k
-                prev_ran[v] = True
-                prev_d[v] = k
-                since[v] = 0
             if ng >= 0 and ng_dl > 0:   # the lookup ran; its whole proposal is recomputable from the tokens
                 ran[ng, s] = True
                 if v != ng:
                     prop[ng, s] = ng_dl
-                prev_ran[ng] = True
-                prev_d[ng] = ng_dl
             prev_j = j
             prev_bucket = bucket
             s += 1
@@ -354,15 +388,19 @@ def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
             raise SimulationError(f"adaptive policies need n-gram's match at each position: {m.why}")
         ngdl = reqs.dlen[ng].copy() if m.alignment == "recorded" else m.lens
         alignment = m.alignment
-    drs = [cm.drafter(q) for q in proposers]
     acts = [(-1, 0)] + [(q, k) for q in range(Q) for k in K_GRID if k <= kmax]
     return _Inputs(acc=np.ascontiguousarray(reqs.acc, dtype=np.int64), ngdl=ngdl, ng=ng, kmax=int(kmax),
-                   tcost=np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead], float),
-                   dkind=np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
-                   dk=np.array([d.c_kv for d in drs], float), dt=np.array([d.c_tok for d in drs], float),
-                   d0=np.array([d.c0 for d in drs], float), frac=np.array([d.fraction for d in drs], float),
-                   cstep=np.array([d.c_step for d in drs], float), cup=np.array([d.catch_up for d in drs], float),
-                   acts=np.array(acts, np.int64).reshape(-1, 2), alignment=alignment)
+                   **_costs(cm, proposers), acts=np.array(acts, np.int64).reshape(-1, 2), alignment=alignment)
+
+
+def _costs(cm, proposers) -> dict[str, np.ndarray]:
+    """The cost model as the rule's arrays: target (c_kv, c_tok, c0, overhead) and per proposer its drafter."""
+    drs = [cm.drafter(q) for q in proposers]
+    return {"tcost": np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead], float),
+            "dkind": np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
+            "dk": np.array([d.c_kv for d in drs], float), "dt": np.array([d.c_tok for d in drs], float),
+            "d0": np.array([d.c0 for d in drs], float), "frac": np.array([d.fraction for d in drs], float),
+            "cstep": np.array([d.c_step for d in drs], float), "cup": np.array([d.catch_up for d in drs], float)}
 
 
 _NO_TREE = (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float64), np.full((1, 1), -1, np.int64),

@@ -176,7 +176,8 @@ def test_the_vllm_package_re_exports_its_engine_and_imports_no_vllm():
     import sys
 
     code = ("import sys; import spec_repro.engines.vllm as V, spec_repro.engines.vllm.engine as E; "
-            "import spec_repro.engines.vllm.plugin, spec_repro.engines.vllm.jobs, spec_repro.engines.vllm.decode; "
+            "import spec_repro.engines.vllm.plugin, spec_repro.engines.vllm.jobs, spec_repro.engines.vllm.decode, "
+            "spec_repro.engines.vllm.hybrid; "
             "assert V.__all__ == E.__all__ and all(getattr(V, n) is getattr(E, n) for n in E.__all__); "
             "assert V.SUPPORTED_VLLM == E.SUPPORTED_VLLM; assert 'vllm' not in sys.modules, 'vllm imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

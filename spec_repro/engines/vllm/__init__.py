@@ -5,7 +5,8 @@
 plugin (entry point ``spec_repro.engines.vllm.plugin:register``); ``jobs``: the runner of the device jobs
 (``python -m spec_repro.engines.vllm.jobs``); ``steps``: step tables -> phase breakdown, overhead, HBM floor;
 ``summary``: raw device outputs -> ``data/gpu``; ``agreement``: vLLM's acceptance against this package's;
-``smollm2``: SmolLM2 prompts and weights for vLLM; ``decode``: greedy decoding with vLLM for ``--engine vllm``.
+``smollm2``: SmolLM2 prompts and weights for vLLM; ``decode``: greedy decoding with vLLM for ``--engine vllm``;
+``hybrid``: the live n-gram + EAGLE hybrid's per-step choice of the proposal to verify (pure Python, no vLLM).
 """
 from .engine import (
     METHODS,

@@ -1,0 +1,286 @@
+"""The live n-gram + EAGLE hybrid's per-step logic: per request, which proposal is verified and how many tokens.
+
+Pure Python/numpy (no vLLM import): the vLLM side (a wrapper of the V1 runner's ``propose_draft_token_ids``,
+installed by the package's plugin) calls it once per step with what the engine knows at that step, and hands the
+returned per-request lists to the scheduler, which accepts any length, none included.
+
+Lossless by construction: a hybrid only chooses which *draft* tokens are proposed; verification stays the
+target's own (greedy: the longest prefix of the draft equal to the target's tokens, plus the target's next
+token), so the output is plain greedy decoding's whatever the policy picks.
+
+What a decision reads (per request, at a step start with context ``tokens`` = prompt + output so far)
+-----------------------------------------------------------------------------------------------------
+The token ids so far, the prompt length, n-gram's proposal (vLLM's prompt lookup at k = ``kmax``: a list, empty
+when nothing matched), EAGLE's proposal (a list of ``kmax`` ints, or None where its drafting was skipped), the
+batch size, and what the tokens emitted since the request's previous step start reveal about the proposals
+made there (how many of each one's tokens match them: the verified one's accepted count among them). Nothing
+else; a :class:`RequestState` keeps what is needed between steps, all of it derived from these.
+
+Policies
+--------
+``pr24344``        vLLM PR #24344's rule: n-gram's proposal where it matched (non-empty), else EAGLE's. Both
+                   proposers run every step.
+``pr24344-skip``   the same choice; EAGLE's proposal is not needed where n-gram matched (its drafting can be
+                   skipped or masked there: :func:`policy_needs_eagle`).
+``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
+                   (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
+                   (proposer, k), through the per-decision functions the simulator's walk uses
+                   (``adaptive._reveal``, ``_alphas``, ``_rule_choice``, ``_advance``), so given the same inputs
+                   and cost model both take the same decisions (tests/test_hybrid.py checks it step by step on
+                   committed traces). The decision is made before EAGLE drafts: EAGLE is needed only where the
+                   rule verifies it, and, as in the simulator, an EAGLE proposal that is not verified is not read
+                   (EAGLE "did not run" there, its catch-up is charged when it comes back). Where the simulator
+                   reads a trace's acc_len, the live policy matches proposals against the tokens emitted since:
+                   the revealed value ``min(acc, d + 1, g + 1)`` (d: proposal length, g: tokens emitted) and
+                   whether a rejection was seen are the same either way, and ``ng_run`` (the n-gram proposal made m
+                   positions ago matched the m tokens emitted since) is recomputed with the package's lookup
+                   (:func:`spec_repro.proposers.ngram.ngram_lookup`, vLLM's semantics) at the context lengths no
+                   step started at.
+
+Batch entry points: :func:`policy_needs_eagle` (before EAGLE drafts) and :func:`mix` (after: n-gram lists +
+EAGLE's [B, k] array -> one list per request, cut to the chosen k).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "RequestState", "mix",
+           "policy_needs_eagle", "select"]
+
+POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule")
+PROPOSERS = ("ngram", "eagle")   # row order of the adaptive state's arrays
+NG, EA = 0, 1
+_SOURCE = {-1: "", NG: "ngram", EA: "eagle"}
+
+
+class HybridError(ValueError):
+    """Bad input to the hybrid's policy; the message says what is allowed."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One request's proposal to verify this step: ``draft`` (empty: no speculation) and where it came from
+    (``"ngram"``, ``"eagle"``, or ``""`` when nothing is proposed)."""
+
+    draft: list[int]
+    source: str
+
+
+class RequestState:
+    """What a policy keeps about one request between its steps (everything derived from its token ids)."""
+
+    def __init__(self, prompt_len: int):
+        if int(prompt_len) < 1:
+            raise HybridError(f"prompt_len must be >= 1, got {prompt_len!r}")
+        self.prompt_len = int(prompt_len)
+        self.n_prev = -1                      # context length at the previous step start (-1: none yet)
+        self.draft: list[int] = []            # the proposal verified at that step ([]: none)
+        self.accepted: int | None = None     # how many of its tokens the target accepted (None before step 2)
+        self.proposed: list[list[int]] = [[], []]   # adaptive-rule, per proposer: its proposal read at that step
+        self.ngram_at: dict[int, list[int]] = {}   # adaptive-rule: n-gram lookups by context length (last kmax+1)
+        self.pending: tuple | None = None    # adaptive-rule: (n, v, k, ng_dl, bucket, ngram) until select
+        # adaptive's per-request signal state, as in adaptive._walk
+        self.cnt = np.zeros((2, 2, 4), np.float64)
+        self.last = np.zeros(2, np.float64)
+        self.since = np.zeros(2, np.int64)
+        self.prev_ran = np.zeros(2, np.bool_)
+        self.prev_d = np.zeros(2, np.int64)
+        self.alpha1 = np.zeros(2, np.float64)
+        self.alpha2 = np.zeros(2, np.float64)
+        self.prev_bucket = 0
+
+
+def _prefix(a: Sequence[int], b: np.ndarray) -> int:
+    """How many leading tokens of proposal ``a`` equal the emitted tokens ``b`` (at most len(b))."""
+    m = 0
+    for x, y in zip(a, b.tolist()):
+        if int(x) != y:
+            break
+        m += 1
+    return m
+
+
+class HybridPolicy:
+    """One policy over requests with up to ``kmax`` draft tokens (vLLM's ``num_speculative_tokens``; n-gram's and
+    EAGLE's proposals are that long at most). ``adaptive-rule`` needs a cost model (preset name, path or
+    ``CostModel``) with drafters for ``ngram`` and ``eagle``; ``params``: its ``adaptive.RuleParams``."""
+
+    def __init__(self, name: str, kmax: int, cost_model: Any = None, params: Any = None):
+        if name not in POLICIES:
+            raise HybridError(f"unknown hybrid policy {name!r}; expected one of {', '.join(POLICIES)}")
+        if int(kmax) < 1:
+            raise HybridError(f"kmax must be >= 1 (vLLM's num_speculative_tokens), got {kmax!r}")
+        self.name, self.kmax = name, int(kmax)
+        if name == "adaptive-rule":
+            from ... import adaptive as AD
+            from ...costmodel import CostModelError, load_cost_model
+
+            if cost_model is None:
+                raise HybridError("adaptive-rule prices proposals with a cost model: pass cost_model= (a preset "
+                                  "name, a preset file or a CostModel)")
+            try:
+                self.cost_model = load_cost_model(cost_model)
+                self._costs = AD._costs(self.cost_model, PROPOSERS)
+            except CostModelError as e:
+                raise HybridError(str(e)) from None
+            self.params = params or AD.RuleParams()
+            self._prm = self.params.array()
+            self._ad = AD
+
+    def new_state(self, prompt_len: int) -> RequestState:
+        return RequestState(prompt_len)
+
+    # ---- per request -------------------------------------------------------------------------------------------
+    def needs_eagle(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], batch_size: int) -> bool:
+        """Whether this step's choice for the request reads EAGLE's proposal (asked before EAGLE drafts; the
+        step's ``select`` must follow with the same tokens and n-gram list)."""
+        if self.name == "pr24344":
+            return True
+        if self.name == "pr24344-skip":
+            return len(ngram) == 0
+        return self._decide(st, tokens, ngram, batch_size)[0] == EA
+
+    def select(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], eagle: Sequence[int] | None,
+               batch_size: int) -> Choice:
+        """The proposal to verify for the request at this step (see the module docstring for the inputs)."""
+        ngram = [int(x) for x in list(ngram)[: self.kmax]]
+        if self.name != "adaptive-rule":
+            self._observe(st, tokens)
+            v = NG if ngram else EA
+            draft = ngram if ngram else self._eagle(eagle, self.kmax)
+        else:
+            v, k, ng_dl, bucket = self._decide(st, tokens, ngram, batch_size)
+            draft = ngram[:k] if v == NG else self._eagle(eagle, k) if v == EA else []
+            v = v if draft else -1
+            self._ad._advance(v, len(draft), NG, ng_dl, st.since, st.prev_ran, st.prev_d)
+            st.proposed = [ngram[:ng_dl], draft if v == EA else []]
+            st.prev_bucket, st.pending = bucket, None
+        st.n_prev, st.draft = len(tokens), draft
+        return Choice(draft, _SOURCE[v] if draft else "")
+
+    # ---- the rule ----------------------------------------------------------------------------------------------
+    def _check(self, st: RequestState, tokens: np.ndarray) -> None:
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise HybridError(f"tokens must be a 1-D integer numpy array (the request's token ids so far), got "
+                              f"{type(tokens).__name__}{getattr(tokens, 'shape', '')}")
+        n = len(tokens)
+        if n <= st.prompt_len:
+            raise HybridError(f"a step needs at least one output token: {n} token ids for a prompt of "
+                              f"{st.prompt_len}")
+        if n <= st.n_prev:
+            raise HybridError(f"the request's tokens did not grow since its previous step ({st.n_prev} then {n}): "
+                              f"one state per request, one select per step")
+
+    def _observe(self, st: RequestState, tokens: np.ndarray) -> np.ndarray:
+        """Check the step's tokens; the tokens emitted since the previous step start (and what they accepted)."""
+        self._check(st, tokens)
+        new = tokens[st.n_prev:] if st.n_prev >= 0 else tokens[:0]
+        if st.n_prev >= 0:
+            st.accepted = min(_prefix(st.draft, new), len(new) - 1)
+        return new
+
+    def _lookup(self, st: RequestState, tokens: np.ndarray, c: int) -> list[int]:
+        if c not in st.ngram_at:
+            from ...proposers.ngram import ngram_lookup
+
+            st.ngram_at[c] = [int(x) for x in ngram_lookup(tokens[:c], self.kmax)]
+        return st.ngram_at[c]
+
+    def _decide(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], batch_size: int) -> tuple:
+        """adaptive-rule's (v, k, ng_dl, bucket) at this step; computed once (kept until ``select``)."""
+        n = len(tokens) if isinstance(tokens, np.ndarray) else -1
+        ngram = [int(x) for x in list(ngram)[: self.kmax]]
+        if st.pending is not None:
+            if st.pending[0] != n or st.pending[-1] != ngram:
+                raise HybridError(f"needs_eagle at {st.pending[0]} tokens was not followed by select with the same "
+                                  f"tokens and n-gram list (got {n} tokens): call both once per step")
+            return st.pending[1:-1]
+        if int(batch_size) < 1:
+            raise HybridError(f"batch_size must be >= 1, got {batch_size!r}")
+        new = self._observe(st, tokens)
+        AD, prm, kmax, P = self._ad, self._prm, self.kmax, st.prompt_len
+        copy_run, decay, prior_a, prior_w, probe = prm
+        # 1. what the tokens emitted since the previous step start reveal about the proposals made there: the
+        #    matched prefix m (<= len(new)) gives min(acc, lim) and whether acc < lim exactly as acc would
+        for q in (NG, EA):
+            if st.n_prev >= 0 and st.prev_ran[q] and st.prev_d[q] > 0:
+                AD._reveal(st.cnt, st.last, q, st.prev_bucket if q == NG else 0, 1 + _prefix(st.proposed[q], new),
+                           min(int(st.prev_d[q]) + 1, len(new) + 1), decay)
+        # 2. n-gram signals from the tokens
+        st.ngram_at[n] = ngram
+        for c in [c for c in st.ngram_at if c < n - kmax]:
+            del st.ngram_at[c]
+        ng_dl = len(ngram)
+        ng_run = 0
+        top = min(kmax, n - P - 1)
+        tail = tokens[n - top:n].tolist() if top > 0 else []
+        at = st.ngram_at
+        for m in range(top, 0, -1):
+            # the proposal at context n - m matched all m tokens emitted since
+            prop = at.get(n - m)
+            if prop is None:
+                prop = self._lookup(st, tokens, n - m)
+            if len(prop) >= m and prop[:m] == tail[top - m:]:
+                ng_run = m
+                break
+        bucket = 1 if ng_run >= copy_run else 0
+        AD._alphas(st.cnt, NG, bucket, prior_a, prior_w, st.alpha1, st.alpha2)
+        # 3. decide
+        B = int(batch_size)
+        c = self._costs
+        v, k = AD._rule_choice(NG, ng_dl, kmax, B * n, B, st.alpha1, st.alpha2, st.since, st.prev_ran,
+                               st.n_prev < 0, c["tcost"], c["dkind"], c["dk"], c["dt"], c["d0"], c["frac"],
+                               c["cstep"], c["cup"], probe)
+        st.pending = (n, int(v), int(k), ng_dl, bucket, ngram)
+        return st.pending[1:-1]
+
+    def _eagle(self, eagle: Sequence[int] | None, k: int) -> list[int]:
+        if eagle is None:
+            raise HybridError(f"policy {self.name!r} verifies EAGLE's proposal here but none was given (its "
+                              f"drafting was skipped where policy_needs_eagle said it is needed)")
+        return [int(x) for x in list(eagle)[:k]]
+
+
+# ---- batch entry points ----------------------------------------------------------------------------------------
+def _batch(states: Sequence[RequestState], tokens: Sequence[np.ndarray], ngram: Sequence[Sequence[int]],
+           batch_size: int | None) -> int:
+    B = len(states)
+    if len(tokens) != B or len(ngram) != B:
+        raise HybridError(f"one entry per request: {B} states, {len(tokens)} token arrays, {len(ngram)} n-gram "
+                          f"lists")
+    return B if batch_size is None else int(batch_size)
+
+
+def policy_needs_eagle(policy: HybridPolicy, states: Sequence[RequestState], tokens: Sequence[np.ndarray],
+                       ngram: Sequence[Sequence[int]], batch_size: int | None = None) -> list[bool]:
+    """Per request: whether this step's choice reads EAGLE's proposal (False everywhere: EAGLE's drafting can be
+    skipped this step). ``batch_size`` defaults to the number of requests."""
+    B = _batch(states, tokens, ngram, batch_size)
+    return [policy.needs_eagle(s, t, g, B) for s, t, g in zip(states, tokens, ngram)]
+
+
+def select(policy: HybridPolicy, states: Sequence[RequestState], tokens: Sequence[np.ndarray],
+           ngram: Sequence[Sequence[int]], eagle: Any = None, batch_size: int | None = None) -> list[Choice]:
+    """Per request, the proposal to verify and its source (see :func:`mix` for ``eagle``)."""
+    B = _batch(states, tokens, ngram, batch_size)
+    if eagle is None:
+        rows: list = [None] * len(states)
+    else:
+        rows = eagle.tolist() if hasattr(eagle, "tolist") else list(eagle)
+        if len(rows) != len(states):
+            raise HybridError(f"EAGLE's proposals have {len(rows)} rows for {len(states)} requests")
+    return [policy.select(s, t, g, e, B) for s, t, g, e in zip(states, tokens, ngram, rows)]
+
+
+def mix(policy: HybridPolicy, states: Sequence[RequestState], tokens: Sequence[np.ndarray],
+        ngram: Sequence[Sequence[int]], eagle: Any = None, batch_size: int | None = None) -> list[list[int]]:
+    """The draft token ids to verify, one list per request (empty: no speculation), each cut to the chosen k.
+
+    ``ngram``: n-gram's list per request; ``eagle``: EAGLE's [B, k] proposals as an array (anything with
+    ``tolist()``: numpy, a CPU tensor) or a list of per-request lists / None, or None when EAGLE did not draft;
+    rows of requests whose choice does not read EAGLE are ignored (masked drafting may leave anything there)."""
+    return [c.draft for c in select(policy, states, tokens, ngram, eagle, batch_size)]
