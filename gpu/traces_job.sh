@@ -2,16 +2,18 @@
 # Study-scale Qwen2.5-Coder-1.5B traces decoded by vLLM and an EAGLE head trained on vLLM-decoded data, on the
 # lent H200. Every stage skips what it finished (a marker per stage; train resumes from its checkpoint).
 #
-# Plan (device seconds; one machine, calls back to back so it stays warm):
+# Plan (device seconds; one machine, calls back to back so it stays warm). Measured 2026-12-01 (fourth session):
 #   stage    calls  seconds  what
-#   vllm       6    ~100     .stage/c1..c7 (vLLM 0.25.0 wheel + deps; c6+c7 in one call)  bash gpu/traces_job.sh vllm cN
-#   cache     ~18   ~110     .carry/pNN (Qwen 1.5B GGUF + workloads)         bash gpu/traces_job.sh piece pNN
-#   setup      1    ~110     install vLLM, reassemble + verify the cache, convert the GGUF, place the traces
-#   run     1+polls ~600+T   detached: (1) decode throughput vLLM vs torch engine on the committed traces'
-#                            settings; (2) train eagle --engine vllm (all sharegpt + py-functions prompts outside
-#                            the evaluation sources, ~10M target tokens, depth 5, T = TRAIN_LIMIT s of training);
-#                            (3) collect --reprofile eagle on the committed traces (teacher-forced, no decode)
-#   pack      2     ~30      traces + TRAINING.json + logs; head weights in 16 MiB pieces
+#   vllm       6    ~60      .stage/c1..c7 (vLLM 0.25.0 wheel + deps; c6+c7 in one call)  bash gpu/traces_job.sh vllm cN
+#   cache     17    ~100     .carry/pNN (gzip'd stream: Qwen 1.5B GGUF + workloads)  bash gpu/traces_job.sh piece pNN
+#   setup      1    ~170     install vLLM, reassemble + verify the cache, convert the GGUF, place the traces
+#   run     1+polls ~1,340   detached: (1) decode throughput vLLM vs torch engine (COMPARE=0 skips it: committed);
+#                            (2) train eagle --engine vllm: split + tokenize ~150 s, engine start ~95 s, decode ~295 s
+#                            (19,309 prompts), feature pass ~120 s, then the loop until TRAIN_BUDGET s after its start;
+#                            (3) collect --reprofile eagle on the committed traces (teacher-forced, no decode) ~130 s
+#   pack      3     ~90      results + 3 head pieces as soon as TRAINING.json exists (while (3) runs), the other 4
+#                            pieces, then the traces (packtraces) when (3) ends
+#   In all ~1,720 of 1,800; TRAIN_BUDGET = budget left when it starts - ~290 s (final eval, (3), packing, margin).
 #
 #   bash gpu/traces_job.sh vllm c1 ... c7          # carry=[".stage/cN"]            (c7: also ".stage/run")
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")
@@ -77,7 +79,7 @@ case "$1" in
     done
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   packtraces)   # the finished traces alone, as soon as they exist
-    tar czf $OUT/traces_$2.tgz -C $R --exclude='.partial' --exclude='*.lock' traces log_compare.txt && ls -la $OUT ;;
+    tar czf $OUT/traces_$2.tgz -C $R --exclude='.partial' --exclude='*.lock' traces $(cd $R && ls log_compare.txt log_collect_C.txt 2>/dev/null) && ls -la $OUT ;;
   pack)        # everything into $R/pack; the results + the first 3 head pieces come back now, the rest by `send`
     mkdir -p $R/pack && rm -f $R/pack/*
     tar czf $R/pack/res_$2.tgz -C $R --exclude='heads/*/model.safetensors' --exclude='*.ckpt' --exclude='.partial' \
