@@ -371,6 +371,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
             record(out / "MANIFEST.json", f"engine_comparison:{_safe(model)}", **vstats["engine_comparison"],
                    model=model, **_model_provenance(model),
                    kind="decode throughput, vLLM vs the torch engine (measured, same requests, each alone)")
+            _comparison_path(out).unlink(missing_ok=True)   # recorded: the interrupted-run copy is done with
     for w, missing in augment.items():
         add_proposers(trace_path(out, model, w), {n: props[n] for n in missing}, quiet=quiet, replace=True,
                       settings={n: _proposer_settings(props[n], draft_model) for n in missing},
