@@ -286,15 +286,19 @@ def test_cli_collect_eagle_without_a_usable_head_is_one_line(tmp_path):
 
 
 # ---- the loss: sparse target distributions, a loss vocabulary, one fused pass --------------------------------
-def test_sparse_ce_equals_autograd_cross_entropy():
-    from spec_repro.train import _SparseCE
-
-    g = torch.Generator().manual_seed(0)
-    n, H, V, K = 37, 16, 50, 5
+def _sparse_problem(seed, n, H, V, K):
+    """Features h (n, H), LM-head rows W (V, H), and K-sparse target distributions (probs, cols), in float64."""
+    g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, H, dtype=torch.float64, generator=g, requires_grad=True)
     W = torch.randn(V, H, dtype=torch.float64, generator=g)
     p, cols = torch.softmax(torch.randn(n, V, dtype=torch.float64, generator=g), -1).topk(K, -1)
-    p = p / p.sum(-1, keepdim=True)
+    return g, h, W, p / p.sum(-1, keepdim=True), cols
+
+
+def test_sparse_ce_equals_autograd_cross_entropy():
+    from spec_repro.train import _SparseCE
+
+    _, h, W, p, cols = _sparse_problem(0, 37, 16, 50, 5)
     loss = _SparseCE.apply(h, W, cols, p, 8)      # chunks of 8 rows: the last one is ragged
     (2.0 * loss).backward()
     got = h.grad.clone()
@@ -310,13 +314,8 @@ def test_sparse_ce_rows_of_weight_zero_count_for_nothing():
     gradient are exactly 0, and the other rows' equal the loss over those rows alone."""
     from spec_repro.train import _SparseCE
 
-    g = torch.Generator().manual_seed(1)
-    n, H, V, K = 29, 8, 40, 4
-    h = torch.randn(n, H, dtype=torch.float64, generator=g, requires_grad=True)
-    W = torch.randn(V, H, dtype=torch.float64, generator=g)
-    p, cols = torch.softmax(torch.randn(n, V, dtype=torch.float64, generator=g), -1).topk(K, -1)
-    p = p / p.sum(-1, keepdim=True)
-    keep = torch.rand(n, generator=g) < 0.6
+    g, h, W, p, cols = _sparse_problem(1, 29, 8, 40, 4)
+    keep = torch.rand(len(h), generator=g) < 0.6
     _SparseCE.apply(h, W, cols, p * keep[:, None], 8).backward()
     got = h.grad.clone()
     h.grad = None
