@@ -366,7 +366,8 @@ def _add_train(sub):
     p.add_argument("--out", required=True, metavar="DIR", help="head directory (vLLM eagle layout + TRAINING.json)")
     p.add_argument("--workloads", nargs="+", default=["sharegpt", "py-functions"], metavar="NAME",
                    help="training prompt sources (default: sharegpt py-functions; sharegpt-turns adds later "
-                        "ShareGPT turns with their history); no request sharing a source "
+                        "ShareGPT turns with their history, py-write networkx functions to write from their "
+                        "signature and docstring, as humaneval asks); no request sharing a source "
                         "(HumanEval task, ShareGPT conversation, gsm-symbolic template) with an evaluation request")
     p.add_argument("--eval-n", type=int, default=None,
                    help="evaluation requests kept out per workload (default: what collect profiles: 300 each, "

@@ -650,6 +650,19 @@ def _hostile(tmp):
     ]
 
 
+def test_train_accepts_every_training_workload(tmp_path, no_model):
+    """--workloads ... py-write (and --train-n py-write=N) pass the workload checks: the run stops only at --out,
+    checked after them (an unknown name stops before it), the model never loaded."""
+    f = tmp_path / "f"
+    f.write_text("x")
+    args = ["train", "eagle", "--workloads", "sharegpt", "sharegpt-turns", "py-functions", "py-write",
+            "--train-n", "100", "py-write=5", "--out", f]
+    _check_error(*run(args), r"is a file, not a folder")
+    _check_error(*run([a if a != "py-write" else "py-writ" for a in args]), r"not among --workloads")
+    _check_error(*run(args[:6] + ["py-writ", "--out", f]), r"unknown workload 'py-writ'")
+    assert f.read_text() == "x"
+
+
 def test_hostile_new_cases(tmp_path, no_model):
     keep, cases = _hostile(tmp_path)
     before = {p: p.read_bytes() for p in keep}

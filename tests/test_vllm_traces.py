@@ -39,8 +39,8 @@ def test_eval_requests_are_what_collect_profiles(held):
     assert counts == {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
 
 
-@pytest.mark.parametrize("workload", ["sharegpt", "sharegpt-turns", "py-functions", "code-edit", "humaneval",
-                                      "gsm-symbolic", "mt-bench"])
+@pytest.mark.parametrize("workload", ["sharegpt", "sharegpt-turns", "py-functions", "py-write", "code-edit",
+                                      "humaneval", "gsm-symbolic", "mt-bench"])
 def test_training_split_shares_no_source_with_any_evaluation_request(tok, held, workload):
     """Every workload that has sources: training never sees an evaluation request's HumanEval task, ShareGPT
     conversation, gsm-symbolic template or prompt; where every source is taken by evaluation, nothing is left."""
@@ -57,7 +57,8 @@ def test_training_split_shares_no_source_with_any_evaluation_request(tok, held, 
     split, facts = split_by_source([workload], train_n=10**6, tokenizer=tok)
     train = split[workload]
     keys = {wl.source_key(r) for r in train}
-    assert len(train) > (1000 if workload in ("sharegpt", "sharegpt-turns", "py-functions") else 0)
+    assert len(train) > (1000 if workload in ("sharegpt", "sharegpt-turns", "py-functions") else
+                         800 if workload == "py-write" else 0)
     assert not keys & banned and not {r.prompt_text for r in train} & texts
     assert len({r.prompt_text for r in train}) == len(train)
     if workload == "sharegpt":   # conversations split into parts share a key: a part of an eval conversation is out
@@ -78,6 +79,8 @@ def test_source_keys_name_the_origin(tok):
     first = {r.id: wl.source_key(r) for r in wl.load("sharegpt")}     # a later turn: its conversation's key
     assert all(wl.source_key(r) == first[r.id.split("#")[0]] for r in wl.load("sharegpt-turns"))
     assert wl.source_key(wl.load("py-functions", n=1)[0]).startswith("networkx:networkx.")
+    fn = {wl.source_key(r) for r in wl.load("py-functions")}       # a function is one source in both workloads
+    assert all(wl.source_key(r) == r.meta["task_id"] and r.meta["task_id"] in fn for r in wl.load("py-write"))
 
 
 # ---- token ids in parquet traces ------------------------------------------------------------------------------

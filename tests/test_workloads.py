@@ -1,6 +1,7 @@
 """Workloads read out of pinned PyPI wheels (cached after the first run)."""
 from __future__ import annotations
 
+import ast
 import io
 import re
 import statistics
@@ -9,7 +10,7 @@ import tokenize
 import pytest
 
 from spec_repro import workloads as W
-from spec_repro.workloads import gsm_symbolic, sharegpt, sharegpt_turns
+from spec_repro.workloads import gsm_symbolic, humaneval, pywrite, sharegpt, sharegpt_turns
 
 
 def _names(code: str) -> set[str]:
@@ -115,6 +116,41 @@ def test_code_edit_references_and_inputs_pass_humaneval_tests():
             old, new = r["meta"]["old"], r["meta"]["new"]
             assert new in _names(r["meta"]["reference"]) and new not in _names(_code(r))
             assert old in _names(_code(r))
+
+
+def test_py_write_prompts_are_signature_and_docstring_only():
+    """py-write: every networkx function of py-functions with a docstring, shown as humaneval shows a task (its
+    instruction, decorators + signature + docstring) with nothing of its body; one source key per function across
+    py-functions and py-write; the body (canonical_solution) is new text, as HumanEval's solutions are."""
+    import sacrebleu
+
+    recs = W.records("py-write")
+    man = W.describe("py-write")
+    assert len(recs) == man["records"] == 890 and man["skipped_without_docstring"] == 19
+    assert man["functions"] == 909 and man["wheel_sha256"] == W.pyfunctions.SOURCE.sha256
+    assert len({r["id"] for r in recs}) == len(recs)
+    fn_keys = {W.source_key(r) for r in W.load("py-functions")}
+    reqs = W.load("py-write")
+    assert {W.source_key(r) for r in reqs} <= fn_keys and len({W.source_key(r) for r in reqs}) == 890
+    for r in recs:
+        m, code = r["meta"], _code(r)
+        assert r["messages"] == humaneval.messages(code)               # humaneval's chat form and instruction
+        assert m["task_id"] == f"networkx:{r['id'].split('/', 1)[1]}"
+        assert m["task_id"].endswith("." + m["entry_point"])
+        assert m["reference"] == code + m["canonical_solution"]        # the original function, cut once
+        fn, ref = ast.parse(code).body[0], ast.parse(m["reference"]).body[0]
+        assert fn.name == m["entry_point"] and ast.get_docstring(fn) and len(ref.body) >= 2
+        ref.body = ref.body[:1]             # decorators, signature and docstring: the prompt's function, no more
+        assert ast.dump(fn) == ast.dump(ref)
+        shown = set(code.splitlines())
+        body = [ln for ln in m["canonical_solution"].splitlines() if re.search(r"\w", ln)]
+        assert body and not [ln for ln in body if ln in shown], r["id"]        # no body line (but `)`, `"""`)
+    bleu = [sacrebleu.sentence_bleu(r["meta"]["canonical_solution"], [_code(r)]).score / 100 for r in recs]
+    assert statistics.mean(bleu) < 0.1
+    assert pywrite.split_function('def f(x):\n    """Doc."""\n    return x\n') == \
+        ('def f(x):\n    """Doc."""\n', "    return x\n")
+    assert pywrite.split_function("def f(x):\n    return x\n") is None
+    assert pywrite.split_function('def f(x):\n    """Doc."""\n') is None
 
 
 def test_unknown_workload_and_bad_arguments():

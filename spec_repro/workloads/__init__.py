@@ -5,8 +5,8 @@ study's own datasets online when a Hugging Face hub is reachable.
 >>> reqs = workloads.load("code-edit", n=40, seed=0, tokenizer=tok)   # chat template applied
 
 Offline (``NAMES``): ``sharegpt``, ``code-edit``, ``humaneval``, ``mt-bench``, ``gsm-symbolic``, ``champ``,
-``py-functions`` and ``sharegpt-turns`` (EAGLE training prompts). ``source_key`` names where a request comes from
-(for leak-free splits).
+``py-functions``, ``py-write`` and ``sharegpt-turns`` (EAGLE training prompts). ``source_key`` names where a
+request comes from (for leak-free splits).
 Online (``ONLINE_NAMES``): ``cnn_dailymail``, ``sharegpt-hf``, ``instructcoder``, ``gsm8k``, ``aime``, ``gpqa``.
 Data are cached under ``<cache>/workloads/<name>/`` (``$SPEC_REPRO_CACHE`` or ``~/.cache/spec_repro``) with a
 ``manifest.json`` (wheel, sha256s, license).
@@ -23,6 +23,7 @@ from . import (
     mtbench,
     online,
     pyfunctions,
+    pywrite,
     sharegpt,
     sharegpt_turns,
 )
@@ -37,6 +38,8 @@ _OFFLINE = {
     "gsm-symbolic": (gsm_symbolic, "GSM8K (templated GSM8K problems)"),
     "champ": (champ, "AIME 22-24 (competition math)"),
     "py-functions": (pyfunctions, "training prompts only: code edits of networkx functions (no HumanEval task)"),
+    "py-write": (pywrite, ("training prompts only: networkx functions to write from their signature and "
+                           "docstring (HumanEval-shaped; no HumanEval task)")),
     "sharegpt-turns": (sharegpt_turns, "training prompts only: later ShareGPT turns with their history"),
 }
 NAMES: tuple[str, ...] = tuple(_OFFLINE)
@@ -136,8 +139,8 @@ def load_upto(name: str, n: int, **kw) -> list[Request]:
 def source_key(req) -> str:
     """Where a request comes from, across workloads: the HumanEval task (``humaneval`` and ``code-edit``), the
     ShareGPT conversation (its id without the ``_N`` part suffix or ``sharegpt-turns``' ``#tK`` turn: every turn of
-    a conversation shares its key), the gsm-symbolic template, the networkx function, else the request id. Training
-    and evaluation sets share no key (``spec_repro.train``)."""
+    a conversation shares its key), the gsm-symbolic template, the networkx function (``py-functions`` and
+    ``py-write``), else the request id. Training and evaluation sets share no key (``spec_repro.train``)."""
     meta = getattr(req, "meta", None) or {}
     ds = getattr(req, "dataset", "")
     if meta.get("task_id"):

@@ -19,13 +19,18 @@ INSTRUCTION = ("Complete the following Python function. Return the complete func
                "```python code block.")
 
 
+def messages(prompt: str) -> list[dict]:
+    """The chat messages asking for ``prompt`` (a signature and docstring, HumanEval's shape) to be completed."""
+    return user_message(f"{INSTRUCTION}\n\n```python\n{prompt}```")
+
+
 def problems(data: dict[str, bytes]) -> list[dict]:
     return [json.loads(line) for line in gzip.decompress(data[MEMBER]).decode().splitlines() if line.strip()]
 
 
 def build(data: dict[str, bytes]):
     records = [{"id": p["task_id"].replace("HumanEval/", "humaneval/"),
-                "messages": user_message(f"{INSTRUCTION}\n\n```python\n{p['prompt']}```"),
+                "messages": messages(p["prompt"]),
                 "meta": {"task_id": p["task_id"], "entry_point": p["entry_point"],
                          "canonical_solution": p["canonical_solution"], "test": p["test"]}}
                for p in problems(data)]

@@ -44,11 +44,16 @@ def functions(files: dict[str, str]) -> list[dict]:
     return out
 
 
+def module_files(data: dict[str, bytes]) -> dict[str, str]:
+    """The wheel's networkx/*.py sources outside tests/ (path -> text)."""
+    return {n: b.decode("utf-8") for n, b in data.items()
+            if n.startswith("networkx/") and n.endswith(".py") and "/tests/" not in n}
+
+
 def build(data: dict[str, bytes]) -> tuple[list[dict], dict]:
     from .code_edit import build_from_problems
 
-    files = {n: b.decode("utf-8") for n, b in data.items()
-             if n.startswith("networkx/") and n.endswith(".py") and "/tests/" not in n}
+    files = module_files(data)
     probs = functions(files)
     records = []
     for r in build_from_problems(probs):
