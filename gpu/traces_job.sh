@@ -19,7 +19,7 @@
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")
 #   bash gpu/traces_job.sh setup                   # carry=[".stage/run", ".carry/extra", ".carry/traces"]
 #   TRAIN_LIMIT=480 bash gpu/traces_job.sh start   # the pipeline, detached (setsid): survives between calls
-#     (TRAIN_WL / TRAIN_N: the training prompts, default sharegpt + 4,000 later ShareGPT turns + py-functions;
+#     (TRAIN_WL / TRAIN_N: the training prompts, default sharegpt + 4,000 later ShareGPT turns + py-functions + py-write;
 #      TRAIN_BUDGET=S: the train command stops training S seconds after it starts, whatever the decode took;
 #      COMPARE=0 skips stage (1), e.g. when its result is already committed)
 #   bash gpu/traces_job.sh status                  # its log tails
@@ -62,7 +62,7 @@ case "$1" in
     fi
     # (2) the head: every training prompt outside the evaluation sources, decoded by vLLM, then trained
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads ${TRAIN_WL:-sharegpt sharegpt-turns py-functions} --train-n ${TRAIN_N:-20000 sharegpt-turns=4000} \
+      --workloads ${TRAIN_WL:-sharegpt sharegpt-turns py-functions py-write} --train-n ${TRAIN_N:-20000 sharegpt-turns=4000} \
       --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} --steps ${STEPS:-100000} --time-limit $TRAIN_LIMIT \
       ${TRAIN_BUDGET:+--time-budget $TRAIN_BUDGET} --lr ${LR:-8e-4} --tokens-per-batch ${TPB:-16384} \
       --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
