@@ -11,7 +11,7 @@
    distribution, kept as its ``topk`` most likely tokens (renormalised; computed once per position in the
    feature pass), over a loss vocabulary (the target's ``loss_vocab`` most frequent top tokens plus every
    position's top token in the batch, the distribution restricted to those rows; 0: all), fused with its gradient
-   in chunks (:class:`_SparseCE`; no host sync: padding counts as rows of weight 0), weighted 0.8^(d-1), plus
+   in chunks (:class:`_SparseCE`; each depth's positions picked by host-built indices), weighted 0.8^(d-1), plus
    EAGLE-1's smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay
    frozen. Held-out acceptance always drafts over the whole vocabulary.
 4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
@@ -451,7 +451,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         if time_limit_s is not None:
             done_share["p"] = max(step / steps, (time.time() - t0) / time_limit_s)
         sched.step()
-        vals = torch.cat([loss.detach().reshape(1).float(), parts.float()]).tolist()   # one host sync a step
+        vals = torch.cat([loss.detach().reshape(1).float(), parts.float()]).tolist()   # a host sync (the rows' unique the other)
         curve.append([step, round(vals[0], 5), [round(p, 4) for p in vals[1:]]])
         post = {"loss": f"{curve[-1][1]:.3f}"}
         if val_pairs and (step % eval_every == 0 or step == steps):
