@@ -192,3 +192,28 @@ def test_chat_template_applied(name, tokenizer):
         direct = direct["input_ids"] if hasattr(direct, "keys") else direct
         assert list(direct) == r.prompt_token_ids
         assert r.messages[-1]["content"] in r.prompt_text
+
+
+@pytest.mark.parametrize("name", ["sharegpt-turns", "code-edit"])
+def test_batched_tokenizing_equals_one_text_at_a_time(tokenizer, name):
+    """``load`` tokenizes a chunk of prompts in one call (the fast tokenizer spreads it over the cores): the same
+    requests, ids and order as rendering and tokenizing each prompt alone, with and without a length limit."""
+    from random import Random
+
+    every = W.records(name)
+    recs = every[:300]
+    one = [tokenizer(tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"] for r in recs]
+    got = W._requests(name, recs, tokenizer)
+    assert [r.id for r in got] == [r["id"] for r in recs] and [r.prompt_token_ids for r in got] == one
+    reqs = W.load(name, n=300, seed=3, tokenizer=tokenizer, max_prompt_tokens=300)
+    order = list(range(len(every)))
+    Random(3).shuffle(order)
+    want = []
+    for i in order:
+        req = W._request(name, every[i], tokenizer)
+        if len(req.prompt_token_ids) <= 300:
+            want.append(req)
+        if len(want) == 300:
+            break
+    assert [(r.id, r.prompt_token_ids) for r in reqs] == [(r.id, r.prompt_token_ids) for r in want]

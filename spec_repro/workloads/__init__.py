@@ -76,17 +76,23 @@ def records(name: str) -> list[dict]:
 
 
 def _request(name: str, rec: dict, tokenizer) -> Request:
-    msgs = rec["messages"]
+    return _requests(name, [rec], tokenizer)[0]
+
+
+def _requests(name: str, recs: list[dict], tokenizer) -> list[Request]:
+    """Requests of ``recs``: each through the chat template, the texts tokenized in one batched call (the fast
+    tokenizer spreads a batch over the cores; the ids equal one call per text, a test checks it)."""
     if tokenizer is None:
-        text, ids = msgs[-1]["content"], None
+        texts, ids = [r["messages"][-1]["content"] for r in recs], [None] * len(recs)
     else:
         if not getattr(tokenizer, "chat_template", None):
             raise WorkloadError("the tokenizer has no chat template; prompts go through the model's chat "
                                 "template (load the model with spec_repro.models.load)")
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return Request(id=rec["id"], dataset=name, messages=msgs, prompt_text=text, prompt_token_ids=ids,
-                   meta=rec.get("meta", {}))
+        texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+                 for r in recs]
+        ids = [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    return [Request(id=r["id"], dataset=name, messages=r["messages"], prompt_text=t, prompt_token_ids=i,
+                    meta=r.get("meta", {})) for r, t, i in zip(recs, texts, ids)]
 
 
 def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
@@ -102,11 +108,13 @@ def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
         raise WorkloadError(f"n must be >= 0, got {n}")
     out: list[Request] = []
 
-    def take(rec) -> bool:
-        req = _request(name, rec, tokenizer)
+    def keep(req) -> bool:
         if max_prompt_tokens is None or len(req.prompt_token_ids) <= max_prompt_tokens:
             out.append(req)
         return n is not None and len(out) >= n
+
+    def take(rec) -> bool:
+        return keep(_request(name, rec, tokenizer))
 
     if name == "gsm-symbolic":
         want = gsm_symbolic.DEFAULT_SIZE if n is None else n
@@ -118,8 +126,9 @@ def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
     order = list(range(len(recs)))
     if n is not None:
         Random(seed).shuffle(order)
-    for i in order:
-        if n == 0 or take(recs[i]):
+    chunk = 64 if n is not None and n < 256 else 1024   # tokenized a chunk at a time, in the same order
+    for c in range(0, 0 if n == 0 else len(order), chunk):
+        if any(keep(req) for req in _requests(name, [recs[i] for i in order[c: c + chunk]], tokenizer)):
             break
     if n is not None and len(out) < n:
         limit = f" with at most {max_prompt_tokens} prompt tokens" if max_prompt_tokens is not None else ""
