@@ -345,8 +345,8 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
     if "draft" in proposers and not draft_model:
         raise ValueError("proposer 'draft' needs --draft-model NAME (a model sharing the target's tokenizer)")
     # the proposers profiled by this run: all of them for a workload to collect, else only those added
-    needed = list(proposers) if todo_wl else [p for p in proposers if _trace_name(p) in
-                                              {x for v in augment.values() for x in v}]
+    added = {x for v in augment.values() for x in v}
+    needed = list(proposers) if todo_wl else [p for p in proposers if _trace_name(p) in added]
     target, tok = models.load(model, device=device)
     drafter = None
     if draft_model and any(_trace_name(p) == "draft" for p in needed):

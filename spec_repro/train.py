@@ -24,6 +24,7 @@ Seeded and deterministic on CPU (and on CUDA up to the GPU's own nondeterministi
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -130,7 +131,7 @@ def batched_features(target, seqs, layers, *, tokens_per_batch: int = 32768, pro
     with tqdm(total=sum(map(len, seqs)), desc="feature pass", unit="tok", unit_scale=True,
               disable=not progress) as bar:
         for idx in _buckets([len(x) for x in seqs], tokens_per_batch):
-            ids, _ = _pad_ids(seqs, idx, dev)
+            ids = _pad_ids(seqs, idx, dev)
             f = target_features(target, ids, layers)
             for r, i in enumerate(idx):
                 out[i] = f[r, : len(seqs[i])].clone()
@@ -273,17 +274,17 @@ def _batches(lengths: Sequence[int], tokens_per_batch: int, rng: np.random.Gener
 
 
 def _pad_ids(seqs, idx, device):
-    """Sequences ``idx`` of ``seqs`` right-padded with 0 into (B, N) ids, and their lengths (B,)."""
+    """Sequences ``idx`` of ``seqs`` right-padded with 0 into (B, N) ids (their lengths are the host's)."""
     ids = torch.zeros(len(idx), max(len(seqs[i]) for i in idx), dtype=torch.long, device=device)
     for r, i in enumerate(idx):
         ids[r, : len(seqs[i])] = torch.as_tensor(seqs[i], device=device)
-    return ids, torch.as_tensor([len(seqs[i]) for i in idx], device=device)
+    return ids
 
 
 def _pad(seqs, feats, tops, idx, device):
-    """One training batch: ids and lengths (:func:`_pad_ids`), features (B, N, H) and the target's sparse
-    distributions (ids (B, N, K), probs (B, N, K)), zero past each sequence's end."""
-    ids, lens = _pad_ids(seqs, idx, device)
+    """One training batch: ids (:func:`_pad_ids`), features (B, N, H) and the target's sparse distributions
+    (ids (B, N, K), probs (B, N, K)), zero past each sequence's end."""
+    ids = _pad_ids(seqs, idx, device)
     B, n = ids.shape
     F_ = torch.zeros(B, n, feats[idx[0]].shape[-1], dtype=feats[idx[0]].dtype, device=device)
     K = tops[idx[0]][0].shape[-1]
@@ -293,7 +294,7 @@ def _pad(seqs, feats, tops, idx, device):
         F_[r, : len(seqs[i])] = feats[i].to(device)
         t_ids[r, : len(seqs[i])] = tops[i][0].to(device)
         t_p[r, : len(seqs[i])] = tops[i][1].to(device)
-    return ids, F_, lens, (t_ids, t_p)
+    return ids, F_, (t_ids, t_p)
 
 
 @torch.no_grad()
@@ -431,7 +432,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         idx = queue.pop()
         timed = SPLIT_STEPS[0] <= step - step0 < SPLIT_STEPS[1]    # a few steps timed phase by phase
         marks = [_mark(dev, timed)]
-        ids, fb, _, tb = _pad(seqs, feats, tops, idx, dev)
+        ids, fb, tb = _pad(seqs, feats, tops, idx, dev)
         lens = [lengths[i] for i in idx]          # on the host: no sync to count positions
         seen += sum(lens)
         marks.append(_mark(dev, timed))
@@ -446,7 +447,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         opt.step()
         marks.append(_mark(dev, timed))
         if timed:
-            split.append([b - a for a, b in zip(marks, marks[1:])] + [sum(lens), ids.numel()])
+            split.append([b - a for a, b in itertools.pairwise(marks)] + [sum(lens), ids.numel()])
         step += 1
         if time_limit_s is not None:
             done_share["p"] = max(step / steps, (time.time() - t0) / time_limit_s)

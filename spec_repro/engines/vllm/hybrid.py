@@ -184,6 +184,7 @@ class HybridPolicy:
         return new
 
     def _lookup(self, st: RequestState, tokens: np.ndarray, c: int) -> list[int]:
+        """n-gram's proposal at context length ``c`` (looked up once per request and length)."""
         if c not in st.ngram_at:
             from ...proposers.ngram import ngram_lookup
 
@@ -218,12 +219,9 @@ class HybridPolicy:
         ng_run = 0
         top = min(kmax, n - P - 1)
         tail = tokens[n - top:n].tolist() if top > 0 else []
-        at = st.ngram_at
         for m in range(top, 0, -1):
             # the proposal at context n - m matched all m tokens emitted since
-            prop = at.get(n - m)
-            if prop is None:
-                prop = self._lookup(st, tokens, n - m)
+            prop = self._lookup(st, tokens, n - m)
             if len(prop) >= m and prop[:m] == tail[top - m:]:
                 ng_run = m
                 break
