@@ -19,9 +19,10 @@
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")
 #   bash gpu/traces_job.sh setup                   # carry=[".stage/run", ".carry/extra", ".carry/traces"]
 #   TRAIN_LIMIT=480 bash gpu/traces_job.sh start   # the pipeline, detached (setsid): survives between calls
-#     (TRAIN_WL / TRAIN_N: the training prompts, default sharegpt + 4,000 later ShareGPT turns + py-functions + py-write;
+#     (TRAIN_WL / TRAIN_N: the training prompts, default sharegpt + 5,000 later ShareGPT turns + py-functions + py-write;
 #      TRAIN_BUDGET=S: the train command stops training S seconds after it starts, whatever the decode took;
-#      COMPARE=0 skips stage (1), e.g. when its result is already committed)
+#      COMPARE=0 skips stage (1), e.g. when its result is already committed; INIT=DIR continues from that head,
+#      e.g. INIT=/root/cache/heads/<sha256> staged by `HEADS=<sha256> gpu/stage_cache.sh`; DECAY: --depth-decay)
 #   bash gpu/traces_job.sh status                  # its log tails
 #   bash gpu/traces_job.sh pack TAG                # $OUT/res_TAG.tgz + $OUT/head_TAG.partN (16 MiB)
 set -u
@@ -52,6 +53,7 @@ case "$1" in
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ;;
   start)
     setsid nohup env TRAIN_LIMIT=${TRAIN_LIMIT:-480} ${TRAIN_BUDGET:+TRAIN_BUDGET=$TRAIN_BUDGET} \
+      ${INIT:+INIT=$INIT} ${DECAY:+DECAY=$DECAY} ${LR:+LR=$LR} ${COMPARE:+COMPARE=$COMPARE} \
       bash gpu/traces_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo started ;;
   run)
@@ -62,10 +64,10 @@ case "$1" in
     fi
     # (2) the head: every training prompt outside the evaluation sources, decoded by vLLM, then trained
     [ -f $HEAD/TRAINING.json ] || sr train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads ${TRAIN_WL:-sharegpt sharegpt-turns py-functions py-write} --train-n ${TRAIN_N:-20000 sharegpt-turns=4000} \
+      --workloads ${TRAIN_WL:-sharegpt sharegpt-turns py-functions py-write} --train-n ${TRAIN_N:-20000 sharegpt-turns=5000} \
       --val-n 64 --max-new-tokens ${TRAIN_NEW:-1024} --steps ${STEPS:-100000} --time-limit $TRAIN_LIMIT \
       ${TRAIN_BUDGET:+--time-budget $TRAIN_BUDGET} --lr ${LR:-8e-4} --tokens-per-batch ${TPB:-16384} \
-      --ttt-depth 5 --device cuda > $R/log_train.txt 2>&1
+      --ttt-depth 5 --depth-decay ${DECAY:-0.8} ${INIT:+--init-head $INIT} --device cuda > $R/log_train.txt 2>&1
     echo "train rc=$?" >> $R/log_train.txt
     # (3) eagle profiled again on the committed traces with the new head (teacher-forced over their stored ids)
     if [ -f $HEAD/TRAINING.json ] && [ ! -f $R/done_reprofile ]; then

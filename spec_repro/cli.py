@@ -397,6 +397,12 @@ def _add_train(sub):
                    help="the loss's softmax runs over the target's N most frequent top tokens plus every "
                         "position's top token, the target's distribution restricted to them (default 32768; 0: the "
                         "whole vocabulary)")
+    p.add_argument("--depth-decay", type=float, default=0.8, metavar="W",
+                   help="chain depth d's loss weighs W^(d-1) (default 0.8; 1: every depth alike)")
+    p.add_argument("--init-head", default=None, metavar="DIR",
+                   help="start from this head's weights (this target's, vLLM's eagle layout, e.g. an earlier "
+                        "`train eagle` head) instead of a fresh head; with its TRAINING.json the held-out decodes "
+                        "are prompts its run never decoded (recorded)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -436,7 +442,8 @@ def _run_train(args):
                                       device=args.device, seed=args.seed, steps=args.steps, lr=args.lr,
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
                                       engine=args.engine, time_limit_s=args.time_limit, topk=args.topk,
-                                      loss_vocab=args.loss_vocab)
+                                      loss_vocab=args.loss_vocab, depth_decay=args.depth_decay,
+                                      init_head=args.init_head)
     except MemoryError as e:
         raise SystemExit(f"error: {e}; lower --batch-size, --tokens-per-batch or --max-prompt-tokens")
     except (ValueError, RuntimeError) as e:

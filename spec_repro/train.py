@@ -11,7 +11,8 @@
    distribution, kept as its ``topk`` most likely tokens (renormalised; computed once per position in the
    feature pass), over a loss vocabulary (the target's ``loss_vocab`` most frequent top tokens plus every
    position's top token in the batch, the distribution restricted to those rows; 0: all), fused with its gradient
-   in chunks (:class:`_SparseCE`; each depth's positions picked by host-built indices), weighted 0.8^(d-1), plus
+   in chunks (:class:`_SparseCE`; each depth's positions picked by host-built indices), weighted
+   ``depth_decay``^(d-1) (default 0.8), plus
    EAGLE-1's smooth-L1 feature regression at depth 1 (weight ``reg``). The target's embeddings and LM head stay
    frozen. Held-out acceptance always drafts over the whole vocabulary.
 4. Checkpoints every ``ckpt_every`` steps under ``<out>/.ckpt/`` (head, optimiser, step, data order, loss
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 
 from .guard import claim_dir, head_dir
 from .io import atomic_path, atomic_write
-from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, new_head, save_head, \
+from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, load_head, new_head, save_head, \
     target_features
 
 __all__ = ["EVAL_SETS", "eval_requests", "split_by_source", "distill", "batched_features", "train_eagle",
@@ -198,16 +199,20 @@ class _SparseCE(torch.autograd.Function):
         return grad * g_out.to(grad.dtype), None, None, None, None
 
 
-def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops, vocab_rows=None, chunk: int = 4096):
+def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops, vocab_rows=None, chunk: int = 4096,
+          decay: float = 0.8, on_chain=None):
     """Mean loss of one padded batch: ids (B, N), feats (B, N, H) of every position, lens (B,) (a CPU tensor or
     list: the counts of positions are known without asking the GPU); ``tops``: the target's sparse next-token
     distributions (ids (B, N, K), probs (B, N, K)); ``vocab_rows``: the loss vocabulary (None: all of it). With a
     loss vocabulary the softmax runs over it plus every position's top token, and the target's distribution is
-    restricted to those rows (renormalised): its tail tokens outside them are dropped. Returns (loss, per-depth
-    cross-entropies as one tensor)."""
+    restricted to those rows (renormalised): its tail tokens outside them are dropped. Depth d weighs
+    ``decay**(d-1)``; ``on_chain``: called once the chain's forward is queued (the step's phase timer). Returns
+    (loss, per-depth cross-entropies as one tensor)."""
     B, N = ids.shape
     T = N - 1                                      # pairs i = 0..N-2: (ids[i+1], f_i) -> f_{i+1}
     outs = head.chain(ids[:, 1:], feats[:, :-1], depth)
+    if on_chain is not None:
+        on_chain()
     tgt = feats[:, 1:]
     dev = ids.device
     lens_l = [int(x) for x in lens]
@@ -235,12 +240,11 @@ def _loss(head: EagleHead, ids, feats, lens, depth: int, reg: float, tops, vocab
         n = max(len(at), 1)
         o = out.reshape(B * T, H)[at]
         ce = _SparseCE.apply(o, Wr, cols[at], q[at], chunk) / n
-        w = 0.8 ** (d - 1)
-        total = total + w * ce
+        total = total + decay ** (d - 1) * ce
         parts.append(ce.detach())
         if d == 1 and reg:
             total = total + reg * F.smooth_l1_loss(o.float(), tgt.reshape(B * T, H)[at].float())
-    return total / sum(0.8 ** k for k in range(depth)), torch.stack(parts)
+    return total / sum(decay ** k for k in range(depth)), torch.stack(parts)
 
 
 def _positions(lens: Sequence[int], T: int, d: int, dev) -> torch.Tensor:
@@ -334,14 +338,17 @@ def _mark(dev, timed: bool) -> float:
 
 
 def _step_split(rows) -> dict | None:
-    """Mean seconds per phase of the timed steps: batch assembly, forward + loss, backward, clip + optimizer."""
+    """Mean seconds per phase of the timed steps: batch assembly, the chain's forward (every depth), the fused
+    loss (its softmax and gradient over the loss vocabulary, every depth), backward, clip + optimizer;
+    ``forward_loss_s`` is the chain and the loss together."""
     if not rows:
         return None
     a = np.asarray(rows, dtype=float)
-    out = {k: round(float(a[:, i].mean()), 5) for i, k in enumerate(("pad_s", "forward_loss_s", "backward_s",
-                                                                      "optimizer_s"))}
-    out.update(steps=len(rows), real_tokens_per_step=round(float(a[:, 4].mean()), 1),
-               padded_tokens_per_step=round(float(a[:, 5].mean()), 1))
+    names = ("pad_s", "chain_forward_s", "loss_s", "backward_s", "optimizer_s")
+    out = {k: round(float(a[:, i].mean()), 5) for i, k in enumerate(names)}
+    out["forward_loss_s"] = round(out["chain_forward_s"] + out["loss_s"], 5)
+    out.update(steps=len(rows), real_tokens_per_step=round(float(a[:, 5].mean()), 1),
+               padded_tokens_per_step=round(float(a[:, 6].mean()), 1))
     return out
 
 
@@ -349,7 +356,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                 lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3, reg: float = 0.1,
                 seed: int = 0, ckpt_every: int = 200, eval_every: int = 200, log: dict | None = None,
                 progress: bool = True, started: float | None = None, time_limit_s: float | None = None,
-                topk: int = 32, loss_vocab: int = 32768, deadline: float | None = None) -> tuple[EagleHead, dict]:
+                topk: int = 32, loss_vocab: int = 32768, deadline: float | None = None, depth_decay: float = 0.8,
+                init_head=None) -> tuple[EagleHead, dict]:
     """Train a head on (prompt, output) pairs of the target's greedy decodes; returns (head, training record).
 
     ``log``: facts about the data to keep in the record (workloads, prompt counts ...); ``started``: when the
@@ -358,11 +366,15 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     the loss runs over the target's ``loss_vocab`` most frequent top tokens plus every position's top token
     (0: the whole vocabulary). Held-out acceptance always drafts over the whole vocabulary, as vLLM does.
     ``deadline`` (a ``time.time()``): the loop's time limit shrinks, once the features are ready, so that training
-    stops by then (a leased GPU's budget: the decode before it may take longer than planned)."""
+    stops by then (a leased GPU's budget: the decode before it may take longer than planned). ``init_head``: a
+    head directory (vLLM's layout, this target's shape and ``kind``) whose weights the training starts from
+    instead of a fresh initialisation (its sha256 is in the record and the settings); ``depth_decay``: chain
+    depth d's loss weighs ``depth_decay**(d-1)``."""
     from tqdm.auto import tqdm
 
     check_train_settings(steps=steps, lr=lr, tokens_per_batch=tokens_per_batch, ttt_depth=ttt_depth, reg=reg,
-                         seed=seed, ckpt_every=ckpt_every, eval_every=eval_every, topk=topk, loss_vocab=loss_vocab)
+                         seed=seed, ckpt_every=ckpt_every, eval_every=eval_every, topk=topk, loss_vocab=loss_vocab,
+                         depth_decay=depth_decay)
     if not train_pairs:
         raise ValueError("no training sequences (every decode was a single token, or --val-n took them all)")
     out = Path(out)
@@ -370,6 +382,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     torch.manual_seed(seed)
     target.requires_grad_(False)                  # embeddings and LM head are shared, frozen
     head = new_head(target, kind, seed=seed)
+    init = None if init_head is None else _start_from(head, init_head)
     if dev.type == "cpu":
         head = head.to(next(target.parameters()).dtype)
     layers = feature_layers(head)
@@ -388,7 +401,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     vocab_rows, coverage = loss_vocabulary(tops, loss_vocab, V)
     settings = {"kind": kind, "steps": steps, "lr": lr, "tokens_per_batch": tokens_per_batch, "ttt_depth": ttt_depth,
                 "reg": reg, "seed": seed, "n_train_sequences": len(seqs), "train_tokens": sum(map(len, seqs)),
-                "topk": topk, "loss_vocab": loss_vocab}
+                "topk": topk, "loss_vocab": loss_vocab, "depth_decay": depth_decay,
+                "init_head_sha256": init["sha256"] if init else None}
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
     # warm-up over the first 5% and a cosine to 10% of ``lr``, over the steps or, with a time limit, over whichever
@@ -438,7 +452,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
         marks.append(_mark(dev, timed))
         with autocast:
             loss, parts = _loss(head, ids, fb.to(torch.bfloat16 if dev.type == "cuda" else fb.dtype), lens,
-                                ttt_depth, reg, tb, vocab_rows)
+                                ttt_depth, reg, tb, vocab_rows, decay=depth_decay,
+                                on_chain=(lambda: marks.append(_mark(dev, True))) if timed else None)
         marks.append(_mark(dev, timed))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -500,6 +515,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
                         "requests; position_mean: mean over positions of min(acc_len, k + 1) (not per step)",
               "machine": machine_info(), "versions": package_versions(),
               "target": getattr(target.config, "_name_or_path", None), **(log or {})}
+    if init:
+        record["init_head"] = {**init, **record.get("init_head", {})}
     save_head(head, out, extra_config={"spec_repro_training": {k: settings[k] for k in ("kind", "steps", "seed")}})
     if started is not None:
         record["total_wall_s"] = round(time.time() - started, 1)
@@ -514,7 +531,8 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
 
 def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3,
                          reg: float = 0.1, seed: int = 0, ckpt_every: int = 200, eval_every: int = 200,
-                         time_limit_s: float | None = None, topk: int = 32, loss_vocab: int = 32768) -> None:
+                         time_limit_s: float | None = None, topk: int = 32, loss_vocab: int = 32768,
+                         depth_decay: float = 0.8, init_head=None) -> None:
     """Refuse, with one line naming the option, any training number that cannot give a trained head."""
     from .guard import check_float, check_int
 
@@ -528,8 +546,48 @@ def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batc
     check_int("eval_every", eval_every, 1)
     check_int("--topk", topk, 1, 4096)
     check_int("--loss-vocab", loss_vocab, 0, 2**31 - 1)
+    check_float("--depth-decay", depth_decay, 0.0, 1.0, lo_open=True)
     if time_limit_s is not None:
         check_float("--time-limit", time_limit_s, 0.0, 1e9, lo_open=True)
+
+
+def _start_from(head: EagleHead, path) -> dict:
+    """Copy the weights of the head at ``path`` into the fresh ``head`` (same kind and shapes; ValueError with one
+    line otherwise); returns what the record keeps of it: its sha256, and its own training record's steps and
+    tokens when it has one."""
+    import hashlib
+
+    from .proposers.eagle import check_head_dir
+
+    try:
+        d = check_head_dir(path)
+        src = load_head(d, head.target, device=torch.device("cpu"), dtype=torch.float32)
+    except ValueError as e:
+        raise ValueError(f"--init-head: {e}") from None
+    if src.kind != head.kind:
+        raise ValueError(f"--init-head {d} is an {src.kind} head; this run trains {head.kind}")
+    mine = dict(head.named_parameters())
+    theirs = dict(src.named_parameters())
+    for k, p in mine.items():
+        if k not in theirs or theirs[k].shape != p.shape:
+            got = tuple(theirs[k].shape) if k in theirs else "nothing"
+            raise ValueError(f"--init-head {d}: {k} is {got}, this target's head needs {tuple(p.shape)}")
+    with torch.no_grad():
+        for k, p in mine.items():
+            p.copy_(theirs[k].to(p.device, p.dtype))
+    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for b in iter(lambda: fh.read(1 << 24), b""):
+                h.update(b)
+    info = {"path": str(d), "sha256": h.hexdigest(), "files": [f.name for f in files]}
+    rec = d / "TRAINING.json"
+    if rec.is_file():
+        r = json.loads(rec.read_text())
+        info.update(steps_done=r.get("steps_done"), train_tokens=(r.get("settings") or {}).get("train_tokens"),
+                    target_tokens=(r.get("data") or {}).get("target_tokens"))
+    return info
 
 
 def _load_checkpoint(ck: Path, dev) -> dict:
@@ -555,14 +613,17 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                          max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
                          kind: str = "eagle", engine: str = "torch", vllm_memory: float = 0.8,
                          vllm_max_seqs: int = 1024, train_n_for: dict | None = None,
-                         time_budget_s: float | None = None, **train_kw) -> tuple[EagleHead, dict]:
+                         time_budget_s: float | None = None, init_head=None, **train_kw) -> tuple[EagleHead, dict]:
     """The whole recipe of ``spec-repro train eagle``: split prompts by source, decode (the torch engine, or vLLM
     on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
     (None: the sets as collected, humaneval 164 and mt-bench 80). ``train_n_for``: {workload: at most this many
     training prompts} over ``train_n``. ``vllm_memory`` / ``vllm_max_seqs``: vLLM's
     gpu_memory_utilization and max_num_seqs for the decode (the GPU is vLLM's alone until it shuts down).
     ``time_budget_s``: the whole recipe stops training by this many seconds after it started (the loop's
-    ``time_limit_s`` shrinks to what the decode and the feature pass left)."""
+    ``time_limit_s`` shrinks to what the decode and the feature pass left). ``init_head``: continue from that
+    head's weights (:func:`train_eagle`); when its ``TRAINING.json`` records this recipe's split (same seed,
+    evaluation sets and prompt length cap), the held-out decodes are drawn only from prompts its run never
+    decoded (the split is prefix-stable: a workload's first ``train_requests`` are the ones it took)."""
     from . import models
     from .guard import check_device, check_float, check_int
 
@@ -582,6 +643,13 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     if time_budget_s is not None:
         check_float("--time-budget", time_budget_s, 0.0, 1e9, lo_open=True)
     check_train_settings(seed=seed, **train_kw)       # every number, before the model loads
+    if init_head is not None:
+        from .proposers.eagle import check_head_dir
+
+        try:
+            check_head_dir(init_head)
+        except ValueError as e:
+            raise ValueError(f"--init-head: {e}") from None
     check_float("vllm_memory", vllm_memory, 0.0, 1.0, lo_open=True)
     check_int("vllm_max_seqs", vllm_max_seqs, 1, 2**20)
     check_engine(engine, device)                       # before the device: it says what --engine vllm needs
@@ -594,12 +662,19 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     out = head_dir(out, "--out", inputs=[target_name] if Path(target_name).expanduser().exists() else [])
     t0 = time.time()
     target, tok = models.load(target_name, device=device)
+    if init_head is not None:                          # the head fits this target, before anything is decoded
+        _start_from(new_head(target, kind, seed=seed), init_head)
     split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
                                    max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets, train_n_for=train_n_for)
+    facts["max_prompt_tokens"] = max_prompt_tokens
+    taken = _taken_by(init_head, split, seed=seed, eval_sets=facts["eval_sets"],
+                      max_prompt_tokens=max_prompt_tokens)
     prompts = [list(r.prompt_token_ids) for w in workloads for r in split[w]]
+    fresh = [i >= taken.get(w, 0) for w in workloads for i in range(len(split[w]))]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(prompts))
     prompts = [prompts[i] for i in order]
+    fresh = [fresh[i] for i in order]
     t_dec = time.time()
     if engine == "vllm":
         from .engines.torch import eos_ids_of
@@ -614,8 +689,11 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
         dstats = {"engine": "spec_repro.engines.torch", "output_tokens": n_out,
                   "decode_wall_s": round(time.time() - t_dec, 1),
                   "output_tokens_per_s": round(n_out / max(time.time() - t_dec, 1e-9), 1)}
-    pairs = [(p, o) for p, o in zip(prompts, outs) if len(o) > 1]
-    val, train = pairs[:val_n], pairs[val_n:]
+    keep = [i for i, o in enumerate(outs) if len(o) > 1]
+    pairs = [(prompts[i], outs[i]) for i in keep]
+    val_at = _hold_out([fresh[i] for i in keep], val_n)
+    val = [pr for j, pr in enumerate(pairs) if j in val_at]
+    train = [pr for j, pr in enumerate(pairs) if j not in val_at]
     log = {"data": {"workloads": facts, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
                     "decode": {"greedy": True, **dstats}, "target": target_name,
                     "target_tokens": sum(len(p) + len(o) for p, o in pairs),
@@ -623,5 +701,41 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                     "decode_s": round(time.time() - t0, 1)}}
     if time_budget_s is not None:
         log["time_budget_s"] = time_budget_s
+    if init_head is not None:
+        log["init_head"] = {"prompts_its_run_decoded": dict(taken),
+                            "held_out_unseen_by_it": bool(taken),
+                            "held_out_note": "held-out decodes are prompts its run never decoded" if taken else
+                            "its TRAINING.json does not record this split: the held-out decodes may be in its data"}
     return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0,
-                       deadline=None if time_budget_s is None else t0 + time_budget_s, **train_kw)
+                       deadline=None if time_budget_s is None else t0 + time_budget_s, init_head=init_head,
+                       **train_kw)
+
+
+def _hold_out(fresh: Sequence[bool], val_n: int) -> set:
+    """Indices of the held-out decodes: the first ``val_n`` whose prompt no earlier run decoded (``fresh``)."""
+    return set([j for j, f in enumerate(fresh) if f][:val_n])
+
+
+def _taken_by(init_head, split: dict, *, seed: int, eval_sets: dict, max_prompt_tokens) -> dict:
+    """{workload: how many of ``split[workload]`` (its first ones) the run that trained ``init_head`` decoded},
+    from that head's ``TRAINING.json``; {} when there is no init head or its record does not say (a head trained
+    elsewhere). The split is prefix-stable (a seeded order, capped), so with the same seed, evaluation sets and
+    prompt length cap its run took exactly the first ``train_requests`` of each workload; ValueError (one line)
+    when the record names a different split."""
+    if init_head is None:
+        return {}
+    rec = Path(init_head).expanduser() / "TRAINING.json"
+    if not rec.is_file():
+        return {}
+    r = json.loads(rec.read_text())
+    facts = ((r.get("data") or {}).get("workloads")) or {}
+    if not facts:
+        return {}
+    theirs = {"seed": (r.get("settings") or {}).get("seed"), "eval_sets": facts.get("eval_sets"),
+              "max_prompt_tokens": facts.get("max_prompt_tokens", 1024)}   # 1024: the CLI default before it was kept
+    mine = {"seed": seed, "eval_sets": dict(eval_sets), "max_prompt_tokens": max_prompt_tokens}
+    for k in mine:
+        if theirs[k] != mine[k]:
+            raise ValueError(f"--init-head {init_head} was trained on a split with {k} {theirs[k]}, this run's is "
+                             f"{mine[k]}: run with the same {k} (its held-out decodes must be prompts it never saw)")
+    return {w: int(facts[w]["train_requests"]) for w in split if isinstance(facts.get(w), dict)}

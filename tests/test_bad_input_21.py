@@ -362,6 +362,9 @@ def test_cost_model_numbers(tmp_path, path, value, pattern):
     (["--batch-size", "0"], r"--batch-size must be"),
     (["--tokens-per-batch", "0"], r"--tokens-per-batch must be"),
     (["--seed", "-1"], r"--seed must be"),
+    (["--depth-decay", "0"], r"--depth-decay must be"),
+    (["--depth-decay", "1.5"], r"--depth-decay must be"),
+    (["--init-head", "/nonexistent/head"], r"^error: --init-head: EAGLE head .*no such directory"),
     (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "nodevice"],
      r"--device"),
 ])

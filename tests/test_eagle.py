@@ -66,6 +66,10 @@ def test_training_learns_and_writes_vllm_layout(trained):
     assert "fc.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys
     assert not any(k.startswith(("embed_tokens", "lm_head", "rotary")) for k in keys)   # shared with the target
     assert json.loads((out / "TRAINING.json").read_text())["loss_curve"][-1][0] == 150
+    sp = rec["step_split"]                               # steps 20-29 timed phase by phase
+    assert sp["steps"] == 10 and all(sp[k] > 0 for k in ("pad_s", "chain_forward_s", "loss_s", "backward_s"))
+    assert abs(sp["forward_loss_s"] - sp["chain_forward_s"] - sp["loss_s"]) < 2e-5
+    assert 0 < sp["real_tokens_per_step"] <= sp["padded_tokens_per_step"] <= 512
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -373,6 +377,54 @@ def test_loss_vocabulary_keeps_the_most_frequent_top_tokens():
     rows, cover = loss_vocabulary(tops, 2, 10)
     assert sorted(rows.tolist()) in ([3, 5], [3, 7]) and abs(cover - 0.8) < 1e-6     # 3 is top 3 times, 5 and 7 once
     assert loss_vocabulary(tops, 0, 10) == (None, 1.0) and loss_vocabulary(tops, 10, 10) == (None, 1.0)
+
+
+def test_training_continues_from_an_init_head(target, tmp_path):
+    """``init_head``: training starts from that head's weights (one step at a vanishing learning rate writes the
+    same weights back), the record and the settings name its sha256 and its own steps; a head of another shape is
+    one clear line."""
+    import hashlib
+
+    pairs = _train_pairs(target, n=12, seed=7)
+    kw = dict(tokens_per_batch=256, ttt_depth=2, progress=False)
+    train_eagle(target, pairs, out=tmp_path / "a", steps=6, lr=3e-3, **kw)
+    a = tmp_path / "a" / "model.safetensors"
+    b_head, rec = train_eagle(target, pairs, out=tmp_path / "b", steps=1, lr=1e-20, init_head=tmp_path / "a", **kw)
+    fresh, _ = train_eagle(target, pairs, out=tmp_path / "c", steps=1, lr=1e-20, **kw)
+    wa = load_head(tmp_path / "a", target).state_dict()
+    wb = load_head(tmp_path / "b", target).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not all(torch.equal(wa[k], v) for k, v in fresh.state_dict().items() if k in wa)
+    sha = hashlib.sha256(a.read_bytes()).hexdigest()
+    assert rec["init_head"]["sha256"] == rec["settings"]["init_head_sha256"] == sha
+    assert rec["init_head"]["steps_done"] == 6 and rec["settings"]["depth_decay"] == 0.8
+    other = tiny_llama(seed=0, vocab=VOCAB + 8)           # another target's vocabulary
+    with pytest.raises(ValueError, match="^--init-head: .*vocabulary"):
+        train_eagle(other, [([1, 2], [3, 4, 5])], out=tmp_path / "d", steps=1, init_head=tmp_path / "a", **kw)
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(ValueError, match="^--init-head: .*no such directory"):
+        train_eagle(target, pairs, out=tmp_path / "e", steps=1, init_head=tmp_path / "nope", **kw)
+    assert not (tmp_path / "e").exists()
+
+
+def test_depth_decay_weighs_the_chain_depths(target):
+    """The loss is the depth-weighted mean of the per-depth cross-entropies: with weight 1 every depth alike."""
+    from spec_repro.train import _loss, _pad, target_topk
+    from spec_repro.proposers.eagle import target_features
+
+    head = new_head(target, "eagle", seed=0).to(torch.float64)
+    pairs = _train_pairs(target, n=3, seed=8)
+    seqs = [p + o for p, o in pairs]
+    feats = [target_features(target, torch.tensor([s]), "final")[0] for s in seqs]
+    tops = target_topk(target, feats, 8)
+    ids, fb, tb = _pad(seqs, feats, tops, [0, 1, 2], torch.device("cpu"))
+    lens = [len(s) for s in seqs]
+    called = []
+    for w in (1.0, 0.5):
+        loss, parts = _loss(head, ids, fb, lens, 3, 0.0, tb, decay=w, on_chain=lambda: called.append(1))
+        want = sum(w ** d * float(parts[d]) for d in range(3)) / sum(w ** d for d in range(3))
+        assert abs(float(loss.detach()) - want) < 1e-5 * want
+    assert called == [1, 1] and float(parts[2]) != float(parts[0])
 
 
 def test_training_with_a_loss_vocabulary_learns(target, tmp_path):

@@ -33,6 +33,35 @@ def held(tok):
     return eval_requests(tokenizer=tok)
 
 
+def test_split_is_prefix_stable_and_a_continued_head_holds_out_only_unseen_prompts(tok, tmp_path):
+    """What ``--init-head`` rests on: a workload's training requests under a smaller cap are the first ones under a
+    larger cap (so an earlier run's record of how many it took names exactly which), and the held-out decodes of a
+    continued run are drawn only from prompts that run never decoded; a record of another split is refused."""
+    from spec_repro.train import EVAL_SETS, _hold_out, _taken_by, split_by_source
+
+    small, _ = split_by_source(["py-write", "gsm-symbolic"], train_n=40, tokenizer=tok)
+    large, _ = split_by_source(["py-write", "gsm-symbolic"], train_n=70, tokenizer=tok, train_n_for={"py-write": 90})
+    for w in small:
+        assert [r.prompt_text for r in large[w][:40]] == [r.prompt_text for r in small[w]]
+    head = tmp_path / "h"
+    head.mkdir()
+    rec = {"settings": {"seed": 0}, "data": {"workloads": {"py-write": {"train_requests": 40}, "sharegpt": {
+        "train_requests": 9}, "eval_sets": dict(EVAL_SETS)}}}
+    (head / "TRAINING.json").write_text(json.dumps(rec))
+    taken = _taken_by(head, large, seed=0, eval_sets=EVAL_SETS, max_prompt_tokens=1024)
+    assert taken == {"py-write": 40}                     # gsm-symbolic: never decoded by that run
+    fresh = [i >= taken.get(w, 0) for w in large for i in range(len(large[w]))]
+    assert len(large["py-write"]) == 90 and sum(fresh) == 90 - 40 + len(large["gsm-symbolic"])
+    val = _hold_out(fresh, 55)
+    assert len(val) == 55 and all(fresh[j] for j in val) and not any(j < 40 for j in val)
+    assert _hold_out([True] * 10, 3) == {0, 1, 2}        # no init head: the first val_n, as before
+    assert _taken_by(None, large, seed=0, eval_sets=EVAL_SETS, max_prompt_tokens=1024) == {}
+    with pytest.raises(ValueError, match="seed 0, this run's is 1"):
+        _taken_by(head, large, seed=1, eval_sets=EVAL_SETS, max_prompt_tokens=1024)
+    with pytest.raises(ValueError, match="max_prompt_tokens 1024"):
+        _taken_by(head, large, seed=0, eval_sets=EVAL_SETS, max_prompt_tokens=512)
+
+
 def test_eval_requests_are_what_collect_profiles(held):
     counts = {w: sum(r.dataset == w for r in held) for w in ("sharegpt", "code-edit", "gsm-symbolic", "humaneval",
                                                               "mt-bench")}
