@@ -389,7 +389,7 @@ def test_training_continues_from_an_init_head(target, tmp_path):
     kw = dict(tokens_per_batch=256, ttt_depth=2, progress=False)
     train_eagle(target, pairs, out=tmp_path / "a", steps=6, lr=3e-3, **kw)
     a = tmp_path / "a" / "model.safetensors"
-    b_head, rec = train_eagle(target, pairs, out=tmp_path / "b", steps=1, lr=1e-20, init_head=tmp_path / "a", **kw)
+    _, rec = train_eagle(target, pairs, out=tmp_path / "b", steps=1, lr=1e-20, init_head=tmp_path / "a", **kw)
     fresh, _ = train_eagle(target, pairs, out=tmp_path / "c", steps=1, lr=1e-20, **kw)
     wa = load_head(tmp_path / "a", target).state_dict()
     wb = load_head(tmp_path / "b", target).state_dict()
@@ -409,8 +409,8 @@ def test_training_continues_from_an_init_head(target, tmp_path):
 
 def test_depth_decay_weighs_the_chain_depths(target):
     """The loss is the depth-weighted mean of the per-depth cross-entropies: with weight 1 every depth alike."""
-    from spec_repro.train import _loss, _pad, target_topk
     from spec_repro.proposers.eagle import target_features
+    from spec_repro.train import _loss, _pad, target_topk
 
     head = new_head(target, "eagle", seed=0).to(torch.float64)
     pairs = _train_pairs(target, n=3, seed=8)
