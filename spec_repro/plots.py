@@ -625,7 +625,7 @@ def adaptive_vs_batch(table: pd.DataFrame, *, title: str = "", source: str | Non
         for col, label, c, ls, mk in lines:
             ax.plot(d["batch_size"], d[col], color=c, ls=ls, marker=mk, ms=3.5, lw=1.6, label=label)
         ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
-        _batch_axis(ax, d["batch_size"])
+        _batch_axis(ax, d["batch_size"], min_octaves=2.9)     # 2.3-inch panels: "32" and "128" would touch
         _title(ax, ds, fontsize=8)
     for i, ax in enumerate(axes[:len(panels)]):   # axis labels once per row / column: the panels are narrow
         ax.set_ylabel("speedup (×)" if i % ncols == 0 else "")

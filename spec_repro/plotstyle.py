@@ -126,19 +126,20 @@ def _is_paper_panel(panel: str, paper_dataset: str | None) -> bool:
     return paper_dataset is None or panel == paper_dataset or panel.startswith(f"{paper_dataset} · ")
 
 
-def _batch_axis(ax, values):
-    """Log2 batch-size axis with the batch sizes themselves as tick labels."""
+def _batch_axis(ax, values, min_octaves: float = 1.9):
+    """Log2 batch-size axis with the batch sizes themselves as tick labels, labels at least ``min_octaves``
+    apart (narrow panels need more)."""
     from matplotlib.ticker import FixedLocator, NullFormatter
 
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
-    shown = []   # labels at least ~1.9 octaves apart (the ticks all stay), always the largest batch
+    shown = []   # labels at least min_octaves apart (the ticks all stay), always the largest batch
     for v in vals:
-        if not shown or np.log2(v) - np.log2(shown[-1]) >= 1.9:
+        if not shown or np.log2(v) - np.log2(shown[-1]) >= min_octaves:
             shown.append(v)
     if vals and shown[-1] != vals[-1]:
-        if np.log2(vals[-1]) - np.log2(shown[-1]) < 1.9 and len(shown) > 1:
+        if np.log2(vals[-1]) - np.log2(shown[-1]) < min_octaves and len(shown) > 1:
             shown.pop()
         shown.append(vals[-1])
     ax.set_xticklabels([str(v) if v in shown else "" for v in vals])

@@ -292,3 +292,24 @@ def test_committed_figures_fit_a_page_width():
         if im.size[0] / dpi > COLUMN_WIDTH_IN + 0.02:
             wide.append((f.name, round(im.size[0] / dpi, 2)))
     assert not wide, wide
+
+
+def test_batch_axis_labels_never_touch():
+    """Batch-size labels sit at least ``min_octaves`` apart (the largest batch always labelled): the adaptive
+    figure's narrow panels ask for more room, so its "32" and "128" no longer run together."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spec_repro.plotstyle import _batch_axis
+
+    bs = [1, 8, 16, 32, 64, 128]
+    labels = {}
+    for m in (1.9, 2.9):
+        fig, ax = plt.subplots()
+        _batch_axis(ax, bs, min_octaves=m)
+        labels[m] = [t.get_text() for t in ax.get_xticklabels()]
+        plt.close(fig)
+    assert labels[1.9] == ["1", "8", "", "32", "", "128"]
+    assert labels[2.9] == ["1", "8", "", "", "", "128"]
