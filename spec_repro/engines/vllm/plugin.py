@@ -292,25 +292,27 @@ def _model_forward(self, *args, **kwargs):
     return _ORIG["_model_forward"](self, *args, **kwargs)
 
 
-def _sample(self, *args, **kwargs):
-    rec = _recorder()
-    if rec.cur is None:
-        return _ORIG["_sample"](self, *args, **kwargs)
-    _guard(rec.mark, "samp0")
-    out = _ORIG["_sample"](self, *args, **kwargs)
-    _guard(rec.mark, "samp1")
-    _guard(rec.drain)
-    return out
+def _timed(name: str, mark0: str, mark1: str, drain: bool = False):
+    """A wrapper of runner method ``name`` that times the original between marks ``mark0`` and ``mark1`` (and,
+    with ``drain``, then resolves finished steps while the GPU runs: see ``StepRecorder.drain``)."""
+
+    def wrapper(self, *args, **kwargs):
+        rec = _recorder()
+        if rec.cur is None:
+            return _ORIG[name](self, *args, **kwargs)
+        _guard(rec.mark, mark0)
+        out = _ORIG[name](self, *args, **kwargs)
+        _guard(rec.mark, mark1)
+        if drain:
+            _guard(rec.drain)
+        return out
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    return wrapper
 
 
-def _propose(self, *args, **kwargs):
-    rec = _recorder()
-    if rec.cur is None:
-        return _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    _guard(rec.mark, "draft0")
-    out = _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    _guard(rec.mark, "draft1")
-    return out
+_sample = _timed("_sample", "samp0", "samp1", drain=True)
+_propose = _timed("propose_draft_token_ids", "draft0", "draft1")
 
 
 def _sample_tokens(self, *args, **kwargs):
