@@ -15,11 +15,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_hybrid import _trace, eagle_proposal  # noqa: E402  (the committed traces, EAGLE's rebuilt proposals)
+from test_hybrid import _trace, eagle_proposal
 
-from spec_repro.costmodel import Drafter, load_cost_model  # noqa: E402
-from spec_repro.engines.vllm import hybrid as H  # noqa: E402
-from spec_repro.proposers.ngram import ngram_lookup  # noqa: E402
+from spec_repro.costmodel import Drafter, load_cost_model
+from spec_repro.engines.vllm import hybrid as H
+from spec_repro.proposers.ngram import ngram_lookup
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,6 @@ def engine(policy, reqs, toks, rows, *, async_form, max_batch=8, prefill_steps=2
     ids = {r: f"req-{r}" for r in rows}
     waiting, running, prefill = list(rows), [], {}
     p, emitted, ref_states = {}, {}, {}
-    pending = {}        # request -> tokens emitted by the last step (what the sampler's row will hold)
     drafts = {}         # request -> draft scheduled for this step
     got, want = [], []
     while waiting or running:
