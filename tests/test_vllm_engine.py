@@ -46,6 +46,21 @@ def test_engine_kwargs_follow_the_study_and_dummy_weights():
         V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", draft_cudagraphs=True))
 
 
+def test_hybrid_option_sets_the_plugins_env_and_refuses_what_it_cannot_run():
+    env = V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", hybrid="pr24344-skip"))
+    assert env["SPEC_REPRO_HYBRID"] == "pr24344-skip" and "SPEC_REPRO_HYBRID_COST" not in env
+    env = V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", hybrid="adaptive-rule",
+                                    hybrid_cost_model="h200-qwen.json"))
+    assert env["SPEC_REPRO_HYBRID_COST"] == "h200-qwen.json"
+    assert "SPEC_REPRO_HYBRID" not in V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d"))
+    for kw, msg in [(dict(method="ngram", hybrid="pr24344"), "needs method='eagle'"),
+                    (dict(method="eagle", draft="d", hybrid="ngram-first"), "one of pr24344"),
+                    (dict(method="eagle", draft="d", hybrid="adaptive-rule"), "hybrid_cost_model="),
+                    (dict(method="eagle", draft="d", hybrid="pr24344", model_runner="default"), "V1 model runner")]:
+        with pytest.raises(V.VLLMEngineError, match=msg):
+            V.engine_env(V.VLLMConfig(model="dir", **kw))
+
+
 @pytest.mark.parametrize("cfg, match", [
     (dict(method="medusa"), "unknown method 'medusa'"),
     (dict(method="eagle"), "needs draft="),

@@ -77,6 +77,25 @@ def test_build_row_validates_against_step_schema():
     assert "accepted_per_req" in df.columns and "phase" in df.columns
 
 
+def test_build_row_keeps_the_hybrids_choices():
+    """With the hybrid on, a step's row carries its choices (LiveHybrid.summary) and read_steps keeps them."""
+    from spec_repro.engines.vllm import hybrid as H
+
+    live = H.LiveHybrid(H.HybridPolicy("pr24344", 3))
+    live.begin(["a", "b"], [[4], [9]], lambda r: [1, 2, 3, 4, 1, 2, 3])
+    live.finish([[7, 7, 7], [8, 8, 8]])
+    so = _sched(cached=[("a", 8, 1, 1), ("b", 8, 1, 1)])
+    meta = {**vp.step_meta(so), "step": 0, "hybrid": live.summary(["a", "b"])}
+    phases = vp.phase_times([("start", 0.0), ("fwd0", 0.001), ("fwd1", 0.005), ("draft0", 0.005),
+                             ("draft1", 0.006), ("end", 0.007)])
+    ctx = {"run_id": "r", "engine": "vllm", "model": "m", "method": "eagle", "k": 3, "batch_size": 2}
+    row = json.loads(json.dumps(vp.build_row(ctx, meta, phases, (["a", "b"], [1, 1]))))
+    assert row["hybrid"]["ngram"] == 1 and row["hybrid"]["eagle"] == 1
+    assert row["hybrid"]["per_req"] == {"a": ["ngram", 3], "b": ["eagle", 3]}
+    df = validate_steps(pd.DataFrame([row]))
+    assert df.loc[0, "hybrid"]["ngram_tokens"] == 3
+
+
 def test_build_row_broken_times_are_rejected_by_schema():
     so = _sched(cached=[("a", 10, 2, 1)])
     meta = vp.step_meta(so)
@@ -110,6 +129,7 @@ def test_layout_check_names_missing_methods():
 
 def test_register_is_noop_without_env(monkeypatch):
     monkeypatch.delenv(vp.ENV_PATH, raising=False)
+    monkeypatch.delenv(vp.ENV_HYBRID, raising=False)
     monkeypatch.setitem(vp._state, "registered", False)
     vp.register()
     assert vp._state["registered"] is False
@@ -117,6 +137,7 @@ def test_register_is_noop_without_env(monkeypatch):
 
 def test_register_is_noop_without_env_and_draft_flag(monkeypatch):
     monkeypatch.delenv(vp.ENV_PATH, raising=False)
+    monkeypatch.delenv(vp.ENV_HYBRID, raising=False)
     monkeypatch.setenv(vp.ENV_DRAFT_CG, "0")
     monkeypatch.setitem(vp._state, "registered", False)
     vp.register()

@@ -6,7 +6,8 @@ plugin (entry point ``spec_repro.engines.vllm.plugin:register``); ``jobs``: the 
 (``python -m spec_repro.engines.vllm.jobs``); ``steps``: step tables -> phase breakdown, overhead, HBM floor;
 ``summary``: raw device outputs -> ``data/gpu``; ``agreement``: vLLM's acceptance against this package's;
 ``smollm2``: SmolLM2 prompts and weights for vLLM; ``decode``: greedy decoding with vLLM for ``--engine vllm``;
-``hybrid``: the live n-gram + EAGLE hybrid's per-step choice of the proposal to verify (pure Python, no vLLM).
+``hybrid``: the live n-gram + EAGLE hybrid's per-step choice of the proposal to verify and its engine-step pieces
+(pure Python, no vLLM; the plugin's ``patch_hybrid`` runs it inside vLLM, ``jobs hybrid`` measures it).
 """
 from .engine import (
     METHODS,

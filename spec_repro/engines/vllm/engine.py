@@ -8,7 +8,9 @@ position) taken as the difference of ``llm.get_metrics()`` around the run. With 
 step's phases (drafting, verification, rejection sampling, the rest) go to PATH as JSON lines
 (``spec_repro.traces.read_steps`` reads them). ``profile`` sweeps batch size x prompt length on any
 architecture from its ``config.json`` with ``load_format="dummy"`` and token-id prompts, for
-``spec_repro.costmodel.fit``.
+``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``, V1 runner) turns on the plugin's live
+n-gram + EAGLE hybrid (``plugin.patch_hybrid``); the plugin's status (``plugin_status``, with a step log) says
+whether it is on (``hybrid``) or why not (``hybrid_error``).
 
 Importing this module needs neither vLLM nor a GPU; building an engine does, and says so clearly.
 Defaults follow the study's engine (vLLM 0.10.1): prefix caching off, chunked prefill on, greedy decoding,
@@ -63,6 +65,8 @@ class VLLMConfig:
     synthetic_acceptance_length: float | None = None   # vLLM's synthetic rejection sampler (dummy weights)
     draft_cudagraphs: bool = False              # draft_model only: replay its CUDA graphs (vLLM PR #47460, plugin)
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
+    hybrid: str | None = None                   # method eagle: a hybrid.POLICIES name, the live n-gram + EAGLE
+    hybrid_cost_model: str | None = None        # hybrid "adaptive-rule": its cost model (preset name or file)
     seed: int = 0
     name: str | None = None                     # label for results; defaults to the model dir's name
     extra: dict = field(default_factory=dict)   # passed to vllm.LLM as is
@@ -131,6 +135,20 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
             raise VLLMEngineError("draft_cudagraphs=True is for method='draft_model' (vLLM already replays "
                                   f"EAGLE/MTP drafters' graphs), not {cfg.method!r}")
         env["SPEC_REPRO_DRAFT_CUDAGRAPHS"] = "1"
+    if cfg.hybrid:
+        from .hybrid import POLICIES
+
+        if cfg.method != "eagle" or cfg.hybrid not in POLICIES:
+            raise VLLMEngineError(f"hybrid= needs method='eagle' (got {cfg.method!r}) and one of "
+                                  f"{', '.join(POLICIES)} (got {cfg.hybrid!r})")
+        if cfg.hybrid == "adaptive-rule" and not cfg.hybrid_cost_model:
+            raise VLLMEngineError("hybrid='adaptive-rule' prices proposals with a cost model: set "
+                                  "hybrid_cost_model= (a preset name or file)")
+        if cfg.model_runner != "v1":
+            raise VLLMEngineError("hybrid= wraps the V1 model runner: keep model_runner='v1'")
+        env["SPEC_REPRO_HYBRID"] = cfg.hybrid
+        if cfg.hybrid_cost_model:
+            env["SPEC_REPRO_HYBRID_COST"] = str(cfg.hybrid_cost_model)
     return env
 
 
@@ -263,7 +281,7 @@ class VLLMEngine:
         self.cfg = cfg
         engine_kwargs(cfg)                       # validates method/k before the slow imports
         env = engine_env(cfg)
-        for key in ("SPEC_REPRO_STEP_LOG", "SPEC_REPRO_DRAFT_CUDAGRAPHS"):
+        for key in ("SPEC_REPRO_STEP_LOG", "SPEC_REPRO_DRAFT_CUDAGRAPHS", "SPEC_REPRO_HYBRID", "SPEC_REPRO_HYBRID_COST"):
             if key not in env:
                 os.environ.pop(key, None)       # left by an earlier engine of this process
         os.environ.update(env)
@@ -284,8 +302,10 @@ class VLLMEngine:
             raise
         self.start_s = time.perf_counter() - t0
         self.instrumented = False
+        self.plugin_status = None
         if cfg.step_log:
             st = self.steps("status")
+            self.plugin_status = st[0] if st else None
             self.instrumented = bool(st and st[0].get("patched"))
 
     # -- step-log control (the plugin's RPC in the worker) --

@@ -39,6 +39,26 @@ Policies
 
 Batch entry points: :func:`policy_needs_eagle` (before EAGLE drafts) and :func:`mix` (after: n-gram lists +
 EAGLE's [B, k] array -> one list per request, cut to the chosen k).
+
+One engine step, as the plugin runs it (:class:`LiveHybrid`, still pure)
+-------------------------------------------------------------------------
+The plugin (``plugin.py``, ``SPEC_REPRO_HYBRID=<policy>`` with vLLM method ``eagle``) wraps the V1 runner's
+``propose_draft_token_ids``; per step it hands :class:`LiveHybrid` what the runner knows there and nothing else:
+
+1. ``begin(req_ids, new_tokens, prompt_of)``: the tokens each request emitted this step (the sampler's
+   ``[B, k+1]`` output through :func:`valid_tokens`, as vLLM's ``RejectionSampler.parse_output``: -1 placeholders
+   and discarded rows, i.e. partial prefill chunks, dropped). The hybrid keeps each request's token ids itself
+   (prompt + everything emitted): under async scheduling the runner's ``token_ids_cpu`` holds -1 placeholders,
+   so one history serves both paths. It looks up n-gram (the package's ``ngram_lookup``, min_n 3, max_n 7: the
+   lookup the policies' ``ng_run`` uses) and returns per request whether the choice reads EAGLE's proposal.
+2. ``finish(eagle)``: EAGLE's ``[B, k]`` rows (None when the step skipped EAGLE's drafting) -> one
+   :class:`Choice` per request; requests with no tokens this step get an empty draft.
+3. The runner wants the drafts as ``list[list[int]]`` on the synchronous path and as a ``[B, k]`` tensor plus
+   per-request valid counts under async scheduling (the scheduler there always schedules k placeholder slots;
+   the plugin trims them before the next step's input preparation, as vLLM does for its GPU n-gram):
+   :func:`pack` / :func:`unpack` convert (lossless for drafts of at most k tokens), :func:`trim_scheduled`
+   trims a step's scheduled counts.
+4. ``summary()``: the step's counts per proposer for the step log's ``hybrid`` column.
 """
 from __future__ import annotations
 
@@ -48,8 +68,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "RequestState", "mix",
-           "policy_needs_eagle", "select"]
+__all__ = ["POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState", "mix",
+           "pack", "policy_needs_eagle", "select", "trim_scheduled", "unpack", "valid_tokens"]
 
 POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule")
 PROPOSERS = ("ngram", "eagle")   # row order of the adaptive state's arrays
@@ -282,3 +302,167 @@ def mix(policy: HybridPolicy, states: Sequence[RequestState], tokens: Sequence[n
     ``tolist()``: numpy, a CPU tensor) or a list of per-request lists / None, or None when EAGLE did not draft;
     rows of requests whose choice does not read EAGLE are ignored (masked drafting may leave anything there)."""
     return [c.draft for c in select(policy, states, tokens, ngram, eagle, batch_size)]
+
+
+# ---- one engine step (what the plugin's wrapper calls) ----------------------------------------------------------
+def valid_tokens(sampled: Any, discard: Sequence[int] = (), vocab_size: int | None = None) -> list[list[int]]:
+    """This step's emitted tokens per request from the sampler's ``[B, k+1]`` output (numpy or a CPU tensor), as
+    vLLM's ``RejectionSampler.parse_output``: placeholders (-1, after the first rejection) and ids >=
+    ``vocab_size`` dropped, rows ``discard`` (partial prefill chunks: their sample is thrown away) empty."""
+    a = np.asarray(sampled.numpy() if hasattr(sampled, "numpy") else sampled)
+    if a.ndim != 2:
+        raise HybridError(f"sampled tokens must be a [B, k+1] array, got shape {a.shape}")
+    ok = a != -1
+    if vocab_size is not None:
+        ok &= a < int(vocab_size)
+    ok[np.asarray(list(discard), dtype=np.int64)] = False
+    return [row[m].tolist() for row, m in zip(a, ok)]
+
+
+def pack(drafts: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drafts as the async runner holds them: a ``[B, width]`` int32 array (rows zero-padded, as vLLM pads) and
+    the valid count per request. A draft longer than ``width`` is an error (the policy cuts to k)."""
+    ids = np.zeros((len(drafts), int(width)), np.int32)
+    counts = np.zeros(len(drafts), np.int32)
+    for i, d in enumerate(drafts):
+        if len(d) > width:
+            raise HybridError(f"draft {i} has {len(d)} tokens for {width} slots")
+        ids[i, :len(d)] = d
+        counts[i] = len(d)
+    return ids, counts
+
+
+def unpack(ids: Any, counts: Sequence[int]) -> list[list[int]]:
+    """The inverse of :func:`pack`: each row cut to its valid count."""
+    rows = ids.tolist() if hasattr(ids, "tolist") else [list(r) for r in ids]
+    return [list(r[:int(c)]) for r, c in zip(rows, counts)]
+
+
+def trim_scheduled(num_scheduled: dict, spec_tokens: dict, valid: dict) -> tuple[int, dict]:
+    """Cut each request's scheduled draft slots to its valid count, in place (as vLLM's
+    ``update_scheduler_for_invalid_drafts`` does for its GPU n-gram): ``num_scheduled`` {req: tokens this step},
+    ``spec_tokens`` {req: scheduled draft ids}, ``valid`` {req: valid drafts}; requests without a count are left
+    alone. Returns (tokens removed, {req: slots scheduled before}) (the runner restores ``prev_num_draft_len``
+    from the latter, as for its GPU n-gram)."""
+    removed, before = 0, {}
+    for r, n in valid.items():
+        toks = spec_tokens.get(r)
+        if toks is None:
+            continue
+        k = len(toks)
+        keep = max(0, min(int(n), k))
+        before[r] = k
+        removed += k - keep
+        num_scheduled[r] -= k - keep
+        if keep:
+            spec_tokens[r] = toks[:keep]
+        else:
+            spec_tokens.pop(r)
+    return removed, before
+
+
+class _History:
+    """One request's token ids so far (prompt + emitted), in a buffer that doubles."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, prompt: Sequence[int]):
+        p = np.asarray(list(prompt), np.int64)
+        self.buf = np.empty(max(64, 2 * len(p)), np.int64)
+        self.buf[:len(p)] = p
+        self.n = len(p)
+
+    def extend(self, toks: Sequence[int]) -> None:
+        m = self.n + len(toks)
+        if m > len(self.buf):
+            self.buf = np.concatenate([self.buf[:self.n], np.empty(max(m, 2 * len(self.buf)) - self.n, np.int64)])
+        self.buf[self.n:m] = toks
+        self.n = m
+
+    def view(self) -> np.ndarray:
+        return self.buf[:self.n]
+
+
+class LiveHybrid:
+    """A policy over the requests of one engine process, driven once per step (see the module docstring):
+    ``needs = begin(req_ids, new_tokens, prompt_of)``, then ``choices = finish(eagle)``; ``forget`` drops
+    finished requests. ``min_n``/``max_n``: n-gram's lookup (3/7: the one the policies' signals use)."""
+
+    def __init__(self, policy: HybridPolicy, min_n: int = 3, max_n: int = 7):
+        self.policy, self.min_n, self.max_n = policy, int(min_n), int(max_n)
+        self.states: dict[str, RequestState] = {}
+        self.hist: dict[str, _History] = {}
+        self._step: tuple | None = None
+        self._last: list[Choice] = []
+        self._needs: list[bool] = []
+
+    def forget(self, req_ids) -> None:
+        for r in req_ids or ():
+            self.states.pop(r, None)
+            self.hist.pop(r, None)
+
+    def begin(self, req_ids: Sequence[str], new_tokens: Sequence[Sequence[int]], prompt_of) -> list[bool]:
+        """Record each request's tokens emitted this step (``prompt_of(req_id)`` gives the prompt ids the first
+        time a request is seen); n-gram's lookups; per request whether its choice reads EAGLE's proposal
+        (False for requests that emitted nothing this step: they get no draft)."""
+        from ...proposers.ngram import ngram_lookup
+
+        if len(req_ids) != len(new_tokens):
+            raise HybridError(f"one entry per request: {len(req_ids)} ids, {len(new_tokens)} token lists")
+        if self._step is not None:
+            raise HybridError("begin was called twice without finish: one begin and one finish per step")
+        act, toks, ng = [], [], []
+        for i, (r, new) in enumerate(zip(req_ids, new_tokens)):
+            if not len(new):
+                continue
+            h = self.hist.get(r)
+            if h is None:
+                h = self.hist[r] = _History(prompt_of(r))
+                self.states[r] = self.policy.new_state(h.n)
+            h.extend(new)
+            t = h.view()
+            act.append(i)
+            toks.append(t)
+            ng.append(ngram_lookup(t, self.policy.kmax, self.min_n, self.max_n))
+        st = [self.states[req_ids[i]] for i in act]
+        need = policy_needs_eagle(self.policy, st, toks, ng) if act else []
+        self._step = (len(req_ids), act, st, toks, ng)
+        out = [False] * len(req_ids)
+        for i, n in zip(act, need):
+            out[i] = n
+        self._needs = out
+        return out
+
+    def finish(self, eagle: Any = None) -> list[Choice]:
+        """Per request (all ``begin``'s requests, in order) the proposal to verify; ``eagle``: EAGLE's [B, k]
+        proposals for all of them (rows of requests not needing EAGLE are ignored) or None if it did not draft."""
+        if self._step is None:
+            raise HybridError("finish without begin: one begin and one finish per step")
+        B, act, st, toks, ng = self._step
+        self._step = None
+        rows = None
+        if eagle is not None:
+            rows = eagle.tolist() if hasattr(eagle, "tolist") else list(eagle)
+            if len(rows) != B:
+                raise HybridError(f"EAGLE's proposals have {len(rows)} rows for {B} requests")
+            rows = [rows[i] for i in act]
+        out = [Choice([], "")] * B
+        for i, c in zip(act, select(self.policy, st, toks, ng, rows) if act else []):
+            out[i] = c
+        self._last = out
+        return out
+
+    def summary(self, req_ids: Sequence[str] | None = None) -> dict:
+        """The last step's choices: counts per proposer (``""``: no draft), the draft tokens per proposer, whether
+        any request needed EAGLE, and with ``req_ids`` the per-request [source, k]."""
+        n = {"ngram": 0, "eagle": 0, "": 0}
+        tok = {"ngram": 0, "eagle": 0}
+        for c in self._last:
+            n[c.source] += 1
+            if c.source:
+                tok[c.source] += len(c.draft)
+        out = {"ngram": n["ngram"], "eagle": n["eagle"], "none": n[""], "ngram_tokens": tok["ngram"],
+               "eagle_tokens": tok["eagle"], "eagle_needed": any(self._needs)}
+        if req_ids is not None:
+            out["per_req"] = {r: [c.source, len(c.draft)] for r, c in zip(req_ids, self._last)}
+        return out

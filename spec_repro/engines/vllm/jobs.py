@@ -12,6 +12,15 @@ when the job is run again on the same ``--out`` (resumable).
 On a GPU host (``gpu/device.sh``): install vLLM 0.25.0, ``setup``, then ``run``. ``--dry-run`` prints the specs
 without vLLM. ``summarize`` (``summary``) turns the raw outputs into ``data/gpu``; ``prepare-smollm2`` and
 ``convert-gguf`` (``smollm2``) prepare the real-weights run.
+
+The live hybrid's measurement (issue 18, step 7) is built, not read from the table: ``hybrid_specs`` makes one
+engine spec per configuration (no SD, n-gram alone, EAGLE alone, EAGLE + each hybrid policy) on the converted
+Qwen2.5-Coder-1.5B-Instruct and the package's EAGLE head; each engine runs every workload, batch size and repeat
+(engine starts cost 40-70 s), keeping the outputs; ``lossless_report`` compares every run's outputs with the
+no-SD engine's (plain greedy) on the same prompts.
+
+    python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --plan      # the run list, seconds
+    python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --deadline 1500
 """
 from __future__ import annotations
 
@@ -168,26 +177,162 @@ def run_spec(spec: dict, out: Path) -> None:
                                     stop_token_ids=part[0].get("eos"))
                 keys = [p["key"] for p in part]
                 record(r, task="prompts", keys=keys, with_outputs=True)
+        elif ty == "hybrid":
+            _hybrid_task(eng, task, record)
         else:
             raise ValueError(f"unknown task type {ty!r}")
     eng.close()
     _append(res_path, {"kind": "done", "spec": spec["name"], "seconds": time.time() - t0})
 
 
+# ---- the live hybrid's measurement (issue 18, step 7) ----------------------------------------------------------
+HYBRID_MODEL = "qwen2.5-coder-1.5b"
+HYBRID_WORKLOADS = ("code-edit", "sharegpt")
+HYBRID_BATCH_SIZES = (1, 8, 32, 64)
+HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
+ENGINE_CONFIGS = {"default": None, "study-like": False}    # async_scheduling (None: vLLM's default)
+
+
+def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tokens: int = 256,
+                 prompts_per_bs: int = 8, repeats: int = 3, batch_sizes=HYBRID_BATCH_SIZES,
+                 workloads=HYBRID_WORKLOADS, methods=HYBRID_METHODS, cost_model: str | None = None,
+                 engine_config: str = "default", max_model_len: int = 4096) -> list[dict]:
+    """One engine spec per configuration (``methods``: ``none``, ``ngram``, ``eagle`` or a hybrid policy, which
+    runs method ``eagle`` with the hybrid on). Every spec runs the same task: per workload and batch size B,
+    ``max(B, prompts_per_bs)`` prompts (the workload's first, by its seeded order) in chunks of B submitted
+    together, ``repeats`` times, greedy, ``max_tokens`` tokens each (EOS ignored: every request decodes as long,
+    so the batch stays at B), outputs kept. Pure: no vLLM, no model files read."""
+    from .hybrid import POLICIES
+
+    if engine_config not in ENGINE_CONFIGS:
+        raise ValueError(f"engine_config must be one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
+    if "adaptive-rule" in methods and not cost_model:
+        raise ValueError("the adaptive-rule hybrid needs a cost model (--cost-model: an H200 preset fitted on "
+                         "this model's measured steps, or its file)")
+    if model_dir is None:
+        from ... import models
+
+        model_dir = str(models.converted_dir(HYBRID_MODEL))
+    task = {"type": "hybrid", "workloads": list(workloads), "batch_sizes": [int(b) for b in batch_sizes],
+            "prompts_per_bs": int(prompts_per_bs), "repeats": int(repeats), "max_tokens": int(max_tokens)}
+    specs = []
+    for m in methods:
+        cfg = {"model": model_dir, "name": HYBRID_MODEL, "method": "eagle" if m in POLICIES else m,
+               "k": int(k), "max_model_len": int(max_model_len), "max_num_seqs": max(int(b) for b in batch_sizes),
+               "async_scheduling": ENGINE_CONFIGS[engine_config], "gpu_memory_utilization": 0.85}
+        if cfg["method"] == "eagle":
+            cfg["draft"] = str(head)
+        if m in POLICIES:
+            cfg["hybrid"] = m
+            if m == "adaptive-rule":
+                cfg["hybrid_cost_model"] = str(cost_model)
+        specs.append({"name": f"hybrid-{engine_config}-{m}", "config": cfg, "tasks": [task],
+                      "engine_config": engine_config})
+    return specs
+
+
+def estimate_seconds(spec: dict, start_s: float = 70.0, step_s: float = 0.006, per_seq_s: float = 5e-5,
+                     tokens_per_step: float | None = None) -> float:
+    """A rough budget for one spec: the engine start plus, per run, max_tokens / tokens_per_step steps of
+    ``step_s + B * per_seq_s`` (defaults: a 1.5B target on an H200, ~2 tokens per step with SD, 1 without)."""
+    t = start_s
+    tps = tokens_per_step or (1.0 if spec["config"]["method"] == "none" else 2.0)
+    for task in spec["tasks"]:
+        for b in task["batch_sizes"]:
+            chunks = -(-max(b, task["prompts_per_bs"]) // b)
+            run = chunks * task["max_tokens"] / tps * (step_s + b * per_seq_s)
+            t += len(task["workloads"]) * (task["repeats"] + 1) * run    # + 1: the warm-up pass
+    return t
+
+
+def hybrid_plan(specs: list[dict], done: set | None = None) -> list[dict]:
+    """The run list: per spec its configuration, runs and estimated seconds (``done``: finished specs)."""
+    rows = []
+    for s in specs:
+        t = s["tasks"][0]
+        rows.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
+                     "runs": len(t["workloads"]) * len(t["batch_sizes"]) * t["repeats"],
+                     "seconds": round(estimate_seconds(s)), "done": s["name"] in (done or set())})
+    return rows
+
+
+def _hybrid_task(eng, task: dict, record) -> None:
+    """Every workload x batch size x repeat on one engine (a warm-up pass per shape first, not recorded)."""
+    from transformers import AutoTokenizer
+
+    from ... import workloads as W
+
+    tok = AutoTokenizer.from_pretrained(eng.cfg.model)
+    for w in task["workloads"]:
+        reqs = W.load(w, n=max(task["batch_sizes"] + [task["prompts_per_bs"]]), seed=0, tokenizer=tok,
+                      max_prompt_tokens=eng.cfg.max_model_len - task["max_tokens"])
+        for b in task["batch_sizes"]:
+            part = reqs[:max(b, task["prompts_per_bs"])]
+            chunks = [part[i:i + b] for i in range(0, len(part), b)]
+            for rep in range(-1, task["repeats"]):
+                for c, ch in enumerate(chunks):
+                    r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
+                                        run_id=f"{w}-b{b}-c{c}-r{rep}", keep_outputs=True, record=rep >= 0,
+                                        label="hybrid" if rep >= 0 else "warmup")
+                    if rep >= 0:
+                        r.batch_size = b
+                        record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch],
+                               with_outputs=True)
+
+
+def lossless_report(records: list[dict], baseline_method: str = "none") -> list[dict]:
+    """Per run (results.jsonl ``run`` records with outputs and keys), whether every output equals the baseline
+    engine's (plain greedy) on the same prompt and batch size: ``equal`` / ``total`` requests and, for the first
+    differing request, its key and the first differing position (bf16 numerics can differ between batch shapes:
+    the comparison is at the same batch size)."""
+    def conf(r):
+        c = r.get("config", {})
+        return c.get("hybrid") or c.get("method")
+
+    base = {}
+    for r in records:
+        if r.get("kind") == "run" and r.get("task") == "hybrid" and conf(r) == baseline_method:
+            for key, out in zip(r["keys"], r["outputs"]):
+                base.setdefault((r["workload"], r["batch_size"], key), out)
+    rows = []
+    for r in records:
+        if r.get("kind") != "run" or r.get("task") != "hybrid" or conf(r) == baseline_method:
+            continue
+        eq, first = 0, None
+        for key, out in zip(r["keys"], r["outputs"]):
+            ref = base.get((r["workload"], r["batch_size"], key))
+            if ref is not None and out == ref:
+                eq += 1
+            elif first is None:
+                pos = None if ref is None else next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b),
+                                                    min(len(out), len(ref)))
+                first = {"key": key, "position": pos}
+        rows.append({"spec": r["spec"], "config": conf(r), "workload": r["workload"], "batch_size": r["batch_size"],
+                     "repeat": r.get("repeat"), "chunk": r.get("chunk"), "equal": eq, "total": len(r["keys"]),
+                     "first_difference": first})
+    return rows
+
+
 def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False, only: list[str] | None = None,
             deadline_s: float | None = None, min_spec_s: float = 120) -> int:
     """Run a job's specs in order, each in a child process; skip finished ones (resumable); with ``deadline_s``
     (seconds from now) start no spec with less than ``min_spec_s`` left and cut the last one at the deadline."""
-    t_start = time.time()
     if name not in JOBS:
         raise SystemExit(f"unknown job {name!r}; jobs: {', '.join(sorted(JOBS))}")
+    return run_specs(JOBS[name], out, timeout_s, dry_run, only, deadline_s, min_spec_s)
+
+
+def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: bool = False,
+              only: list[str] | None = None, deadline_s: float | None = None, min_spec_s: float = 120) -> int:
+    """``run_job`` on a list of specs."""
+    t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     done = set()
     res = out / "results.jsonl"
     if res.exists():
         done = {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x}
     failures = 0
-    for spec in JOBS[name]:
+    for spec in specs:
         if only and spec["name"] not in only:
             continue
         if spec["name"] in done:
@@ -233,6 +378,24 @@ def main(argv=None) -> int:
     sp.add_argument("--spec", required=True)
     sp.add_argument("--out", required=True)
     sub.add_parser("list")
+    hy = sub.add_parser("hybrid", help="the live hybrid's measurement (issue 18 step 7)")
+    hy.add_argument("--head", required=True, help="the package's EAGLE head for Qwen2.5-Coder-1.5B (a dir)")
+    hy.add_argument("--out", required=True)
+    hy.add_argument("--model-dir", help="default: spec_repro.models.converted_dir('qwen2.5-coder-1.5b')")
+    hy.add_argument("--cost-model", help="adaptive-rule's cost model (preset name or file); without it that "
+                    "policy is left out")
+    hy.add_argument("--k", type=int, default=5)
+    hy.add_argument("--max-tokens", type=int, default=256)
+    hy.add_argument("--prompts-per-bs", type=int, default=8)
+    hy.add_argument("--repeats", type=int, default=3)
+    hy.add_argument("--batch-sizes", type=int, nargs="+", default=list(HYBRID_BATCH_SIZES))
+    hy.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS))
+    hy.add_argument("--engine-config", choices=sorted(ENGINE_CONFIGS), default="default")
+    hy.add_argument("--timeout", type=float, default=900, help="seconds per engine spec")
+    hy.add_argument("--deadline", type=float, help="seconds from now for the whole job")
+    hy.add_argument("--plan", action="store_true", help="print the run list and estimated seconds; run nothing")
+    lr = sub.add_parser("lossless", help="compare a hybrid job's outputs with the no-SD engine's")
+    lr.add_argument("--out", required=True)
     pp = sub.add_parser("prepare-smollm2")
     pp.add_argument("--out", default="data/gpu/smollm2_prompts.jsonl")
     sm = sub.add_parser("summarize")
@@ -264,6 +427,26 @@ def main(argv=None) -> int:
     if a.cmd == "list":
         for k, v in JOBS.items():
             print(k, [s["name"] for s in v])
+        return 0
+    if a.cmd == "hybrid":
+        methods = [m for m in a.methods if m != "adaptive-rule" or a.cost_model]
+        specs = hybrid_specs(a.head, model_dir=a.model_dir, k=a.k, max_tokens=a.max_tokens,
+                             prompts_per_bs=a.prompts_per_bs, repeats=a.repeats, batch_sizes=a.batch_sizes,
+                             methods=methods, cost_model=a.cost_model, engine_config=a.engine_config)
+        if a.plan:
+            res = Path(a.out) / "results.jsonl"
+            done = {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x} if res.exists() else set()
+            rows = hybrid_plan(specs, done)
+            for row in rows:
+                print(json.dumps(row))
+            print(json.dumps({"specs": len(rows), "runs": sum(r["runs"] for r in rows),
+                              "seconds_left": sum(r["seconds"] for r in rows if not r["done"])}))
+            return 0
+        return run_specs(specs, Path(a.out), a.timeout, False, None, a.deadline)
+    if a.cmd == "lossless":
+        recs = [json.loads(x) for x in open(Path(a.out) / "results.jsonl") if x.strip()]
+        for row in lossless_report(recs):
+            print(json.dumps(row))
         return 0
     if a.cmd == "run":
         return run_job(a.job, Path(a.out), a.timeout, a.dry_run, a.only, a.deadline)

@@ -26,13 +26,32 @@ Events measure the GPU stream's timeline; for CPU phases (the n-gram proposer ru
 idle, so the events fire at host time and measure the CPU work. Each step is written as one JSON line with the
 columns of ``spec_repro.traces.STEP_COLUMNS`` plus ``phase`` (prefill/decode/mixed), ``accepted_per_req``
 ({req_id: accepted}) and, with detail on, ``req_info`` ({req_id: [output position before the step, scheduled
-tokens, draft tokens]}) and ``new_reqs`` ({req_id: [prompt_len, sha1(prompt int32 bytes)[:12]]}).
+tokens, draft tokens]}) and ``new_reqs`` ({req_id: [prompt_len, sha1(prompt int32 bytes)[:12]]}); with the
+hybrid on, ``hybrid`` (``hybrid.LiveHybrid.summary``: how many requests got n-gram's, EAGLE's or no draft at
+this step, their draft tokens, whether EAGLE drafted; with detail, ``per_req`` {req_id: [source, k]}). A step's
+``hybrid`` is what it proposed: those drafts are verified at the request's next step.
 
 Separately, and only when ``SPEC_REPRO_DRAFT_CUDAGRAPHS=1`` is set (engine option ``draft_cudagraphs=True``),
 the plugin applies the fix of vLLM PR #47460 to 0.25's V1 runner: ``_check_and_update_cudagraph_mode`` initializes
 the drafter's CUDA-graph keys for EAGLE/MTP but not for ``draft_model``, so a draft model's PIECEWISE graphs are
 captured but never replayed and every draft forward runs eagerly (launch-bound). The patch also initializes them
 for ``draft_model``. It changes vLLM's behaviour, so it is opt-in and recorded in the engine's status.
+
+The live n-gram + EAGLE hybrid, only when ``SPEC_REPRO_HYBRID=<policy>`` is set (engine option ``hybrid=``;
+policies of ``hybrid.POLICIES``; ``adaptive-rule`` reads its cost model from ``SPEC_REPRO_HYBRID_COST``, a preset
+name or file) and vLLM runs method ``eagle``: ``patch_hybrid`` wraps ``propose_draft_token_ids`` (before the
+timer, so ``t_draft`` times the hybrid's whole drafting). Per step the wrapper copies the sampler's output to
+the host (one synchronize the runner would otherwise do later, in its bookkeeping), hands each request's emitted
+tokens to ``hybrid.LiveHybrid`` (n-gram lookups, the policy's choice), runs vLLM's EAGLE drafting only when some
+request's choice reads it (else only its next-token bookkeeping: EAGLE's KV for that step's tokens is then not
+written, a gap its later drafts attend over: lossless, but its acceptance may drop after skipped steps), and
+returns per request the chosen draft, cut to the chosen k: ``list[list[int]]`` on the synchronous path (vLLM's
+own contract for n-gram), a ``[B, k]`` tensor on the async path, whose placeholder slots the wrapped
+``_update_states`` trims to the valid counts at the next step (``hybrid.trim_scheduled``, as vLLM does for its
+GPU n-gram, ``prev_num_draft_len`` restored likewise). Draft probabilities are cleared (greedy verification
+does not read them; EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (counts per
+proposer, with detail on also per request). A wrong method or layout disables the hybrid with one message (vLLM
+then runs plain EAGLE, and the status says so).
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
@@ -57,6 +76,8 @@ ENV_PATH = "SPEC_REPRO_STEP_LOG"
 ENV_GAP = "SPEC_REPRO_STEP_GAP_S"
 ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported vLLM version anyway
 ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CUDA graphs (vLLM PR #47460)
+ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
+ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -70,16 +91,18 @@ RUNNER_METHODS = {
     "propose_draft_token_ids": ("scheduler_output",),
 }
 
-_state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False}
+_state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False,
+          "hybrid": None, "hybrid_error": None}
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()
 
 
 # ---- registration --------------------------------------------------------------------------------------------
 def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group. Idempotent; a no-op unless SPEC_REPRO_STEP_LOG or
-    SPEC_REPRO_DRAFT_CUDAGRAPHS is set."""
-    if _state["registered"] or not (os.environ.get(ENV_PATH) or os.environ.get(ENV_DRAFT_CG) == "1"):
+    """Entry point of the ``vllm.general_plugins`` group. Idempotent; a no-op unless SPEC_REPRO_STEP_LOG,
+    SPEC_REPRO_DRAFT_CUDAGRAPHS or SPEC_REPRO_HYBRID is set."""
+    if _state["registered"] or not (os.environ.get(ENV_PATH) or os.environ.get(ENV_DRAFT_CG) == "1"
+                                    or os.environ.get(ENV_HYBRID)):
         return
     _state["registered"] = True
     ok, why = check_version()
@@ -134,7 +157,8 @@ def check_layout(runner_cls) -> list[str]:
 def status() -> dict:
     return {"registered": _state["registered"], "patched": _state["patched"], "version": PLUGIN_VERSION,
             "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH),
-            "draft_cudagraphs": _state["draft_cudagraphs"]}
+            "draft_cudagraphs": _state["draft_cudagraphs"], "hybrid": _state["hybrid"],
+            "hybrid_error": _state["hybrid_error"]}
 
 
 def _disable(why: str) -> None:
@@ -193,6 +217,8 @@ def _on_import(name: str, module) -> None:
                 return
             if os.environ.get(ENV_DRAFT_CG) == "1":
                 patch_draft_cudagraphs(cls)
+            if os.environ.get(ENV_HYBRID):
+                patch_hybrid(cls)
             if not os.environ.get(ENV_PATH):
                 return
             _ORIG["runner_cls"] = cls
@@ -226,6 +252,114 @@ def patch_draft_cudagraphs(cls) -> bool:
     _check_and_update_cudagraph_mode._spec_repro = True
     cls._check_and_update_cudagraph_mode = _check_and_update_cudagraph_mode
     return True
+
+
+def patch_hybrid(cls) -> bool:
+    """Install the live hybrid on the runner class (see the module docstring); the policy is built per runner at
+    its first drafting step, from ``SPEC_REPRO_HYBRID`` and the runner's speculative config."""
+    from . import hybrid as H
+
+    name = os.environ.get(ENV_HYBRID, "")
+    if name not in H.POLICIES:
+        _hybrid_off(f"{ENV_HYBRID}={name!r} is not a hybrid policy ({', '.join(H.POLICIES)})")
+        return False
+    missing = [m for m in ("propose_draft_token_ids", "_update_states") if not callable(getattr(cls, m, None))]
+    if missing or getattr(cls.propose_draft_token_ids, "_spec_repro_hybrid", False):
+        if missing:
+            _hybrid_off(f"{cls.__name__} has no {', '.join(missing)}")
+        return False
+    orig_propose, orig_update = cls.propose_draft_token_ids, cls._update_states
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        hy = _live_hybrid(self, name)
+        if hy is None:
+            return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        return _hybrid_step(self, hy, orig_propose, scheduler_output, sampled_token_ids, args, kwargs)
+
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        valid = getattr(self, "_spec_repro_valid", None)
+        before = {}
+        if valid:
+            self._spec_repro_valid = None
+            removed, before = H.trim_scheduled(scheduler_output.num_scheduled_tokens,
+                                               scheduler_output.scheduled_spec_decode_tokens, valid)
+            scheduler_output.total_num_scheduled_tokens -= removed
+        out = orig_update(self, scheduler_output, *args, **kwargs)
+        for r, k in before.items():      # as vLLM after trimming its GPU n-gram's drafts
+            rs = self.requests.get(r)
+            if rs is not None:
+                rs.prev_num_draft_len = k
+        return out
+
+    propose_draft_token_ids._spec_repro_hybrid = True
+    cls.propose_draft_token_ids, cls._update_states = propose_draft_token_ids, _update_states
+    _state["hybrid"] = name
+    return True
+
+
+def _hybrid_off(why: str) -> None:
+    _state["hybrid"], _state["hybrid_error"] = None, why
+    msg = f"spec_repro hybrid OFF (vLLM runs its own drafter): {why}"
+    logger.warning(msg)
+    print(f"[spec_repro] {msg}", file=sys.stderr, flush=True)
+
+
+def _live_hybrid(runner, name: str):
+    """The runner's LiveHybrid (built at its first drafting step), or None where the hybrid cannot run."""
+    hy = getattr(runner, "_spec_repro_hybrid", False)
+    if hy is not False:
+        return hy
+    runner._spec_repro_hybrid = None
+    try:
+        from . import hybrid as H
+
+        sc = runner.speculative_config
+        if sc is None or sc.method != "eagle":
+            _hybrid_off(f"the hybrid needs method 'eagle', vLLM runs {getattr(sc, 'method', None)!r}")
+            return None
+        pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)
+        runner._spec_repro_hybrid = H.LiveHybrid(pol)
+    except Exception as e:
+        _hybrid_off(f"{type(e).__name__}: {e}")
+    return runner._spec_repro_hybrid
+
+
+def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
+    """One step of the live hybrid (needs a live vLLM: checked by the GPU session, see the module docstring)."""
+    import numpy as np
+    import torch
+
+    from . import hybrid as H
+
+    hy.forget(getattr(so, "finished_req_ids", ()))
+    ib = runner.input_batch
+    req_ids = list(ib.req_ids)
+    B = len(req_ids)
+    if isinstance(sampled, list):            # disable_padded_drafter_batch: valid tokens per request already
+        new = sampled
+    else:                                    # the padded path: [B, k+1], -1 after the first rejection
+        discard = np.nonzero(runner.discard_request_mask.np[:B])[0]
+        new = H.valid_tokens(sampled[:B].cpu(), discard, ib.vocab_size)
+    need = hy.begin(req_ids, new, lambda r: runner.requests[r].prompt_token_ids or [])
+    eagle = None
+    if any(need):
+        out = orig(runner, so, sampled, *args, **kwargs)
+        eagle = out[:B].cpu()
+    elif not isinstance(sampled, list):      # EAGLE skipped: only the next-token bookkeeping the runner needs
+        nxt, cnt = runner.drafter.prepare_next_token_ids_padded(sampled, runner.requests, ib,
+                                                                runner.discard_request_mask.gpu)
+        runner._copy_valid_sampled_token_count(nxt, cnt)
+    runner._draft_probs = runner._draft_prob_req_ids = None
+    drafts = [c.draft for c in hy.finish(eagle)]
+    rec = _REC[1]
+    if rec is not None and rec.cur is not None:
+        rec.cur.hybrid = hy.summary(req_ids if rec.cur.ctx["detail"] else None)
+    if not runner.use_async_scheduling:
+        return drafts
+    width = int(getattr(so, "num_spec_tokens_to_schedule", 0) or hy.policy.kmax)
+    ids, counts = H.pack([d[:width] for d in drafts], width)
+    runner._spec_repro_valid = dict(zip(req_ids, counts.tolist()))
+    return torch.from_numpy(ids).to(runner.device)
 
 
 def instrument(on: bool) -> bool:
@@ -292,25 +426,27 @@ def _model_forward(self, *args, **kwargs):
     return _ORIG["_model_forward"](self, *args, **kwargs)
 
 
-def _sample(self, *args, **kwargs):
-    rec = _recorder()
-    if rec.cur is None:
-        return _ORIG["_sample"](self, *args, **kwargs)
-    _guard(rec.mark, "samp0")
-    out = _ORIG["_sample"](self, *args, **kwargs)
-    _guard(rec.mark, "samp1")
-    _guard(rec.drain)
-    return out
+def _timed(name: str, mark0: str, mark1: str, drain: bool = False):
+    """A wrapper of runner method ``name`` that times the original between marks ``mark0`` and ``mark1`` (and,
+    with ``drain``, then resolves finished steps while the GPU runs: see ``StepRecorder.drain``)."""
+
+    def wrapper(self, *args, **kwargs):
+        rec = _recorder()
+        if rec.cur is None:
+            return _ORIG[name](self, *args, **kwargs)
+        _guard(rec.mark, mark0)
+        out = _ORIG[name](self, *args, **kwargs)
+        _guard(rec.mark, mark1)
+        if drain:
+            _guard(rec.drain)
+        return out
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    return wrapper
 
 
-def _propose(self, *args, **kwargs):
-    rec = _recorder()
-    if rec.cur is None:
-        return _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    _guard(rec.mark, "draft0")
-    out = _ORIG["propose_draft_token_ids"](self, *args, **kwargs)
-    _guard(rec.mark, "draft1")
-    return out
+_sample = _timed("_sample", "samp0", "samp1", drain=True)
+_propose = _timed("propose_draft_token_ids", "draft0", "draft1")
 
 
 def _sample_tokens(self, *args, **kwargs):
@@ -344,12 +480,13 @@ def _worker_rpc(self, op: str = "status", **kw):
 # ---- the recorder --------------------------------------------------------------------------------------------
 class _Step:
     __slots__ = ("so", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx", "stream",
-                 "index")
+                 "index", "hybrid")
 
     def __init__(self, so, host_start, gap, ctx, stream):
         self.so, self.marks, self.host_start, self.host_end = so, [], host_start, None
         self.gap, self.in_forward, self.outputs, self.ctx, self.stream = gap, False, None, ctx, stream
         self.index = 0
+        self.hybrid = None          # the live hybrid's choices at this step (LiveHybrid.summary)
 
     def set_outputs(self, out) -> None:
         try:
@@ -483,6 +620,8 @@ class StepRecorder:
         meta = step_meta(st.so, detail=bool(st.ctx["detail"]))
         meta["step"] = st.index
         st.so = None
+        if st.hybrid is not None:
+            meta["hybrid"] = st.hybrid
         return build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
 
 
@@ -560,7 +699,7 @@ def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, ra
            "outputs_known": outputs is not None}
     if raw_gap is not None:
         row["t_gap"] = float(raw_gap)
-    for key in ("req_info", "new_reqs"):
+    for key in ("req_info", "new_reqs", "hybrid"):
         if key in meta:
             row[key] = meta[key]
     return row
