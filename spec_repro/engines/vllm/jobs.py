@@ -430,6 +430,9 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "hybrid":
         methods = [m for m in a.methods if m != "adaptive-rule" or a.cost_model]
+        if len(methods) < len(a.methods):
+            print("note: adaptive-rule left out: it needs --cost-model (an H200 preset fitted on this model's "
+                  "measured steps, or its file)", file=sys.stderr)
         specs = hybrid_specs(a.head, model_dir=a.model_dir, k=a.k, max_tokens=a.max_tokens,
                              prompts_per_bs=a.prompts_per_bs, repeats=a.repeats, batch_sizes=a.batch_sizes,
                              methods=methods, cost_model=a.cost_model, engine_config=a.engine_config)
