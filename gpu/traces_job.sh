@@ -2,18 +2,19 @@
 # Study-scale Qwen2.5-Coder-1.5B traces decoded by vLLM and an EAGLE head trained on vLLM-decoded data, on the
 # lent H200. Every stage skips what it finished (a marker per stage; train resumes from its checkpoint).
 #
-# Plan (device seconds; one machine, calls back to back so it stays warm). Measured 2026-12-01 (fourth session):
+# Plan (device seconds; one machine, calls back to back so it stays warm). Measured 2026-12-01 (fifth session):
 #   stage    calls  seconds  what
-#   vllm       6    ~60      .stage/c1..c7 (vLLM 0.25.0 wheel + deps; c6+c7 in one call)  bash gpu/traces_job.sh vllm cN
-#   cache     17    ~100     .carry/pNN (gzip'd stream: Qwen 1.5B GGUF + workloads)  bash gpu/traces_job.sh piece pNN
-#   setup      1    ~170     install vLLM, reassemble + verify the cache, convert the GGUF, place the traces
-#   run     1+polls ~1,340   detached: (1) decode throughput vLLM vs torch engine (COMPARE=0 skips it: committed);
-#                            (2) train eagle --engine vllm: split + tokenize ~150 s, engine start ~95 s, decode ~295 s
-#                            (19,309 prompts), feature pass ~120 s, then the loop until TRAIN_BUDGET s after its start;
-#                            (3) collect --reprofile eagle on the committed traces (teacher-forced, no decode) ~130 s
-#   pack      3     ~90      results + 3 head pieces as soon as TRAINING.json exists (while (3) runs), the other 4
+#   vllm       6    ~40      .stage/c1..c7 (vLLM 0.25.0 wheel + deps; c6+c7 in one call)  bash gpu/traces_job.sh vllm cN
+#   cache     19    ~100     .carry/pNN (gzip'd stream: Qwen 1.5B GGUF + workloads + HEADS)  bash gpu/traces_job.sh piece pNN
+#   setup      1    ~165     install vLLM, reassemble + verify the cache, convert the GGUF, place the traces
+#   run     1+polls ~1,320   detached: (1) decode throughput vLLM vs torch engine (COMPARE=0 skips it: committed);
+#                            (2) train eagle --engine vllm: model + split ~110 s (sharegpt-turns' histories), engine
+#                            start ~87 s, decode ~286 s (21,165 prompts), feature pass ~137 s, then the loop until
+#                            TRAIN_BUDGET s after its start; (3) collect --reprofile eagle on the committed traces
+#                            (teacher-forced, no decode) ~140 s
+#   pack      3     ~50      results + 3 head pieces as soon as TRAINING.json exists (while (3) runs), the other 4
 #                            pieces, then the traces (packtraces) when (3) ends
-#   In all ~1,720 of 1,800; TRAIN_BUDGET = budget left when it starts - ~290 s (final eval, (3), packing, margin).
+#   In all ~1,680 of 1,800; TRAIN_BUDGET = budget left when it starts - ~300 s (final eval, (3), packing, margin).
 #
 #   bash gpu/traces_job.sh vllm c1 ... c7          # carry=[".stage/cN"]            (c7: also ".stage/run")
 #   bash gpu/traces_job.sh piece p00 ... pNN       # carry=[".carry/pNN"]  (last: also ".carry/extra")

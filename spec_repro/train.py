@@ -532,7 +532,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
 def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batch: int = 8192, ttt_depth: int = 3,
                          reg: float = 0.1, seed: int = 0, ckpt_every: int = 200, eval_every: int = 200,
                          time_limit_s: float | None = None, topk: int = 32, loss_vocab: int = 32768,
-                         depth_decay: float = 0.8, init_head=None) -> None:
+                         depth_decay: float = 0.8) -> None:
     """Refuse, with one line naming the option, any training number that cannot give a trained head."""
     from .guard import check_float, check_int
 

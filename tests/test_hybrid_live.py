@@ -15,21 +15,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_hybrid import _trace, eagle_proposal
+from test_hybrid import eagle_proposal, qwen, smol  # noqa: F401  (the committed traces, as module fixtures)
 
 from spec_repro.costmodel import Drafter, load_cost_model
 from spec_repro.engines.vllm import hybrid as H
 from spec_repro.proposers.ngram import ngram_lookup
-
-
-@pytest.fixture(scope="module")
-def smol():
-    return _trace("smollm2-135m__code-edit")
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return _trace("qwen2.5-coder-1.5b__code-edit")
 
 
 def engine(policy, reqs, toks, rows, *, async_form, max_batch=8, prefill_steps=2, seed=0):
