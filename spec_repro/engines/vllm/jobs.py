@@ -126,7 +126,8 @@ def run_spec(spec: dict, out: Path) -> None:
             eng = VLLMEngine(cfg)
         else:
             raise
-    base = {"spec": spec["name"], "config": {k: v for k, v in vars(cfg).items()}}
+    base = {"spec": spec["name"], "config": {k: v for k, v in vars(cfg).items()},
+            **({"engine_config": spec["engine_config"]} if spec.get("engine_config") else {})}
     _append(res_path, {"kind": "engine", **base, "start_s": eng.start_s, "instrumented": eng.instrumented,
                        "vllm": eng.vllm_version, "plugin": eng.steps("status"), "env": environment()})
     print(f"[{spec['name']}] engine up in {eng.start_s:.1f}s, instrumented={eng.instrumented}", flush=True)
@@ -143,9 +144,15 @@ def run_spec(spec: dict, out: Path) -> None:
         if ty == "batches":
             prompt = study_prompt(task["prompt_len"], vocab, seed=1)
             eng.run_batch(prompt, 1, 16, run_id="warmup", record=False)
+            reps = task.get("repeats")      # None: one run per batch size, as the committed jobs ran
             for b in task["batch_sizes"]:
-                r = eng.run_batch(prompt, b, task["max_tokens"], label="study")
-                record(r, task="batches")
+                if task.get("warm_each"):   # this shape once, untimed: no compilation or capture in a timed run
+                    eng.run_batch(prompt, b, task["max_tokens"], run_id=f"warmup-b{b}", record=False)
+                for rep in range(reps or 1):
+                    r = eng.run_batch(prompt, b, task["max_tokens"], label="study",
+                                      **({"run_id": f"{eng.cfg.label()}-{eng.cfg.method}-k{eng.cfg.k}-b{b}-r{rep}"}
+                                         if reps else {}))
+                    record(r, task="batches", **({"repeat": rep} if reps else {}))
         elif ty == "overhead":
             # the same engine, instrumentation removed (vLLM's own methods) vs installed and recording,
             # interleaved so drifts hit both
@@ -233,11 +240,13 @@ def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tok
 
 def estimate_seconds(spec: dict, start_s: float = 70.0, step_s: float = 0.006, per_seq_s: float = 5e-5,
                      tokens_per_step: float | None = None) -> float:
-    """A rough budget for one spec: the engine start plus, per run, max_tokens / tokens_per_step steps of
+    """A rough budget for one spec: the engine start plus, per hybrid run, max_tokens / tokens_per_step steps of
     ``step_s + B * per_seq_s`` (defaults: a 1.5B target on an H200, ~2 tokens per step with SD, 1 without)."""
     t = start_s
     tps = tokens_per_step or (1.0 if spec["config"]["method"] == "none" else 2.0)
     for task in spec["tasks"]:
+        if task["type"] != "hybrid":     # other tasks: priced by their caller (session.spec_seconds)
+            continue
         for b in task["batch_sizes"]:
             chunks = -(-max(b, task["prompts_per_bs"]) // b)
             run = chunks * task["max_tokens"] / tps * (step_s + b * per_seq_s)
@@ -249,7 +258,7 @@ def hybrid_plan(specs: list[dict], done: set | None = None) -> list[dict]:
     """The run list: per spec its configuration, runs and estimated seconds (``done``: finished specs)."""
     rows = []
     for s in specs:
-        t = s["tasks"][0]
+        t = next(x for x in s["tasks"] if x["type"] == "hybrid")
         rows.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
                      "runs": len(t["workloads"]) * len(t["batch_sizes"]) * t["repeats"],
                      "seconds": round(estimate_seconds(s)), "done": s["name"] in (done or set())})
