@@ -2,6 +2,7 @@
 # Stage this machine's spec_repro cache (embedded models' GGUFs + workload data) for the lent GPU machine, which
 # reaches no package index: one tar stream, cut into pieces small enough to ride along one device call each.
 #   bash gpu/stage_cache.sh [MB_PER_PIECE] MODEL...      e.g.  bash gpu/stage_cache.sh 54 smollm2-135m qwen2.5-coder-1.5b
+#   WORKLOADS="code-edit sharegpt ..." stages only those workloads (default: all, sharegpt-turns' 156 MB included)
 #   HEADS="<sha256> ..." adds those trained heads ($SPEC_REPRO_CACHE/heads/<sha256>/, e.g. for train eagle --init-head)
 # Result: .carry/pNN/ and .carry/extra/ (the gguf wheel) (one device call each: carry=[".carry/pNN"], command `bash gpu/device.sh piece pNN`), then
 # `bash gpu/device.sh cache` on the device reassembles the stream, untars it under /root/cache and checks every
@@ -14,6 +15,7 @@ C=${SPEC_REPRO_CACHE:-$HOME/.cache/spec_repro}
 rm -rf .carry/p[0-9]* .carry/parts .carry/extra; mkdir -p .carry/parts .carry/extra
 python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/extra "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
 paths=(workloads)
+[ -n "${WORKLOADS:-}" ] && { paths=(); for w in $WORKLOADS; do paths+=("workloads/$w"); done; }
 for h in ${HEADS:-}; do [ -f "$C/heads/$h/model.safetensors" ] || { echo "no head $C/heads/$h"; exit 2; }; paths+=("heads/$h"); done
 for m in "$@"; do
   f=$(python3 -c "from spec_repro import models; print(models.spec('$m').gguf_file)")

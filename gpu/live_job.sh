@@ -1,0 +1,112 @@
+#!/bin/bash
+# Issue 18 on ONE lent H200, 1,800 device seconds in all (staging included): vLLM with real weights, live.
+# The engine specs, their order and their seconds are spec_repro/engines/vllm/session.py's; `plan` prints them (CPU,
+# no vLLM) and fails when the total passes the plan limit (1,650 s). PREPARED, NOT YET RUN ON A GPU.
+#
+# Plan (device seconds; calls back to back: the machine goes 30 s after a call returns). Estimated:
+#   stage      calls  seconds  what
+#   first        1    ~30      machine start
+#   vllm         6    ~40      .stage/c1..c7 (vLLM 0.25.0; c6+c7 in one call)     bash gpu/live_job.sh vllm cN
+#   piece       27    ~140     .carry/p00..p26: Qwen 1.5B + 0.5B GGUFs, the head, 5 workloads (60 MiB pieces)
+#   setup        1    ~195     install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point
+#   run   1 + polls   ~1,130   detached, resumable (a marker per part, run_specs skips finished engines):
+#                               a ~400: Qwen + head k=5 (agreement prompts + hybrid task), n-gram (same), 0.5B
+#                                       draft (agreement prompts), then predict (the profiler on vLLM's outputs,
+#                                       GPU) and agreement -> res/qwen/qwen_agreement.json       [Must show 3]
+#                               b ~370: no SD, pr24344, pr24344-skip (code-edit, bs 1/8/32/64, 3 repeats) and the
+#                                       lossless check -> res/qwen/lossless.jsonl                [Must show 4]
+#                               c ~230: Llama-3.1-8B dims, dummy weights, no SD: default vs study-like engine,
+#                                       bs 1/16/64/256, 512-token prompt, 256 tokens, warmed, 3 repeats [Must show 2]
+#                               d ~160: EAGLE drafting time, Qwen head at k = 1, 12 (k = 5 from a), bs 1/8/32/64
+#   pack      1 per part  ~10  each part's results as soon as its marker exists
+#   In all ~1,550 of 1,800 (`bash gpu/live_job.sh plan` prints the per-engine estimates).
+#   Deferred to a second session: sharegpt for (a)+(b), adaptive-rule (needs a cost model fitted on this run's
+#   Qwen steps: `jobs summarize` here first), drafting time at the other k and on Llama dims, the idle-hybrid plugin
+#   overhead, `spec-repro reproduce --profile gpu` (its llama8b job alone is ~450 s).
+#
+# The session, call by call (`run` tool; kind nvidia-h200). Before the staging calls, here:
+#   bash ../shared/gpu/prepare.sh                            # .stage/c1..c7, .stage/run
+#   WORKLOADS="code-edit sharegpt humaneval mt-bench gsm-symbolic" HEADS=6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44 \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b qwen2.5-coder-0.5b      # .carry/p00..p26 + .carry/extra
+#   bash gpu/live_job.sh plan                                # must say it fits
+#   mkdir -p .aside && mv data notebooks figures .aside/     # 60 MiB pieces + the tree (~1.6 MB) < 64 MiB a call
+#     (.aside/ is in .git/info/exclude: `grep -qx /.aside/ .git/info/exclude || echo /.aside/ >> .git/info/exclude`)
+#  1-6  carry [".stage/cN"]                   bash gpu/live_job.sh vllm cN          (N = 1..5; the 6th: c6 and c7:
+#       carry [".stage/c6", ".stage/c7"]      bash gpu/live_job.sh vllm c6 c7)
+#  7-33 carry [".carry/pNN"]                  bash gpu/live_job.sh piece pNN        (p00 .. p26; the last one also
+#       carries ".carry/extra")
+#       then here: mv .aside/* . && rmdir .aside     (setup and run need data/: configs, prompts, jobs.json)
+#  34   carry [".stage/run", ".carry/extra"]  bash gpu/live_job.sh setup
+#  35   carry [".stage/run"]                  LEFT=<lease budget_left_s> bash gpu/live_job.sh start
+#  36.. carry []                              sleep 240; bash gpu/live_job.sh status      (each <= 600 s)
+#       as soon as status says "part X done": bash gpu/live_job.sh pack X       (a, b, c, d; ≤ 8 files, 16 MiB)
+#       the last call: bash gpu/live_job.sh pack all; then give_back.
+# Nothing is carried after setup except .stage/run (its env.sh); /root/res, /root/cache survive while warm.
+set -u
+export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1
+R=/root/res; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
+HEAD=/root/cache/heads/${HEAD_SHA:-6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44}
+PY=${PY:-python3}
+ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
+mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
+left() { echo $(( ${END:-$(( $(date +%s) + 900 ))} - $(date +%s) )); }   # seconds to this session's run deadline
+part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
+  local p=$1 out=$R/$2 rc
+  [ -f $R/done_$p ] && { echo "part $p done before"; return 0; }
+  [ $(left) -lt 120 ] && { echo "part $p not started: $(left) s left"; return 0; }
+  ses run $p --out $out --deadline $(left) --head $HEAD --model-dir $(mdir $Q) --draft-dir $(mdir $QD) \
+    > $R/log_$p.txt 2>&1; rc=$?
+  case $p in
+    a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
+       rc=$(( rc + $? )) ;;
+    b) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+       rc=$(( rc + $? )) ;;
+  esac
+  echo "part $p rc=$rc" >> $R/log_$p.txt
+  # a part that ran out of time is not marked: `start` again (next session) resumes its unfinished engines
+  [ $rc = 0 ] && ! grep -q '"spec_skipped"' $out/results.jsonl 2>/dev/null && touch $R/done_$p
+}
+case "$1" in
+  plan)       # CPU, no vLLM: the stages, engines, seconds and total; rc 1 when over the plan limit
+    ses plan "${@:2}" ;;        # here: PY=/work/main/.venv/bin/python bash gpu/live_job.sh plan
+  vllm)       # vllm cN [cM]: pieces of the vLLM wheel (../shared/gpu/prepare.sh), as traces_job.sh stages them
+    for c in "${@:2}"; do bash gpu/traces_job.sh vllm $c || exit 1; done ;;
+  piece)      # a piece of gpu/stage_cache.sh's stream
+    bash gpu/traces_job.sh piece $2 ;;
+  setup)
+    bash .stage/run/install.sh || exit 2
+    bash gpu/device.sh cache || exit 3
+    bash gpu/device.sh setup                                  # the plugin's entry point (hybrid + step logs)
+    mkdir -p $R
+    for m in $Q $QD; do
+      $PY -c "from spec_repro import models; models.convert('$m')" > $R/log_convert_$m.txt 2>&1 \
+        || { tail -n 5 $R/log_convert_$m.txt; exit 4; }
+    done
+    tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/ $HEAD ;;
+  start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now
+    mkdir -p $R
+    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))  # RESERVE: the last pack call + margin
+    echo $END > $R/end_epoch
+    setsid nohup env END=$END bash gpu/live_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
+    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+  run)
+    mkdir -p $R/qwen $R/llama8b $R/draftk
+    part a qwen; part b qwen; part c llama8b; part d draftk
+    echo PIPE_FINISHED ;;
+  status)
+    for f in $R/pipeline.log $R/log_[abcd].txt; do
+      [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
+    done
+    ls $R/done_* 2>/dev/null | sed 's|.*/done_|part done: |'
+    [ -f $R/end_epoch ] && echo "deadline in $(( $(cat $R/end_epoch) - $(date +%s) )) s"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+  pack)       # pack a|b|c|d|all: that part's compact results (no raw step logs of the hybrid task) as one file
+    case $2 in a|b) d=qwen ;; c) d=llama8b ;; d) d=draftk ;; *) d=. ;; esac
+    tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $(cd $R && ls log_*.txt pipeline.log 2>/dev/null)
+    ls -la $OUT; [ $(stat -c %s $OUT/res_$2.tgz) -lt 16000000 ] || echo "res_$2.tgz over 16 MB: split it (send)" ;;
+  send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
+    cp $R/$2 $OUT/ && ls -la $OUT ;;
+  *) echo "stages: plan vllm piece setup start run status pack send"; exit 2 ;;
+esac
