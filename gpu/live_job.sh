@@ -37,7 +37,7 @@
 #       carries ".carry/extra")
 #       then here: mv .aside/* . && rmdir .aside     (setup and run need data/: configs, prompts, jobs.json)
 #  34   carry [".stage/run", ".carry/extra"]  bash gpu/live_job.sh setup
-#  35   carry [".stage/run"]                  LEFT=<lease budget_left_s> bash gpu/live_job.sh start
+#  35   carry []                              LEFT=<lease budget_left_s> bash gpu/live_job.sh start
 #  36.. carry []                              sleep 240; bash gpu/live_job.sh status      (each <= 600 s)
 #       as soon as status says "part X done": bash gpu/live_job.sh pack X       (a, b, c, d; ≤ 8 files, 16 MiB)
 #       the last call: bash gpu/live_job.sh pack all; then give_back.
@@ -51,7 +51,7 @@ HEAD=/root/cache/heads/${HEAD_SHA:-6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010
 PY=${PY:-python3}
 ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
-left() { echo $(( ${END:-$(( $(date +%s) + 900 ))} - $(date +%s) )); }   # seconds to this session's run deadline
+left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
   [ -f $R/done_$p ] && { echo "part $p done before"; return 0; }
@@ -66,7 +66,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
   # a part that ran out of time is not marked: `start` again (next session) resumes its unfinished engines
-  [ $rc = 0 ] && ! grep -q '"spec_skipped"' $out/results.jsonl 2>/dev/null && touch $R/done_$p
+  [ $rc = 0 ] && ! grep -q 'not started' $R/log_$p.txt && touch $R/done_$p
 }
 case "$1" in
   plan)       # CPU, no vLLM: the stages, engines, seconds and total; rc 1 when over the plan limit
@@ -91,7 +91,8 @@ case "$1" in
     echo $END > $R/end_epoch
     setsid nohup env END=$END bash gpu/live_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
-  run)
+  run)       # in the foreground (start runs it detached); END: epoch seconds of the deadline (default 1,100 s on)
+    END=${END:-$(( $(date +%s) + 1100 ))}
     mkdir -p $R/qwen $R/llama8b $R/draftk
     part a qwen; part b qwen; part c llama8b; part d draftk
     echo PIPE_FINISHED ;;
@@ -104,7 +105,7 @@ case "$1" in
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   pack)       # pack a|b|c|d|all: that part's compact results (no raw step logs of the hybrid task) as one file
     case $2 in a|b) d=qwen ;; c) d=llama8b ;; d) d=draftk ;; *) d=. ;; esac
-    tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $(cd $R && ls log_*.txt pipeline.log 2>/dev/null)
+    tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $([ $d = . ] || (cd $R && ls log_*.txt pipeline.log 2>/dev/null))
     ls -la $OUT; [ $(stat -c %s $OUT/res_$2.tgz) -lt 16000000 ] || echo "res_$2.tgz over 16 MB: split it (send)" ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
