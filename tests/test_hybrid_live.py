@@ -180,3 +180,28 @@ def test_forms_and_bad_input():
         live.begin(["a"], [[1]], lambda r: [1, 2, 3])
     with pytest.raises(H.HybridError, match="2 rows for 1 requests"):
         live.finish(np.zeros((2, 4), int))
+
+
+def test_history_is_reread_from_the_engines_context_when_a_step_was_not_seen():
+    """On the synchronous path the plugin passes vLLM's own token ids (context_of): a step whose drafting vLLM
+    skipped (the hybrid saw nothing) is caught up from them, and a shrunken context starts a new state."""
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    ctx = {"a": list(prompt)}
+    live = H.LiveHybrid(H.HybridPolicy("pr24344", 4))
+
+    def step(new):
+        need = live.begin(["a"], [new], lambda r: prompt, lambda i: np.asarray(ctx["a"], np.int32))
+        live.finish(np.zeros((1, 4), int))
+        ctx["a"] += new
+        return need
+
+    step([8])
+    ctx["a"] += [5, 6]                      # a step vLLM ran without calling the drafter
+    step([7])
+    assert live.hist["a"].view().tolist() == prompt + [8, 5, 6, 7] == ctx["a"]
+    assert live.states["a"].n_prev == len(ctx["a"]) and live.states["a"].prompt_len == len(prompt)
+    st = live.states["a"]
+    ctx["a"] = ctx["a"][:len(prompt) + 1]   # vLLM dropped tokens the hybrid had counted
+    step([9])
+    assert live.hist["a"].view().tolist() == prompt + [8, 9] and live.states["a"] is not st
+    assert live.states["a"].prompt_len == len(prompt)

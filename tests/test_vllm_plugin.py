@@ -290,3 +290,38 @@ def test_predict_ngram_steps_counts_leading_matches():
     pred = predict_ngram_steps(prompt, output, [3], k=4, min_n=3, max_n=7)
     assert pred[3] == (4, 2)      # output[3:] = 4 5 9 ... -> 2 accepted
     assert predict_ngram_steps(prompt, output, [1], k=4)[1] == (0, 0)   # "8 1" has no 3-gram match
+
+
+def test_hybrid_cuts_a_private_copy_of_the_scheduler_output(monkeypatch):
+    """Async path: the placeholder slots are cut on a copy (the in-process executor shares the scheduler's own
+    object, whose uncut counts its update_from_output needs), and prev_num_draft_len gets the slots scheduled."""
+    import types
+
+    seen = {}
+
+    class Runner:
+        def propose_draft_token_ids(self, scheduler_output, sampled_token_ids): ...
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            self._update_states(scheduler_output)
+            seen["so"] = scheduler_output
+        def _update_states(self, scheduler_output):
+            for r in scheduler_output.num_scheduled_tokens:   # as update_req_spec_token_ids
+                self.requests[r].prev_num_draft_len = len(scheduler_output.scheduled_spec_decode_tokens.get(r, ()))
+
+    monkeypatch.setenv(vp.ENV_HYBRID, "pr24344")
+    monkeypatch.setitem(vp._state, "hybrid", None)
+    assert vp.patch_hybrid(Runner)
+    run = Runner()
+    run.requests = {r: types.SimpleNamespace(prev_num_draft_len=0) for r in "abc"}
+    so = types.SimpleNamespace(num_scheduled_tokens={"a": 4, "b": 4, "c": 1}, total_num_scheduled_tokens=9,
+                               scheduled_spec_decode_tokens={"a": [-1] * 3, "b": [-1] * 3})
+    run._spec_repro_valid = {"a": 1, "b": 0, "c": 2}
+    run.execute_model(so)
+    cut = seen["so"]
+    assert cut is not so and cut.num_scheduled_tokens == {"a": 2, "b": 1, "c": 1}
+    assert cut.scheduled_spec_decode_tokens == {"a": [-1]} and cut.total_num_scheduled_tokens == 4
+    assert so.num_scheduled_tokens == {"a": 4, "b": 4, "c": 1} and so.total_num_scheduled_tokens == 9
+    assert so.scheduled_spec_decode_tokens == {"a": [-1] * 3, "b": [-1] * 3}
+    assert [run.requests[r].prev_num_draft_len for r in "abc"] == [3, 3, 0]
+    run.execute_model(so)                    # nothing to cut: the scheduler's object goes through
+    assert seen["so"] is so and run._spec_repro_valid is None

@@ -367,7 +367,7 @@ class _History:
     __slots__ = ("buf", "n")
 
     def __init__(self, prompt: Sequence[int]):
-        p = np.asarray(list(prompt), np.int64)
+        p = np.asarray(prompt if isinstance(prompt, np.ndarray) else list(prompt), np.int64)
         self.buf = np.empty(max(64, 2 * len(p)), np.int64)
         self.buf[:len(p)] = p
         self.n = len(p)
@@ -401,10 +401,15 @@ class LiveHybrid:
             self.states.pop(r, None)
             self.hist.pop(r, None)
 
-    def begin(self, req_ids: Sequence[str], new_tokens: Sequence[Sequence[int]], prompt_of) -> list[bool]:
+    def begin(self, req_ids: Sequence[str], new_tokens: Sequence[Sequence[int]], prompt_of,
+              context_of=None) -> list[bool]:
         """Record each request's tokens emitted this step (``prompt_of(req_id)`` gives the prompt ids the first
         time a request is seen); n-gram's lookups; per request whether its choice reads EAGLE's proposal
-        (False for requests that emitted nothing this step: they get no draft)."""
+        (False for requests that emitted nothing this step: they get no draft).
+
+        ``context_of(i)`` (optional): the engine's own token ids of request ``i`` before this step's tokens. Where
+        its length differs from the hybrid's history (steps the hybrid did not see: vLLM skipped drafting, or a
+        request resumed), the history is re-read from it; a request whose context shrank starts a new state."""
         from ...proposers.ngram import ngram_lookup
 
         if len(req_ids) != len(new_tokens):
@@ -416,7 +421,10 @@ class LiveHybrid:
             if not len(new):
                 continue
             h = self.hist.get(r)
-            if h is None:
+            ctx = context_of(i) if context_of is not None else None
+            if ctx is not None and (h is None or h.n != len(ctx)):
+                h = self._resync(r, ctx, len(new), prompt_of)
+            elif h is None:
                 h = self.hist[r] = _History(prompt_of(r))
                 self.states[r] = self.policy.new_state(h.n)
             h.extend(new)
@@ -432,6 +440,13 @@ class LiveHybrid:
             out[i] = n
         self._needs = out
         return out
+
+    def _resync(self, r: str, ctx, n_new: int, prompt_of) -> _History:
+        st = self.states.get(r)
+        h = self.hist[r] = _History(ctx)
+        if st is None or h.n + n_new <= st.n_prev:
+            self.states[r] = self.policy.new_state(len(prompt_of(r)) if st is None else st.prompt_len)
+        return h
 
     def finish(self, eagle: Any = None) -> list[Choice]:
         """Per request (all ``begin``'s requests, in order) the proposal to verify; ``eagle``: EAGLE's [B, k]

@@ -45,13 +45,55 @@ the host (one synchronize the runner would otherwise do later, in its bookkeepin
 tokens to ``hybrid.LiveHybrid`` (n-gram lookups, the policy's choice), runs vLLM's EAGLE drafting only when some
 request's choice reads it (else only its next-token bookkeeping: EAGLE's KV for that step's tokens is then not
 written, a gap its later drafts attend over: lossless, but its acceptance may drop after skipped steps), and
-returns per request the chosen draft, cut to the chosen k: ``list[list[int]]`` on the synchronous path (vLLM's
-own contract for n-gram), a ``[B, k]`` tensor on the async path, whose placeholder slots the wrapped
-``_update_states`` trims to the valid counts at the next step (``hybrid.trim_scheduled``, as vLLM does for its
-GPU n-gram, ``prev_num_draft_len`` restored likewise). Draft probabilities are cleared (greedy verification
-does not read them; EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (counts per
-proposer, with detail on also per request). A wrong method or layout disables the hybrid with one message (vLLM
-then runs plain EAGLE, and the status says so).
+returns per request the chosen draft, cut to the chosen k (and to the next step's slots,
+``num_spec_tokens_to_schedule``): ``list[list[int]]`` on the synchronous path (vLLM's own contract for n-gram;
+the scheduler takes any length, none included), a ``[B, k]`` int32 tensor on the async path, whose placeholder
+slots the wrapped ``execute_model`` cuts to the valid counts at the next step on a private copy of the
+SchedulerOutput (``hybrid.trim_scheduled``, as vLLM does for its GPU n-gram; the scheduler keeps the uncut
+counts its own accounting needs, ``prev_num_draft_len`` restored to the slots scheduled, as vLLM does). On the
+synchronous path the hybrid re-reads a request's history from the runner's token ids where its count differs
+(``LiveHybrid.begin(context_of=)``). Draft probabilities are cleared (greedy verification does not read them;
+EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (counts per proposer, with detail
+on also per request). A wrong method or layout disables the hybrid with one message (vLLM then runs plain EAGLE,
+and the status says so).
+
+GPU checks for the hybrid (what was read in vLLM 0.25's source, not run; file:line under ``vllm/``)
+-------------------------------------------------------------------------------------------------------------
+1. Contract. ``propose_draft_token_ids(scheduler_output, sampled_token_ids, sampling_metadata, ...)`` is called
+   positionally from ``sample_tokens``' closure (v1/worker/gpu_model_runner.py:4514-4528), its result stored in
+   ``_draft_token_ids`` and passed to ``_copy_draft_token_ids_to_cpu`` (:4798-4832): a list only sets
+   ``_draft_token_req_ids`` and ``take_draft_token_ids`` returns it as is (:4792-4796, :4836-4837); a tensor
+   sets ``prev_num_spec_tokens`` = its width (:4803), the stride ``_prepare_input_ids`` reads it with under
+   async scheduling (:1794, :1848-1866). EAGLE with the padded drafter batch (the default) gets the sampler's
+   ``[B, k+1]`` GPU tensor before the bookkeeping (:4545-4561), with ``disable_padded_drafter_batch`` the
+   bookkeeping's lists after it (:4636-4640). Check: a hybrid run's status has ``hybrid`` set and no
+   ``hybrid_error``; the step rows carry ``hybrid``; ``num_draft_tokens`` per step equals the sum of the
+   previous step's ``hybrid`` ``ngram_tokens + eagle_tokens`` (less requests that finished).
+2. Losslessness: ``jobs lossless`` on every hybrid spec, under ``--engine-config study-like`` (synchronous) and
+   ``default`` (vLLM turns async scheduling on for EAGLE, config/vllm.py:992-1040). n-gram rows verified as
+   EAGLE's: greedy rejection needs no draft probs (v1/sample/rejection_sampler.py:403-504, ``NO_DRAFT_PROBS``;
+   gpu_model_runner.py:4884-4888 returns None when ``_draft_probs`` is None, which EAGLE leaves None for greedy:
+   v1/spec_decode/llm_base_proposer.py:440-497). Async only: the scheduler advances ``num_computed_tokens`` by
+   the k placeholders at schedule time (v1/core/sched/scheduler.py:1174-1177, v1/core/sched/async_scheduler.py:
+   19-44) and takes back ``len(scheduled spec) - accepted`` at output (scheduler.py:1583-1607); the runner's
+   correction uses ``prev_num_draft_len`` (gpu_model_runner.py:1317-1343, :1491-1509), restored to the slots
+   scheduled as for vLLM's GPU n-gram (:1290-1301, :1458-1461, v1/worker/gpu_input_batch.py:498). The cut is
+   made on a copy because the in-process executor hands the runner the scheduler's own object
+   (v1/executor/uniproc_executor.py:79-121). If async outputs differ from the no-SD engine's while synchronous
+   ones match, run the hybrid with ``study-like`` only.
+3. Skipped EAGLE drafting (pr24344-skip, adaptive-rule): synchronous path, nothing else to do (vLLM's own
+   "drafter cannot run" branch does nothing there either, gpu_model_runner.py:4559-4580, the event is async-only,
+   :905-915); async path, ``prepare_next_token_ids_padded`` + ``_copy_valid_sampled_token_count``
+   (llm_base_proposer.py:1050-1100, gpu_model_runner.py:4850-4870), as that branch. The drafter's KV for the
+   skipped step's tokens is not written (its first pass writes it, llm_base_proposer.py:502-600): expect EAGLE's
+   acceptance after skipped steps below plain EAGLE's (compare ``eagle``'s per-step acceptance with the
+   hybrid's EAGLE rows).
+4. History: the emitted tokens are ``valid_tokens`` of the sampler output, as ``RejectionSampler.parse_output``
+   (v1/sample/rejection_sampler.py:249-283, discard rows from ``discard_request_mask``,
+   gpu_model_runner.py:2056-2059); new requests start from ``CachedRequestState.prompt_token_ids``. Async path:
+   no re-read (``token_ids_cpu`` holds -1 there, gpu_model_runner.py:3727), so a step vLLM ran without calling
+   the drafter (input longer than the drafter's max length, :4559-4617) leaves a gap in the history; keep
+   prompt + max_tokens + k under max_model_len.
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
@@ -60,6 +102,7 @@ Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs=
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.abc
 import json
@@ -263,12 +306,13 @@ def patch_hybrid(cls) -> bool:
     if name not in H.POLICIES:
         _hybrid_off(f"{ENV_HYBRID}={name!r} is not a hybrid policy ({', '.join(H.POLICIES)})")
         return False
-    missing = [m for m in ("propose_draft_token_ids", "_update_states") if not callable(getattr(cls, m, None))]
+    missing = [m for m in ("propose_draft_token_ids", "execute_model", "_update_states")
+               if not callable(getattr(cls, m, None))]
     if missing or getattr(cls.propose_draft_token_ids, "_spec_repro_hybrid", False):
         if missing:
             _hybrid_off(f"{cls.__name__} has no {', '.join(missing)}")
         return False
-    orig_propose, orig_update = cls.propose_draft_token_ids, cls._update_states
+    orig_propose, orig_exec, orig_update = cls.propose_draft_token_ids, cls.execute_model, cls._update_states
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         hy = _live_hybrid(self, name)
@@ -276,23 +320,41 @@ def patch_hybrid(cls) -> bool:
             return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         return _hybrid_step(self, hy, orig_propose, scheduler_output, sampled_token_ids, args, kwargs)
 
-    def _update_states(self, scheduler_output, *args, **kwargs):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        # async path: cut the k placeholder slots the scheduler gave each request to its valid draft count, on a
+        # private copy of the SchedulerOutput. The scheduler must keep the uncut counts: it advanced
+        # num_computed_tokens by them at schedule time (scheduler.py:1174-1177) and takes back k - accepted at
+        # update_from_output (scheduler.py:1583-1607); the runner's correction, with prev_num_draft_len restored
+        # to k, takes back the same (gpu_model_runner.py:1317-1343, 1496-1509). The in-process executor hands
+        # the scheduler's own object to the runner (uniproc_executor.py:79-121), so cutting it in place would
+        # make the scheduler take back only j - accepted and drift by k - j per cut step.
         valid = getattr(self, "_spec_repro_valid", None)
-        before = {}
+        self._spec_repro_valid, self._spec_repro_before = None, {}
         if valid:
-            self._spec_repro_valid = None
-            removed, before = H.trim_scheduled(scheduler_output.num_scheduled_tokens,
-                                               scheduler_output.scheduled_spec_decode_tokens, valid)
-            scheduler_output.total_num_scheduled_tokens -= removed
+            so = copy.copy(scheduler_output)
+            so.num_scheduled_tokens = dict(so.num_scheduled_tokens)
+            so.scheduled_spec_decode_tokens = dict(so.scheduled_spec_decode_tokens)
+            removed, self._spec_repro_before = H.trim_scheduled(so.num_scheduled_tokens,
+                                                                so.scheduled_spec_decode_tokens, valid)
+            so.total_num_scheduled_tokens -= removed
+            rec = _REC[1]
+            if rec is not None and rec.cur is not None and rec.cur.so is scheduler_output:
+                rec.cur.so = so          # the step row shows the drafts verified
+            scheduler_output = so
+        return orig_exec(self, scheduler_output, *args, **kwargs)
+
+    def _update_states(self, scheduler_output, *args, **kwargs):
         out = orig_update(self, scheduler_output, *args, **kwargs)
-        for r, k in before.items():      # as vLLM after trimming its GPU n-gram's drafts
-            rs = self.requests.get(r)
-            if rs is not None:
+        for r, k in (getattr(self, "_spec_repro_before", None) or {}).items():
+            rs = self.requests.get(r)       # as vLLM after cutting its GPU n-gram's drafts (gpu_model_runner.py:
+            if rs is not None:              # 1458-1461): the slots scheduled, for the next step's correction
                 rs.prev_num_draft_len = k
+        self._spec_repro_before = {}
         return out
 
     propose_draft_token_ids._spec_repro_hybrid = True
-    cls.propose_draft_token_ids, cls._update_states = propose_draft_token_ids, _update_states
+    cls.propose_draft_token_ids, cls.execute_model = propose_draft_token_ids, execute_model
+    cls._update_states = _update_states
     _state["hybrid"] = name
     return True
 
@@ -335,17 +397,32 @@ def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     ib = runner.input_batch
     req_ids = list(ib.req_ids)
     B = len(req_ids)
-    if isinstance(sampled, list):            # disable_padded_drafter_batch: valid tokens per request already
+    after = isinstance(sampled, list)       # disable_padded_drafter_batch: called after the bookkeeping
+    if after:                                # valid tokens per request already (parse_output's)
         new = sampled
     else:                                    # the padded path: [B, k+1], -1 after the first rejection
         discard = np.nonzero(runner.discard_request_mask.np[:B])[0]
         new = H.valid_tokens(sampled[:B].cpu(), discard, ib.vocab_size)
-    need = hy.begin(req_ids, new, lambda r: runner.requests[r].prompt_token_ids or [])
+    context_of = None
+    if not runner.use_async_scheduling:
+        # the synchronous runner's own token ids before this step (the bookkeeping writes real ids there,
+        # gpu_model_runner.py:3740-3746; under async it writes -1 placeholders, :3727): the hybrid re-reads a
+        # request's history from them when its own count differs (steps whose drafting vLLM skipped, e.g.
+        # input too long for the drafter, gpu_model_runner.py:4559-4617; a resumed request)
+        nts, tok = ib.num_tokens_no_spec, ib.token_ids_cpu
+        if after:
+            context_of = lambda i: tok[i, :int(nts[i]) - len(new[i])]  # noqa: E731
+        else:
+            context_of = lambda i: tok[i, :int(nts[i])]  # noqa: E731
+    need = hy.begin(req_ids, new, lambda r: runner.requests[r].prompt_token_ids or [], context_of)
     eagle = None
     if any(need):
         out = orig(runner, so, sampled, *args, **kwargs)
         eagle = out[:B].cpu()
-    elif not isinstance(sampled, list):      # EAGLE skipped: only the next-token bookkeeping the runner needs
+    elif not after and runner.valid_sampled_token_count_event is not None:
+        # EAGLE skipped (async only): the next-token bookkeeping the next step's input preparation reads
+        # (prev_sampled_token_ids, valid_sampled_token_count_gpu), as vLLM does when its drafter cannot run
+        # (gpu_model_runner.py:4563-4575, 4850-4870; the synchronous runner has no such event, :905-915)
         nxt, cnt = runner.drafter.prepare_next_token_ids_padded(sampled, runner.requests, ib,
                                                                 runner.discard_request_mask.gpu)
         runner._copy_valid_sampled_token_count(nxt, cnt)
@@ -354,10 +431,13 @@ def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     rec = _REC[1]
     if rec is not None and rec.cur is not None:
         rec.cur.hybrid = hy.summary(req_ids if rec.cur.ctx["detail"] else None)
+    # at most the slots the scheduler gives the next step (num_spec_tokens_to_schedule: EAGLE's width too,
+    # gpu_model_runner.py:4928, 5170; async placeholders, async_scheduler.py:22-25)
+    width = int(getattr(so, "num_spec_tokens_to_schedule", 0) or hy.policy.kmax)
+    drafts = [d[:width] for d in drafts]
     if not runner.use_async_scheduling:
         return drafts
-    width = int(getattr(so, "num_spec_tokens_to_schedule", 0) or hy.policy.kmax)
-    ids, counts = H.pack([d[:width] for d in drafts], width)
+    ids, counts = H.pack(drafts, width)
     runner._spec_repro_valid = dict(zip(req_ids, counts.tolist()))
     return torch.from_numpy(ids).to(runner.device)
 
