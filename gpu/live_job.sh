@@ -30,18 +30,23 @@
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b qwen2.5-coder-0.5b      # .carry/p00..p26 + .carry/extra
 #   bash gpu/live_job.sh plan                                # must say it fits
 #   mkdir -p .aside && mv data notebooks figures .aside/     # 60 MiB pieces + the tree (~1.6 MB) < 64 MiB a call
+#   git rm -r --cached -q data notebooks figures             # (what the fourth and fifth sessions did; undone below)
 #     (.aside/ is in .git/info/exclude: `grep -qx /.aside/ .git/info/exclude || echo /.aside/ >> .git/info/exclude`)
 #  1-6  carry [".stage/cN"]                   bash gpu/live_job.sh vllm cN          (N = 1..5; the 6th: c6 and c7:
 #       carry [".stage/c6", ".stage/c7"]      bash gpu/live_job.sh vllm c6 c7)
 #  7-33 carry [".carry/pNN"]                  bash gpu/live_job.sh piece pNN        (p00 .. p26; the last one also
 #       carries ".carry/extra")
-#       then here: mv .aside/* . && rmdir .aside     (setup and run need data/: configs, prompts, jobs.json)
+#       then here: mv .aside/* . && rmdir .aside && git reset -q -- data notebooks figures
+#                  (setup and run need data/: configs, prompts, jobs.json)
 #  34   carry [".stage/run", ".carry/extra"]  bash gpu/live_job.sh setup
 #  35   carry []                              LEFT=<lease budget_left_s> bash gpu/live_job.sh start
 #  36.. carry []                              sleep 240; bash gpu/live_job.sh status      (each <= 600 s)
 #       as soon as status says "part X done": bash gpu/live_job.sh pack X       (a, b, c, d; ≤ 8 files, 16 MiB)
 #       the last call: bash gpu/live_job.sh pack all; then give_back.
 # Nothing is carried after setup except .stage/run (its env.sh); /root/res, /root/cache survive while warm.
+# Parts a and b run vLLM's default engine (async scheduling on for EAGLE): the plugin's async path is the least
+# checked (its docstring's "GPU checks"). If `jobs lossless` shows a hybrid output differing from no SD at any batch
+# size, rerun part b's hybrids with --engine-config study-like (synchronous: vLLM's list contract for drafts).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
