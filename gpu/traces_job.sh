@@ -54,7 +54,6 @@ case "$1" in
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ;;
   start)
     setsid nohup env TRAIN_LIMIT=${TRAIN_LIMIT:-480} ${TRAIN_BUDGET:+TRAIN_BUDGET=$TRAIN_BUDGET} \
-      ${INIT:+INIT=$INIT} ${DECAY:+DECAY=$DECAY} ${LR:+LR=$LR} ${COMPARE:+COMPARE=$COMPARE} \
       bash gpu/traces_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo started ;;
   run)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
+from .proposers.eagle_files import head_identity
 from .provenance import record
 from .tracefiles import read_trace
 
@@ -315,7 +316,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                                 proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
                                 early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
                                 max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device),
-                                **({"eagle_head": _head_identity(eagle_head)} if eagle_head else {}),
+                                **({"eagle_head": head_identity(eagle_head)} if eagle_head else {}),
                                 **({"engine": engine} if engine != "torch" else {}))
 
     if force:  # --force redoes the workloads from scratch: a partial file of an earlier run goes too
@@ -631,21 +632,13 @@ def _proposer_settings(p, draft_model) -> dict:
     return {"draft_model": draft_model}
 
 
-def _head_identity(path) -> dict:
-    """An EAGLE head checkpoint's weights by sha256 (a resume with another head is refused)."""
-    from .provenance import sha256_file
-
-    w = sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
-    return {f.name: sha256_file(f) for f in w}
-
-
 def _eagle_settings(p) -> dict:
     """An EAGLE head's identity: its checkpoint's sha256 and, for a head trained here, its training record."""
     src = getattr(p.head, "source", None)
     out = {"kind": p.head.kind, "feature_layers": p.features, "head": str(src) if src else None,
            "note": "trained EAGLE-class head, chained greedy drafting as vLLM 0.25 (spec_repro.proposers.eagle)"}
     if src:
-        out["head_sha256"] = _head_identity(src)
+        out["head_sha256"] = head_identity(src)
         tr = Path(src) / "TRAINING.json"
         if tr.exists():
             rec = json.loads(tr.read_text())

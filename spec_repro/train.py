@@ -553,11 +553,12 @@ def check_train_settings(*, steps: int = 1000, lr: float = 5e-4, tokens_per_batc
 
 def _start_from(head: EagleHead, path) -> dict:
     """Copy the weights of the head at ``path`` into the fresh ``head`` (same kind and shapes; ValueError with one
-    line otherwise); returns what the record keeps of it: its sha256, and its own training record's steps and
-    tokens when it has one."""
-    import hashlib
-
+    line otherwise); returns what the record keeps of it: its sha256 (its one weights file's, as the traces'
+    MANIFEST records a head; with several files, the sha256 of their {name: sha256}), and its own training
+    record's steps and tokens when it has one."""
+    from .fetch import sha256_bytes
     from .proposers.eagle import check_head_dir
+    from .proposers.eagle_files import head_identity
 
     try:
         d = check_head_dir(path)
@@ -575,13 +576,9 @@ def _start_from(head: EagleHead, path) -> dict:
     with torch.no_grad():
         for k, p in mine.items():
             p.copy_(theirs[k].to(p.device, p.dtype))
-    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for b in iter(lambda: fh.read(1 << 24), b""):
-                h.update(b)
-    info = {"path": str(d), "sha256": h.hexdigest(), "files": [f.name for f in files]}
+    files = head_identity(d)
+    sha = next(iter(files.values())) if len(files) == 1 else sha256_bytes(json.dumps(files, sort_keys=True).encode())
+    info = {"path": str(d), "sha256": sha, "files": list(files)}
     rec = d / "TRAINING.json"
     if rec.is_file():
         r = json.loads(rec.read_text())

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["EagleError", "check_head_dir", "read_config"]
+__all__ = ["EagleError", "check_head_dir", "head_identity", "read_config"]
+
+
+def head_identity(path) -> dict:
+    """A head checkpoint's weights by sha256: {file name: sha256} of its safetensors files (else its .bin files)."""
+    from ..fetch import sha256_file
+
+    w = sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
+    return {f.name: sha256_file(f) for f in w}
 
 
 class EagleError(ValueError):

@@ -62,7 +62,7 @@ def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_di
             return [hy["none"], hy["pr24344"], hy["pr24344-skip"]]
         eagle, ngram = ({**hy[m], "tasks": [_agreement_task()] + hy[m]["tasks"]} for m in ("eagle", "ngram"))
         draft = {"name": "agree-draft", "engine_config": "default",
-                 "config": {**{k: v for k, v in hy["none"]["config"].items()}, "method": "draft_model", "k": K,
+                 "config": {**hy["none"]["config"], "method": "draft_model", "k": K,
                             "draft": draft_dir},
                  "tasks": [_agreement_task()]}
         return [eagle, ngram, draft]
