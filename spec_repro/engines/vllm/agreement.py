@@ -65,8 +65,7 @@ def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) ->
     with the profiler this way)."""
     by_hash = {prompt_hash(p): key for key, p in prompts.items()}
     rid_key: dict[tuple[str, str], str] = {}
-    out: dict[str, list[tuple]] = {}
-    late: dict[str, list[tuple]] = {}          # async: (optimistic position, scheduled, drafted) per step
+    per: dict[tuple, list[tuple]] = {}    # per (run, request): (position, scheduled, drafted, accepted, known)
     for r in records:
         run = r.get("run_id", "")
         for rid, (plen, h) in (r.get("new_reqs") or {}).items():
@@ -78,11 +77,14 @@ def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) ->
             key = rid_key.get((run, rid))
             if key is None or pos <= 0 or nsched != 1 + ndraft:
                 continue              # prefill chunks and unmatched requests
-            if known:
-                out.setdefault(key, []).append((int(pos), int(ndraft), int(acc.get(rid, 0))))
-            else:
-                late.setdefault(key, []).append((int(pos), int(nsched), int(ndraft)))
-    for key, rows in late.items():
+            per.setdefault((run, rid, key), []).append((int(pos), int(nsched), int(ndraft), int(acc.get(rid, 0)),
+                                                        bool(known)))
+    out: dict[str, list[tuple]] = {}
+    for (_, _, key), rows in per.items():
+        if all(x[4] for x in rows):           # synchronous: positions and accepted counts as logged
+            out.setdefault(key, []).extend((p, d, a) for p, _, d, a, _ in rows)
+            continue
+        # async (a request's last step may be logged with its outputs known, its position still optimistic)
         q = [rows[i + 1][0] - rows[i][1] for i in range(len(rows) - 1)]
         out.setdefault(key, []).extend((q[i], rows[i][2], q[i + 1] - q[i] - 1) for i in range(len(q) - 1))
     return out

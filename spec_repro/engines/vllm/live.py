@@ -237,3 +237,159 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- the live configurations simulated over the run's own outputs ----------------------------------------------
+FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
+LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
+K = 5
+
+
+def load_profiles(path: str | Path | None = None) -> list[dict]:
+    """``hybrid_trace.jsonl``: per request its prompt length, the greedy output (no SD, bs 64) and, per proposer,
+    ``acc[p-1]`` (tokens one step yields from output position p, k_max 8) and ``draft_len[p-1]`` (n-gram's match
+    length, 0 = no match), in the hybrid task's request order."""
+    return [json.loads(x) for x in open(path or OUT / "hybrid_trace.jsonl") if x.strip()]
+
+
+def _lin(X, y):
+    import numpy as np
+
+    coef, *_ = np.linalg.lstsq(np.asarray(X, float), np.asarray(y, float), rcond=None)
+    return [float(c) for c in coef]
+
+
+def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=()) -> dict:
+    """Step-time components fitted on the decode steps of ``configs`` (code-edit, this session), in the package
+    cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
+    that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
+    CUDA graph only for uniform decode batches; without ``ragged`` one F for all, as ``costmodel.fit`` does);
+    EAGLE drafting per token ``k*(c_req*m + c0)``, m = requests drafted for; n-gram lookup per request; overhead
+    (t_other + t_reject) per step ``o0 + o1*B`` for SD engines and for no SD; wall over summed step time (async
+    scheduling hides part of a step behind the next) per engine kind; prefill per request."""
+    import numpy as np
+    import pandas as pd
+
+    s = pd.read_parquet(Path(out) / "steps.parquet")
+    s = s[s["run_id"].str.startswith("code-edit")].assign(config=lambda d: d["spec"].str.replace("hybrid-default-", "", regex=False))
+    s = s[s["config"].isin(tuple(configs) + tuple(hybrid_configs))]
+    dec = s[s["phase"] == "decode"]
+    fit_dec = dec[dec["config"].isin(configs)]
+    m = {"ragged": ragged, "fitted_on": list(configs)}
+    X = lambda d: np.column_stack([d["kv_tokens"], d["batched_tokens"], np.ones(len(d))])
+    if ragged:
+        u, r = fit_dec[fit_dec["uniform"]], fit_dec[~fit_dec["uniform"]]
+        m["F_uniform"], m["F_ragged"] = _lin(X(u), u["t_verify"]), _lin(X(r), r["t_verify"])
+    else:
+        m["F_uniform"] = m["F_ragged"] = _lin(X(fit_dec), fit_dec["t_verify"])
+    e = dec[dec["config"] == "eagle"]
+    kk = e["num_draft_tokens"] / e["num_reqs"]
+    m["eagle_draft"] = _lin(np.column_stack([kk * e["num_reqs"], kk]), e["t_draft"])     # per token: c_req, c0
+    n = dec[dec["config"] == "ngram"]
+    m["ngram_draft"] = _lin(np.column_stack([n["num_reqs"]]), n["t_draft"])
+    path = dec["config"].map(lambda c: c if c in ("none", "ngram") else "eagle")
+    for name in ("none", "eagle", "ngram"):
+        g = dec[path == name]
+        if len(g):
+            m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"])
+    runs = pd.read_csv(Path(out) / "runs.csv")
+    runs = runs[(runs["task"] == "hybrid")].assign(config=lambda d: d["hybrid"].fillna(d["method"]))
+    ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
+    m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
+    hy = dec[dec["config"].isin(hybrid_configs)]
+    if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
+        kk = hy["num_draft_tokens"] / hy["num_reqs"]
+        eag = np.where((hy["config"] == "pr24344") | (hy["hybrid_eagle"].fillna(0) > 0), 1.0, 0.0)  # EAGLE ran
+        extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
+        m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra)
+    pre = s[s["phase"] != "decode"]
+    m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
+    return m
+
+
+def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: int = K) -> dict:
+    """One chunk of requests decoded together, step by step, as the live engine runs ``config``: returns tokens,
+    steps, seconds (the model's), ragged steps."""
+    import numpy as np
+
+    B = len(reqs)
+    p = np.ones(B, int)                                  # tokens produced (1 after prefill)
+    P = np.array([r["prompt_len"] for r in reqs])
+    t = model["prefill"][0] + model["prefill"][1] * P.sum()
+    steps = ragged_steps = 0
+    path = config if config in ("none", "ngram") else "eagle"
+    ov = model[f"overhead_{path}"]
+    hov = model.get("hybrid_overhead") if config.startswith("pr24344") else None
+    while (p < max_tokens).any():
+        act = p < max_tokens
+        d = np.zeros(B, int)
+        a = np.zeros(B, int)
+        eagle_for = 0
+        for i in np.flatnonzero(act):
+            ng_dl = min(reqs[i]["draft_len"]["ngram"][p[i] - 1], k)
+            use_ng = config == "ngram" or (config.startswith("pr24344") and ng_dl > 0)
+            if config == "none":
+                continue
+            if use_ng:
+                d[i] = ng_dl
+                a[i] = min(reqs[i]["acc"]["ngram"][p[i] - 1] - 1, ng_dl)
+            else:
+                d[i] = k
+                a[i] = min(reqs[i]["acc"]["eagle"][p[i] - 1] - 1, k)
+                eagle_for += 1
+        n_act = int(act.sum())
+        T = int((1 + d[act]).sum())
+        kv = int((P[act] + p[act]).sum())
+        uniform = config == "none" or bool((d[act] == k).all())     # vLLM's uniform decode: 1 + k each
+        F = model["F_uniform" if uniform else "F_ragged"]
+        step = F[0] * kv + F[1] * T + F[2] + ov[0] + ov[1] * n_act
+        if config in ("eagle", "pr24344") or (config == "pr24344-skip" and eagle_for):
+            m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
+            step += k * (model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
+        if config in ("ngram", "pr24344", "pr24344-skip"):
+            step += model["ngram_draft"][0] * n_act
+        if hov is not None:
+            step += hov[0] + hov[1] * n_act
+        t += step
+        steps += 1
+        ragged_steps += not uniform
+        p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
+    return {"tokens": int(B * max_tokens), "steps": steps, "seconds": float(t * model["wall_over_steps"][path]),
+            "ragged_steps": ragged_steps}
+
+
+def predict(profiles: list[dict], model: dict, configs=LIVE_CONFIGS, batch_sizes=(1, 8, 32, 64),
+            prompts_per_bs: int = 8):
+    """Predicted tok/s per configuration and batch size, the hybrid task's chunks (its first max(B, 8) requests
+    in chunks of B)."""
+    import pandas as pd
+
+    rows = []
+    for c in configs:
+        for b in batch_sizes:
+            part = profiles[:max(b, prompts_per_bs)]
+            res = [_walk(part[i:i + b], c, model) for i in range(0, len(part), b)]
+            tok, sec = sum(r["tokens"] for r in res), sum(r["seconds"] for r in res)
+            rows.append({"config": c, "batch_size": b, "predicted_tok_s": tok / sec,
+                         "predicted_steps": sum(r["steps"] for r in res),
+                         "predicted_ragged_share": sum(r["ragged_steps"] for r in res) / sum(r["steps"] for r in res)})
+    return pd.DataFrame(rows)
+
+
+def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
+    """Measured tok/s (``throughput``) beside the prediction of two cost models fitted on no SD, EAGLE and n-gram
+    alone (the hybrids are out of sample): one target forward for every batch (the package's cost-model form)
+    and one with the ragged-batch term."""
+    prof = load_profiles(profiles_path)
+    t = throughput(out=out)
+    t = t[t["model"] == "qwen2.5-coder-1.5b"][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max"]]
+    res = t
+    for name, rg in (("one_F", False), ("ragged", True)):
+        p = predict(prof, fit_step_model(out, ragged=rg)).rename(columns={
+            "predicted_tok_s": f"pred_{name}", "predicted_steps": f"steps_{name}",
+            "predicted_ragged_share": "ragged_share"})
+        if name == "one_F":
+            p = p.drop(columns=["ragged_share"])
+        res = res.merge(p, on=["config", "batch_size"])
+        res[f"ratio_{name}"] = res["tok_s"] / res[f"pred_{name}"]
+    return res
