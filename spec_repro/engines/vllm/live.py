@@ -8,6 +8,8 @@ no SD on vLLM's default engine (async scheduling, the runner vLLM picks, no plug
 (synchronous V1 runner, plugin on), bs 1/16/64/256.
 
     python -m spec_repro.engines.vllm.live summarize --raw DIR [--out data/gpu/live]
+    python -m spec_repro.engines.vllm.live profile --raw DIR [--out data/gpu/live/hybrid_trace.jsonl]
+        # CPU, resumable (~20 s a request on 2 cores): the hybrid task's requests profiled on no SD's outputs
     python -m spec_repro.engines.vllm.live tables [--out data/gpu/live]      # the tables the note and README use
 """
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 from ...io import write_via
 from ...paths import data_dir
 
-__all__ = ["FILE_DOCS", "ENGINE_NOTES", "load", "summarize", "throughput", "llama_baseline", "step_split", "main"]
+__all__ = ["FILE_DOCS", "ENGINE_NOTES", "load", "summarize", "throughput", "llama_baseline", "step_split",
+           "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted", "main"]
 
 OUT = data_dir() / "gpu" / "live"
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
@@ -33,7 +36,9 @@ FILE_DOCS = {
     "qwen_agreement.json": "vLLM's accepted tokens per step vs the profiler's prediction on vLLM's own outputs "
                            "(EAGLE head, n-gram, 0.5B draft model)",
     "hybrid_trace.jsonl": "the hybrid task's code-edit requests profiled on no SD's outputs (n-gram, EAGLE head; "
-                          "torch on the CPU): the simulator's input",
+                          "torch float32 on the CPU, `live profile`): the predictor's input",
+    "predicted.csv": "measured tok/s of each live configuration beside three predictions over hybrid_trace.jsonl "
+                     "(cost models fitted on this session's steps; measured_vs_predicted)",
 }
 ENGINE_NOTES = {
     "default": "vLLM's defaults as a user runs them: async scheduling on where vLLM allows it (off for n-gram and the "
@@ -111,6 +116,8 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         write_via(ll.to_csv, out / "lossless.csv", index=False)
         rep = agreement_report(qres.parent)
         (out / "qwen_agreement.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
+    if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
+        write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
     env = engines[0].get("env", {}) if engines else {}
     dev = {"gpu": env.get("gpu"), "vllm": engines[0].get("vllm") if engines else None, "torch": env.get("torch"),
            "cuda": env.get("cuda"), "python": env.get("python")}
@@ -124,8 +131,10 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     for name in sorted(p.name for p in out.iterdir() if p.is_file()):
         if name in ("MANIFEST.json", "README.md"):
             continue
-        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""), sha256=sha256_file(out / name),
-               kind="measured on the lent H200 (see _device_runs), or computed from those measurements")
+        kind = ("measured on the lent H200 (see _device_runs), or computed from those measurements"
+                if name != "hybrid_trace.jsonl" else "computed on the CPU from the H200's no-SD outputs (torch float32)")
+        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
+               sha256=sha256_file(out / name), kind=kind)
     return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
 
 
@@ -211,38 +220,69 @@ def step_split(out: str | Path = OUT):
     return g
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.live", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("summarize")
-    s.add_argument("--raw", required=True)
-    s.add_argument("--out", default=str(OUT))
-    t = sub.add_parser("tables")
-    t.add_argument("--out", default=str(OUT))
-    a = ap.parse_args(argv)
-    if a.cmd == "summarize":
-        if not Path(a.raw).is_dir():
-            print(f"live summarize: no folder {a.raw}", file=sys.stderr)
-            return 2
-        print(summarize(a.raw, a.out, command=" ".join(["python -m spec_repro.engines.vllm.live", *sys.argv[1:]])))
-        return 0
-    import pandas as pd
-
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(throughput(out=a.out).round(3).to_string(index=False))
-        print(llama_baseline(a.out).round(3).to_string(index=False))
-        print(step_split(a.out).round(2).to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # ---- the live configurations simulated over the run's own outputs ----------------------------------------------
 FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
 LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
 K = 5
+
+
+def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.jsonl", head: str | Path | None = None,
+                        workload: str = "code-edit", n: int = 64, k_max: int = 8, max_tokens: int = 256,
+                        max_model_len: int = 4096, progress=print) -> Path:
+    """The hybrid task's ``workload`` requests (as ``jobs._hybrid_task`` loads them: the first ``n`` by the
+    workload's seeded order, Qwen's chat template) profiled with n-gram and the EAGLE head (torch float32 on the
+    CPU) on no SD's outputs (bs 64, repeat 0): one JSON line per request, appended (a killed run resumes)."""
+    import time
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from ... import models
+    from ... import workloads as W
+    from ...collect import build_proposers
+    from ...profiler import profile_decoded
+
+    outs = {}
+    for f in sorted(Path(raw).rglob("results*.jsonl")):
+        for line in open(f):
+            d = json.loads(line)
+            if (d.get("task") == "hybrid" and d.get("spec", "").endswith("-none") and d.get("repeat") == 0
+                    and d.get("workload") == workload and d.get("batch_size") == n):
+                outs.update(zip(d["keys"], d["outputs"]))
+    if not outs:
+        raise SystemExit(f"live profile: no no-SD hybrid run at bs {n} on {workload} under {raw}")
+    out = Path(out)
+    done = {json.loads(x)["key"] for x in open(out) if x.strip()} if out.exists() else set()
+    tok = AutoTokenizer.from_pretrained(models.converted_dir(QWEN))
+    reqs = W.load(workload, n=n, seed=0, tokenizer=tok, max_prompt_tokens=max_model_len - max_tokens)
+    todo = [r for r in reqs if r.id in outs and r.id not in done]
+    if not todo:
+        return out
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    target, _ = models.load(QWEN, device="cpu")
+    props = build_proposers(["ngram", "eagle"], target, eagle_head=str(head or default_head()))
+    for r in todo:
+        t0 = time.time()
+        prof, = profile_decoded([list(r.prompt_token_ids)], [outs[r.id]], props, k_max=k_max)
+        rec = {"key": r.id, "prompt_len": len(r.prompt_token_ids), "output": list(map(int, outs[r.id])),
+               "acc": {m: list(map(int, prof.acc[m])) for m in props},
+               "draft_len": {m: list(map(int, prof.draft_len.get(m) or [])) for m in props},
+               "seconds": time.time() - t0}
+        with open(out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        progress(f"{r.id} {rec['seconds']:.1f}s")
+    return out
+
+
+QWEN = "qwen2.5-coder-1.5b"
+HEAD_SHA = "6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44"
+
+
+def default_head() -> Path:
+    """The package's EAGLE head for Qwen2.5-Coder-1.5B that the session ran (issue 17's), in the cache."""
+    from ...fetch import cache_root
+
+    return cache_root() / "heads" / HEAD_SHA
 
 
 def load_profiles(path: str | Path | None = None) -> list[dict]:
@@ -252,10 +292,18 @@ def load_profiles(path: str | Path | None = None) -> list[dict]:
     return [json.loads(x) for x in open(path or OUT / "hybrid_trace.jsonl") if x.strip()]
 
 
-def _lin(X, y):
+def _lin(X, y, groups=None):
+    """Least squares; with ``groups`` every group (a configuration's batch size) weighs alike, however many
+    steps it has (bs 1 runs 8x the steps of bs 8 and would otherwise set every slope)."""
     import numpy as np
 
-    coef, *_ = np.linalg.lstsq(np.asarray(X, float), np.asarray(y, float), rcond=None)
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    if groups is not None:
+        g = np.asarray(groups)
+        _, inv, cnt = np.unique(g, return_inverse=True, return_counts=True)
+        w = np.sqrt(1.0 / cnt[inv])
+        X, y = X * w[:, None], y * w
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
     return [float(c) for c in coef]
 
 
@@ -277,21 +325,23 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     fit_dec = dec[dec["config"].isin(configs)]
     m = {"ragged": ragged, "fitted_on": list(configs)}
     X = lambda d: np.column_stack([d["kv_tokens"], d["batched_tokens"], np.ones(len(d))])
+    grp = lambda d: d["config"] + "/" + d["batch_size"].astype(str)
     if ragged:
         u, r = fit_dec[fit_dec["uniform"]], fit_dec[~fit_dec["uniform"]]
-        m["F_uniform"], m["F_ragged"] = _lin(X(u), u["t_verify"]), _lin(X(r), r["t_verify"])
+        m["F_uniform"], m["F_ragged"] = _lin(X(u), u["t_verify"], grp(u)), _lin(X(r), r["t_verify"], grp(r))
     else:
-        m["F_uniform"] = m["F_ragged"] = _lin(X(fit_dec), fit_dec["t_verify"])
+        m["F_uniform"] = m["F_ragged"] = _lin(X(fit_dec), fit_dec["t_verify"], grp(fit_dec))
     e = dec[dec["config"] == "eagle"]
     kk = e["num_draft_tokens"] / e["num_reqs"]
-    m["eagle_draft"] = _lin(np.column_stack([kk * e["num_reqs"], kk]), e["t_draft"])     # per token: c_req, c0
+    m["eagle_draft"] = _lin(np.column_stack([kk * e["num_reqs"], kk]), e["t_draft"], grp(e))     # per token: c_req, c0
     n = dec[dec["config"] == "ngram"]
-    m["ngram_draft"] = _lin(np.column_stack([n["num_reqs"]]), n["t_draft"])
+    m["ngram_draft"] = _lin(np.column_stack([n["num_reqs"]]), n["t_draft"], grp(n))
     path = dec["config"].map(lambda c: c if c in ("none", "ngram") else "eagle")
     for name in ("none", "eagle", "ngram"):
         g = dec[path == name]
         if len(g):
-            m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"])
+            m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"],
+                                         grp(g))
     runs = pd.read_csv(Path(out) / "runs.csv")
     runs = runs[(runs["task"] == "hybrid")].assign(config=lambda d: d["hybrid"].fillna(d["method"]))
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
@@ -301,7 +351,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
         kk = hy["num_draft_tokens"] / hy["num_reqs"]
         eag = np.where((hy["config"] == "pr24344") | (hy["hybrid_eagle"].fillna(0) > 0), 1.0, 0.0)  # EAGLE ran
         extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
-        m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra)
+        m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra, grp(hy))
     pre = s[s["phase"] != "decode"]
     m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
     return m
@@ -377,19 +427,63 @@ def predict(profiles: list[dict], model: dict, configs=LIVE_CONFIGS, batch_sizes
 
 
 def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
-    """Measured tok/s (``throughput``) beside the prediction of two cost models fitted on no SD, EAGLE and n-gram
-    alone (the hybrids are out of sample): one target forward for every batch (the package's cost-model form)
-    and one with the ragged-batch term."""
+    """Measured tok/s (``throughput``, mean of 3 repeats, with min and max) beside three predictions over the
+    run's own outputs (``hybrid_trace.jsonl``), every cost model fitted on this session's steps:
+    ``one_F``: one target forward for every batch (the package's cost-model form, as ``costmodel.fit`` fits it),
+    no SD / EAGLE / n-gram alone; ``ragged``: + a second forward for ragged batches; ``mended``: + the hybrid's
+    own per-step work, fitted on the OTHER hybrid (pr24344's term predicts pr24344-skip and the reverse), so
+    both hybrids stay out of sample. ``ratio_*`` = measured / predicted."""
     prof = load_profiles(profiles_path)
     t = throughput(out=out)
-    t = t[t["model"] == "qwen2.5-coder-1.5b"][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max"]]
-    res = t
-    for name, rg in (("one_F", False), ("ragged", True)):
-        p = predict(prof, fit_step_model(out, ragged=rg)).rename(columns={
-            "predicted_tok_s": f"pred_{name}", "predicted_steps": f"steps_{name}",
-            "predicted_ragged_share": "ragged_share"})
-        if name == "one_F":
-            p = p.drop(columns=["ragged_share"])
+    res = t[t["model"] == "qwen2.5-coder-1.5b"][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max"]]
+    parts = {"one_F": predict(prof, fit_step_model(out, ragged=False)),
+             "ragged": predict(prof, fit_step_model(out, ragged=True))}
+    mended = [predict(prof, fit_step_model(out, ragged=True), configs=FIT_CONFIGS)]
+    for fit_on, pred in (("pr24344-skip", "pr24344"), ("pr24344", "pr24344-skip")):
+        mended.append(predict(prof, fit_step_model(out, ragged=True, hybrid_configs=(fit_on,)), configs=(pred,)))
+    import pandas as pd
+
+    parts["mended"] = pd.concat(mended, ignore_index=True)
+    for name, p in parts.items():
+        p = p.rename(columns={"predicted_tok_s": f"pred_{name}"})[["config", "batch_size", f"pred_{name}"] +
+                                                                    (["predicted_ragged_share"] if name == "ragged" else [])]
         res = res.merge(p, on=["config", "batch_size"])
         res[f"ratio_{name}"] = res["tok_s"] / res[f"pred_{name}"]
-    return res
+    return res.rename(columns={"predicted_ragged_share": "ragged_share"}).reset_index(drop=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.live", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summarize")
+    s.add_argument("--raw", required=True)
+    s.add_argument("--out", default=str(OUT))
+    pf = sub.add_parser("profile")
+    pf.add_argument("--raw", required=True)
+    pf.add_argument("--out", default=str(OUT / "hybrid_trace.jsonl"))
+    pf.add_argument("--head")
+    t = sub.add_parser("tables")
+    t.add_argument("--out", default=str(OUT))
+    a = ap.parse_args(argv)
+    if a.cmd == "summarize":
+        if not Path(a.raw).is_dir():
+            print(f"live summarize: no folder {a.raw}", file=sys.stderr)
+            return 2
+        print(summarize(a.raw, a.out, command=" ".join(["python -m spec_repro.engines.vllm.live", *sys.argv[1:]])))
+        return 0
+    if a.cmd == "profile":
+        print(profile_hybrid_task(a.raw, a.out, a.head))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(throughput(out=a.out).round(3).to_string(index=False))
+        print(llama_baseline(a.out).round(3).to_string(index=False))
+        print(step_split(a.out).round(2).to_string(index=False))
+        if (Path(a.out) / "hybrid_trace.jsonl").exists():
+            print(measured_vs_predicted(a.out).round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
