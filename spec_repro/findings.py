@@ -293,7 +293,11 @@ def _who(ds: str, mdl) -> str:
 
 
 def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_source: str,
-                  measured_source: str | None = None) -> list[SummaryRow]:
+                  measured_source: str | None = None, live: pd.DataFrame | None = None,
+                  live_source: str | None = None) -> list[SummaryRow]:
+    """Finding 1's rows: the simulated speedups per cost model, the measured vLLM runs with dummy weights, and
+    (``live``, ``measured.live_speedups``) vLLM with real weights on its default engine, the README's measured
+    headline."""
     rows = []
     paper = f"shrinks ({PAPER['eagle_70b_bs1']}x at bs 1, 70B)"
     parts = []
@@ -307,6 +311,8 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
         measured = measured[~measured["stalled"].astype(bool)]  # a compilation stall is not the method's speed
     if measured is not None and len(measured):
         parts.append(("measured vLLM, dummy weights", measured, measured_source))
+    if live is not None and len(live):
+        parts.append(("measured vLLM, real weights, default engine", live, live_source))
     for label, df, src in parts:
         focus = focus_dataset(df["dataset"].unique()) if label.startswith("simulated") else None
         shrinks = []
@@ -327,12 +333,15 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
             slow = [int(b) for b, v in ((b0, v0), (b1, v1)) if v < 1]
             if slow:
                 verdict += f"; slower than no SD at bs {' and '.join(map(str, slow))}"
+            real = label.startswith("measured vLLM, real weights")
             short = (f"{mdl} dims (vLLM, dummy weights): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if dummy else
+                     f"{_who(ds, mdl)} (vLLM, real weights, default engine): best ({best.split(' ')[0]}), "
+                     f"bs {b0} -> {b1}" if real else
                      f"{_who(ds, mdl)}: best ({best}), bs {b0} -> {b1}, simulated")
             rows.append(SummaryRow("1 speedup vs batch", f"{where}: best proposer ({best}), bs {b0} -> {b1} ({label})",
                                    paper, f"{_x(v0)} -> {_x(v1)}", src, v0, verdict,
-                                   headline=label.startswith("simulated, cost model llama3.1-8b-h100") or
-                                   (label.startswith("measured") and str(mdl).startswith("llama3-70b")), short=short))
+                                   headline=label.startswith("simulated, cost model llama3.1-8b-h100") or real,
+                                   short=short))
         if focus is not None:
             for mdl in dict.fromkeys(m for m, _ in shrinks):
                 n = [ok for m, ok in shrinks if m == mdl]
@@ -345,8 +354,19 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
 
 def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFrame | None, vc_source: str,
                   limits: pd.DataFrame | None = None, limits_source: str = "",
-                  cpu_shares: pd.DataFrame | None = None, cpu_source: str = "") -> list[SummaryRow]:
+                  cpu_shares: pd.DataFrame | None = None, cpu_source: str = "",
+                  live_shares: pd.DataFrame | None = None, live_source: str = "") -> list[SummaryRow]:
     rows = []
+    if live_shares is not None and len(live_shares):   # vLLM, real weights, its default engine (data/gpu/live)
+        for (model, method), g in live_shares[live_shares["method"].astype(str) != "none"].groupby(["model", "method"]):
+            v = g.sort_values("batch_size")
+            b = v["batch_size"].tolist()
+            rows.append(SummaryRow("2 verification bottleneck", f"{model}, {method}: verification share of "
+                                   f"decode-step time, bs {b[0]}-{b[-1]}", f"{_verify_range()} (all methods)",
+                                   f"{v['verification_share'].min():.0%}-{v['verification_share'].max():.0%}",
+                                   live_source, float(v["verification_share"].max()),
+                                   _in_range(v["verification_share"].min(), v["verification_share"].max(),
+                                             "a 1.5B target: drafting and host work outweigh its forward")))
     if cpu_shares is not None and len(cpu_shares):
         for (model, method), g in cpu_shares[cpu_shares["method"].astype(str) != "none"].groupby(["model", "method"]):
             rows.append(SummaryRow("2 verification bottleneck", f"CPU torch engine, {model}, {method}: verification "

@@ -13,7 +13,8 @@ from .provenance import manifest_line
 from .traces import TraceError
 
 __all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
-           "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls"]
+           "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_speedups",
+           "live_step_split", "live_steps"]
 
 
 def gpu_job_specs(job: str) -> list[str]:
@@ -318,3 +319,58 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
                     f"{e.get('torch_threads', '?')} threads: a 1-token step ({t1 * 1e3:.1f} ms) reads "
                     f"{e['weight_bytes'] / 1e6:.0f} MB of weights = {e['weight_bytes'] / t1 / 1e9:.1f} GB/s")
     return df, src
+
+
+# ---- vLLM live with real weights (data/gpu/live, issue 18) ------------------------------------------------------
+def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
+    """Measured vLLM speedups with REAL weights (``data/gpu/live``: Qwen2.5-Coder-1.5B, the package's EAGLE
+    head, code-edit, the default engine): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
+    SD's at the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config``, ``tok_s_min``
+    / ``tok_s_max`` (over 3 repeats) and ``ceiling_tok_s`` (the HBM ceiling)."""
+    from .engines.vllm import live
+
+    folder = Path(folder or data_dir() / "gpu" / "live")
+    if not (folder / "runs.csv").exists():
+        return None, f"measured (vLLM live): no runs under {folder}"
+    t = live.throughput(out=folder)
+    t = t[(t["model"] == live.QWEN) & (t["engine_config"] == "default")]
+    base = t[t["config"] == "none"].set_index("batch_size")["tok_s"]
+    sd = t[t["config"] != "none"].copy()
+    sd["base_tokens_per_s"] = sd["batch_size"].map(base)
+    sd["speedup"] = sd["tok_s"] / sd["base_tokens_per_s"]
+    al = sd.groupby("config")["acceptance_length"].transform("mean")
+    sd["proposers"] = [f"{c} (AL {a:.2f}, real weights)" for c, a in zip(sd["config"], al)]
+    sd = sd.rename(columns={"tok_s": "tokens_per_s", "config": "method"}).assign(
+        dataset="code-edit", weights="real", acceptance="as measured", stalled=False, stall_reason="")
+    cols = ["dataset", "model", "proposers", "method", "batch_size", "speedup", "tokens_per_s", "base_tokens_per_s",
+            "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
+            "stalled", "stall_reason"]
+    return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
+            f"measured vLLM throughput, real weights, default engine: "
+            f"{manifest_line(folder, [folder / 'runs.csv'])}")
+
+
+def live_step_split(folder: Path | None = None) -> pd.DataFrame | None:
+    """Median ms per phase of the live Qwen decode steps (``data/gpu/live``), per configuration, batch size and
+    batch shape (``uniform``: every request verified 1 + k tokens)."""
+    from .engines.vllm import live
+
+    folder = Path(folder or data_dir() / "gpu" / "live")
+    return live.step_split(folder) if (folder / "steps.parquet").exists() else None
+
+
+def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
+    """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/live/steps.parquet``: code-edit,
+    bs 1-64, default engine), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for
+    ``metrics.phase_shares``."""
+    folder = Path(folder or data_dir() / "gpu" / "live")
+    f = folder / "steps.parquet"
+    if not f.exists():
+        return None, f"measured (vLLM live): no step log under {folder}"
+    s = pd.read_parquet(f)
+    s = s[s["run_id"].str.startswith("code-edit")].copy()
+    s["method"] = s["spec"].str.replace("hybrid-default-", "", regex=False)
+    s["model"] = s["model"].astype(str) + " (real weights, default engine)"
+    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, default engine): "
+                                      f"{manifest_line(folder, [f])}")
+

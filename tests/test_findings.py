@@ -37,7 +37,15 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
     ]
     dummy = "not comparable (acceptance set by dummy weights)"
     assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), (dummy, False)]
-    assert F.finding1_rows(None, measured.assign(model="llama3-70b"), sim_source="", measured_source="m")[0].headline
+    # the measured headline is vLLM with real weights on its default engine, never a dummy-weight run
+    assert not F.finding1_rows(None, measured.assign(model="llama3-70b"), sim_source="", measured_source="m")[0].headline
+    live = pd.DataFrame({"dataset": "code-edit", "model": "q", "batch_size": [1, 1, 64, 64],
+                         "proposers": ["hy (AL 3.7, real weights)", "eagle (AL 3.0, real weights)"] * 2,
+                         "speedup": [1.21, 0.89, 0.55, 0.69], "weights": "real"})
+    lr = F.finding1_rows(None, None, sim_source="", live=live, live_source="live")
+    assert [(r.this_run, r.verdict, r.headline, r.short) for r in lr] == [
+        ("1.21x -> 0.55x", "agrees; slower than no SD at bs 64", True,
+         "code-edit, q (vLLM, real weights, default engine): best (hy), bs 1 -> 64")]
     slow = F.finding1_rows(None, measured.assign(speedup=[0.73, 0.42]), sim_source="", measured_source="m")
     assert slow[0].verdict == dummy + "; slower than no SD at bs 1 and 256"
     grows = sim.assign(speedup=[1.0, 0.9, 1.3, 1.1])        # ngram best at bs 1 (1.0), then 1.3 at bs 64

@@ -118,11 +118,21 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         (out / "qwen_agreement.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
+    import datetime as dt
+
+    from ...provenance import machine_info, package_versions
+
     env = engines[0].get("env", {}) if engines else {}
-    dev = {"gpu": env.get("gpu"), "vllm": engines[0].get("vllm") if engines else None, "torch": env.get("torch"),
-           "cuda": env.get("cuda"), "python": env.get("python")}
+    when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
+    # where the numbers were measured (the device), not where this summary ran (summarized_on)
+    dev = {"machine": {k: env.get(k) for k in ("gpu", "gpu_mem_gib", "cuda", "platform", "python")},
+           "versions": {"vllm": engines[0].get("vllm") if engines else None, "torch": env.get("torch"),
+                        "spec-repro": package_versions().get("spec-repro")},
+           "summarized_on": {"machine": machine_info(), "versions": package_versions()}}
+    if when is not None:
+        dev["date"] = dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds")
     record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made", **dev,
-           command=command, engine_configs=ENGINE_NOTES,
+           summarize_command=command, engine_configs=ENGINE_NOTES,
            engines=[{"spec": e["spec"], "engine_config": e.get("engine_config"), "start_s": round(e["start_s"], 1),
                      "instrumented": e.get("instrumented"),
                      "config": {k: (Path(v).name if k in ("model", "draft", "step_log") and isinstance(v, str)
@@ -131,10 +141,11 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     for name in sorted(p.name for p in out.iterdir() if p.is_file()):
         if name in ("MANIFEST.json", "README.md"):
             continue
-        kind = ("measured on the lent H200 (see _device_runs), or computed from those measurements"
-                if name != "hybrid_trace.jsonl" else "computed on the CPU from the H200's no-SD outputs (torch float32)")
+        cpu = name == "hybrid_trace.jsonl"
+        kind = ("computed on the CPU from the H200's no-SD outputs (torch float32)" if cpu else
+                "measured on the lent H200 (see _device_runs), or computed from those measurements")
         record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
-               sha256=sha256_file(out / name), kind=kind)
+               sha256=sha256_file(out / name), kind=kind, **({} if cpu else dev))
     return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
 
 
