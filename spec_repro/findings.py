@@ -330,13 +330,14 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
                      g["proposers"].astype(str).str.contains("dummy weights").all())
             verdict = ("not comparable (acceptance set by dummy weights)" if dummy else
                        "agrees" if v1 < v0 else "departs: grows with batch")
-            slow = [int(b) for b, v in ((b0, v0), (b1, v1)) if v < 1]
-            if slow:
-                verdict += f"; slower than no SD at bs {' and '.join(map(str, slow))}"
             real = label.startswith("measured vLLM, real weights")
+            slow = [int(b) for b, v in ((b0, v0), (b1, v1)) if v < 1]
+            if slow and real:     # the README's column drops the parenthesis: its row shows the speedups
+                verdict += f" (slower than no SD at bs {' and '.join(map(str, slow))})"
+            elif slow:
+                verdict += f"; slower than no SD at bs {' and '.join(map(str, slow))}"
             short = (f"{mdl} dims (vLLM, dummy weights): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if dummy else
-                     f"{_who(ds, mdl)} (vLLM, real weights, default engine): best ({best.split(' ')[0]}), "
-                     f"bs {b0} -> {b1}" if real else
+                     f"{_who(ds, mdl)} (vLLM): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if real else
                      f"{_who(ds, mdl)}: best ({best}), bs {b0} -> {b1}, simulated")
             rows.append(SummaryRow("1 speedup vs batch", f"{where}: best proposer ({best}), bs {b0} -> {b1} ({label})",
                                    paper, f"{_x(v0)} -> {_x(v1)}", src, v0, verdict,

@@ -44,8 +44,8 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
                          "speedup": [1.21, 0.89, 0.55, 0.69], "weights": "real"})
     lr = F.finding1_rows(None, None, sim_source="", live=live, live_source="live")
     assert [(r.this_run, r.verdict, r.headline, r.short) for r in lr] == [
-        ("1.21x -> 0.55x", "agrees; slower than no SD at bs 64", True,
-         "code-edit, q (vLLM, real weights, default engine): best (hy), bs 1 -> 64")]
+        ("1.21x -> 0.55x", "agrees (slower than no SD at bs 64)", True,
+         "code-edit, q (vLLM): best (hy), bs 1 -> 64")]
     slow = F.finding1_rows(None, measured.assign(speedup=[0.73, 0.42]), sim_source="", measured_source="m")
     assert slow[0].verdict == dummy + "; slower than no SD at bs 1 and 256"
     grows = sim.assign(speedup=[1.0, 0.9, 1.3, 1.1])        # ngram best at bs 1 (1.0), then 1.3 at bs 64
