@@ -116,7 +116,8 @@ def _presets() -> dict[str, Path]:
 
 
 #: name -> preset file: ``llama3.1-8b-h100`` (the study's published fit), ``llama3.1-8b-h200`` (fitted to this
-#: package's vLLM step logs on the H200), ``smollm2-135m-cpu`` (fitted to the torch engine's CPU step logs)
+#: package's vLLM step logs on the H200), ``qwen2.5-coder-1.5b-h200`` (the H200 live run's Qwen steps, with a ragged
+#: forward: ``fit_live``), ``smollm2-135m-cpu`` (fitted to the torch engine's CPU step logs)
 PRESETS: dict[str, Path] = _presets()
 
 
