@@ -51,6 +51,15 @@ verified for ``probe`` steps is verified once at its best k so its estimate does
 per-decision pieces (``_reveal``, ``_alphas``, ``_rule_choice``, ``_advance``) are also what the live vLLM hybrid
 (:mod:`spec_repro.engines.vllm.hybrid`) calls at each engine step, so the simulated and the live rule are one code.
 
+Ragged batches: with a cost model that has a ragged forward (``CostModel.ragged_target``), the rule's step cost and
+the learned policy's labels price a step that verifies k != k_max tokens per request (k = 0, no speculation,
+included) with it, k_max being the engine's ``num_speculative_tokens`` (the trace's k_max here; vLLM's value in the
+live hybrid, which builds the same arrays with ``_costs``, so the live rule prices alike when given such a model).
+Like the rest of the rule's cost this is the duplicated batch's step (every copy chooses alike); under ``mixed``
+batching whether the other requests make the step ragged is not known to the decision. The simulator prices the
+steps the policies take (ragged where k != k_max) in :mod:`spec_repro.simulate`. A model without a ragged forward
+gives the same decisions as before.
+
 ``adaptive-learned``: a scikit-learn ``DecisionTreeRegressor`` (multi-output) maps the signal vector (ng_dl,
 ng_run, log2 P, log2 p, and per proposer alpha1, alpha2, last, since) to the expected tokens-per-second of every action
 (proposer, k in ``K_GRID``, or no speculation); the policy takes the best predicted action. Training states are
@@ -170,11 +179,16 @@ def _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2):
 def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first, tcost, dkind, dk, dt, d0, frac,
                  cstep, cup, probe):
     """``adaptive-rule``'s decision: (verified proposer, -1 = none; k). ``kv`` = B * (P + p); ``first``: the
-    request's first step (no catch-up is charged)."""
+    request's first step (no catch-up is charged). ``tcost`` = (c_kv, c_tok, c0, overhead[, ragged c_kv, c_tok,
+    c0]): with the ragged forward, a step verifying k != kmax tokens per request (no speculation included) is
+    priced with it (the engine's k is kmax; see ``_costs``)."""
     c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
+    rag = tcost.shape[0] >= 7
     v = -1
     k = 0
     F = c_kv * kv + c_tok * B + c0
+    if rag:
+        F = tcost[4] * kv + tcost[5] * B + tcost[6]
     lk = _draft_time(dkind[ng], dk[ng], dt[ng], d0[ng], frac[ng], kv, 1, F, B, ng_dl) if ng >= 0 else 0.0
     best = 1.0 / (F + lk + over)
     force = -1
@@ -189,6 +203,8 @@ def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first,
             e += term
             term *= alpha2[q]
             F = c_kv * kv + c_tok * B * (kk + 1) + c0
+            if rag and kk != kmax:
+                F = tcost[4] * kv + tcost[5] * B * (kk + 1) + tcost[6]
             t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk, cstep[q])
             if q != ng and not first and not prev_ran[q]:   # it skipped the last step: catch up
                 t += _catch_up_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, F, B, cup[q])
@@ -394,9 +410,12 @@ def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
 
 
 def _costs(cm, proposers) -> dict[str, np.ndarray]:
-    """The cost model as the rule's arrays: target (c_kv, c_tok, c0, overhead) and per proposer its drafter."""
+    """The cost model as the rule's arrays: target (c_kv, c_tok, c0, overhead, and where the model has a ragged
+    forward its c_kv, c_tok, c0) and per proposer its drafter."""
     drs = [cm.drafter(q) for q in proposers]
-    return {"tcost": np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead], float),
+    rt = getattr(cm, "ragged_target", None)
+    ragged = [rt.c_kv, rt.c_tok, rt.c0] if rt is not None else []
+    return {"tcost": np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead] + ragged, float),
             "dkind": np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
             "dk": np.array([d.c_kv for d in drs], float), "dt": np.array([d.c_tok for d in drs], float),
             "d0": np.array([d.c0 for d in drs], float), "frac": np.array([d.fraction for d in drs], float),
@@ -420,7 +439,8 @@ def _run(reqs, inp: _Inputs, B: int, prm: RuleParams, mode: int, trees=_NO_TREE,
 def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=None) -> np.ndarray:
     """Realised tokens ÷ step cost of every action at the given step states (S, A); ``prev_ran`` (Q, S): whether
     each proposer ran at the request's previous step (a model proposer that did not pays its catch-up)."""
-    c_kv, c_tok, c0, over = inp.tcost
+    c_kv, c_tok, c0, over = inp.tcost[:4]
+    rag = len(inp.tcost) >= 7   # the ragged forward where k != kmax (see _costs)
     kv = B * (reqs.P[step_req] + step_p).astype(float)
     ng = inp.ng
     ngdl = np.minimum(inp.ngdl[step_idx], inp.kmax) if ng >= 0 else np.zeros(len(step_idx), np.int64)
@@ -448,6 +468,8 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=Non
             if q == ng:
                 kk = np.minimum(kk, ngdl)
         F = c_kv * kv + c_tok * B * (kk + 1) + c0
+        if rag:
+            F = np.where(kk != inp.kmax, inp.tcost[4] * kv + inp.tcost[5] * B * (kk + 1) + inp.tcost[6], F)
         t = F + over
         tok = np.ones(len(step_idx))
         on = kk > 0

@@ -25,10 +25,28 @@ fit (d1 = D_e(k = 3) / 3, d0 = 0) with one catch-up forward; the H200 fit (``lla
 the committed vLLM steps (k = 3 only, so d0 is not separable there: 0). A refit over several k fits d0 too.
     overhead        a constant per step (scheduling, input preparation, rejection sampling, bookkeeping)
 
+Ragged batches (optional second target forward). vLLM 0.25's V1 model runner replays its full CUDA graph only for
+a UNIFORM decode batch: every request in the step verifies exactly k + 1 tokens, k = the engine's
+``num_speculative_tokens`` (a no-SD engine's decode step, 1 token per request, is uniform for that engine). A
+RAGGED decode batch (some request verifies fewer, e.g. n-gram found no match for it and drafts 0 tokens, or its
+match was shorter than k) runs the forward without the full graph and pays far more for the same tokens. Measured on
+one H200 (vLLM 0.25.0, V1 runner, Qwen2.5-Coder-1.5B, k = 5; ``data/gpu/live/steps.parquet``, its ``uniform``
+column): median t_verify of n-gram at batch 1 8.55 ms for a 1-token ragged step vs 1.98 ms for a 6-token uniform
+one; at batch 8 / 32 / 64 ragged 10.1 / 6.1 / 11.5 ms vs 2.0-3.2 ms uniform. A model may therefore carry
+
+    ragged forward  F_r(kv, n) = c_kv' * kv + c_tok' * n + c0'   (``CostModel.ragged_target``; None by default)
+
+priced instead of F at ragged decode steps: ``forward(kv, n, ragged=mask)``. Without it (every preset fitted
+before the issue-18 H200 run) every step is priced with F, exactly as before. Where the simulator applies it (a
+policy with an engine k: fixed-K, dynamic-k, ngram-else-eagle, the adaptive policies; not the oracles, not prefill
+or the no-SD baseline) is described in :mod:`spec_repro.simulate`. ``fit`` fits F_r on the ragged decode steps of
+a step table with a ``uniform`` column. Preset ``qwen2.5-coder-1.5b-h200`` is such a fit (``fit_live``).
+
 A preset is a JSON file (see ``spec_repro/presets/``)::
 
     {"name": ..., "hardware": ..., "target_model": ..., "source": "provenance text", "units": "seconds",
-     "target": {"c_kv": ..., "c_tok": ..., "c0": ...}, "overhead": ...,
+     "target": {"c_kv": ..., "c_tok": ..., "c0": ..., "ragged": {"c_kv": ..., "c_tok": ..., "c0": ...}},
+     "overhead": ...,                                                  (``ragged`` optional)
      "drafters": {"ngram": {"kind": "fraction", "fraction": ...},
                   "eagle": {"kind": "linear", "c_kv": ..., "c_tok": ..., "c0": ...}},
      "fit": {... optional statistics of the fit that produced it ...}}
@@ -47,8 +65,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-__all__ = ["Drafter", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR", "load_cost_model",
-           "fit", "default_drafter_kind"]
+__all__ = ["Drafter", "TargetForward", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR",
+           "load_cost_model", "fit", "default_drafter_kind", "ragged_steps", "fit_live", "LIVE_PRESET"]
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DRAFTER_KINDS = ("linear", "fraction", "per_token")
@@ -98,7 +116,8 @@ def _presets() -> dict[str, Path]:
 
 
 #: name -> preset file: ``llama3.1-8b-h100`` (the study's published fit), ``llama3.1-8b-h200`` (fitted to this
-#: package's vLLM step logs on the H200), ``smollm2-135m-cpu`` (fitted to the torch engine's CPU step logs)
+#: package's vLLM step logs on the H200), ``qwen2.5-coder-1.5b-h200`` (the H200 live run's Qwen steps, with a ragged
+#: forward: ``fit_live``), ``smollm2-135m-cpu`` (fitted to the torch engine's CPU step logs)
 PRESETS: dict[str, Path] = _presets()
 
 
@@ -149,9 +168,25 @@ class Drafter:
         return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0, **extra}
 
 
+@dataclass(frozen=True)
+class TargetForward:
+    """A target forward F(kv, n) = c_kv*kv + c_tok*n + c0 (seconds): ``CostModel.ragged_target``."""
+
+    c_kv: float
+    c_tok: float
+    c0: float
+
+    def time(self, kv, n):
+        return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
+
+    def to_dict(self) -> dict:
+        return {"c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0}
+
+
 @dataclass
 class CostModel:
-    """Target forward F(kv, n) = c_kv*kv + c_tok*n + c0, drafters per proposer, overhead per step (seconds)."""
+    """Target forward F(kv, n) = c_kv*kv + c_tok*n + c0, drafters per proposer, overhead per step (seconds);
+    optionally a second forward for ragged decode batches (``ragged_target``, see the module docstring)."""
 
     name: str
     c_kv: float
@@ -163,10 +198,25 @@ class CostModel:
     target_model: str = ""
     source: str = ""
     fit: dict | None = None
+    ragged_target: TargetForward | None = None   # F of ragged decode batches; None: F everywhere
 
-    def forward(self, kv, n):
-        """Target forward seconds; vectorised over numpy arrays."""
-        return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
+    def forward(self, kv, n, ragged=False):
+        """Target forward seconds; vectorised over numpy arrays. ``ragged`` (a bool or a bool array broadcast with
+        kv and n): the step is a ragged decode batch, priced with ``ragged_target`` where the model has one (a
+        model without one prices every step with its regular F)."""
+        F = self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
+        if self.ragged_target is None:
+            return F
+        r = np.asarray(ragged, bool)
+        if not r.any():
+            return F
+        out = np.where(r, self.ragged_target.time(kv, n), F)
+        return out[()] if out.ndim == 0 else out
+
+    @property
+    def has_ragged(self) -> bool:
+        """Whether ragged decode batches have their own target forward."""
+        return self.ragged_target is not None
 
     def drafter(self, proposer: str) -> Drafter:
         if proposer in self.drafters:
@@ -184,7 +234,8 @@ class CostModel:
     def to_dict(self) -> dict:
         d = {"name": self.name, "hardware": self.hardware, "target_model": self.target_model,
              "source": self.source, "units": "seconds",
-             "target": {"c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0},
+             "target": {"c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0,
+                        **({"ragged": self.ragged_target.to_dict()} if self.ragged_target is not None else {})},
              "overhead": self.overhead,
              "drafters": {k: v.to_dict() for k, v in self.drafters.items()}}
         if self.fit:
@@ -204,12 +255,21 @@ class CostModel:
                                                for x in _DRAFTER_FIELDS if x in v})
             if not isinstance(t, Mapping):
                 raise CostModelError(f"{where}: target must be an object {{c_kv, c_tok, c0}}, got {t!r}")
+            rg = t.get("ragged")
+            if rg is not None:
+                if not isinstance(rg, Mapping):
+                    raise CostModelError(f"{where}: target.ragged must be an object {{c_kv, c_tok, c0}} or null, "
+                                         f"got {rg!r}")
+                missing = [x for x in ("c_kv", "c_tok", "c0") if x not in rg]
+                if missing:
+                    raise CostModelError(f"{where}: target.ragged lacks {missing} (need c_kv, c_tok, c0)")
+                rg = TargetForward(*(_num(rg[x], f"{where}: target.ragged.{x}") for x in ("c_kv", "c_tok", "c0")))
             m = cls(name=str(d["name"]), c_kv=_num(t["c_kv"], f"{where}: target.c_kv"),
                     c_tok=_num(t["c_tok"], f"{where}: target.c_tok"), c0=_num(t["c0"], f"{where}: target.c0"),
                     overhead=_num(d["overhead"], f"{where}: overhead"), drafters=drafters,
                     hardware=str(d.get("hardware", "")),
                     target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
-                    fit=d.get("fit"))
+                    fit=d.get("fit"), ragged_target=rg)
         except KeyError as e:
             raise CostModelError(f"{where}: missing key {e.args[0]!r} (need name, target{{c_kv,c_tok,c0}}, "
                                  f"overhead, drafters)") from e
@@ -227,6 +287,11 @@ class CostModel:
                  ("overhead", self.overhead)]
         named += [(f"drafters.{k}.{x}", getattr(dr, x)) for k, dr in self.drafters.items()
                   for x in _DRAFTER_FIELDS]
+        rt = self.ragged_target
+        if rt is not None:
+            if not isinstance(rt, TargetForward):
+                raise CostModelError(f"{where}: ragged_target must be a TargetForward or None, got {rt!r}")
+            named += [(f"target.ragged.{x}", getattr(rt, x)) for x in ("c_kv", "c_tok", "c0")]
         for key, v in named:
             if not isinstance(v, (int, float, np.floating, np.integer)) or isinstance(v, bool):
                 raise CostModelError(f"{where}: {key} must be a number, got {v!r}")
@@ -240,6 +305,9 @@ class CostModel:
         if not self.c_tok + self.c0 >= _FORWARD_MIN:
             raise CostModelError(f"{where}: a one-token target forward costs c_tok + c0 = {self.c_tok + self.c0}"
                                  f" s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
+        if rt is not None and not rt.c_tok + rt.c0 >= _FORWARD_MIN:
+            raise CostModelError(f"{where}: a one-token ragged forward costs target.ragged c_tok + c0 = "
+                                 f"{rt.c_tok + rt.c0} s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
         return self
 
     def to_json(self, path: str | Path) -> Path:
@@ -267,6 +335,10 @@ class CostModel:
         lines = [f"cost model {self.name!r} ({self.hardware or 'hardware ?'}, {self.target_model or 'target ?'})",
                  f"  target forward F(kv, n) = {self.c_kv:.6g}*kv + {self.c_tok:.6g}*n + {self.c0:.6g} s",
                  f"  overhead per step       = {self.overhead:.6g} s"]
+        if self.ragged_target is not None:
+            r = self.ragged_target
+            lines.insert(2, f"  ragged-batch forward    = {r.c_kv:.6g}*kv + {r.c_tok:.6g}*n + {r.c0:.6g} s (decode "
+                            f"steps where some request verifies other than k + 1 tokens)")
         for k, dr in self.drafters.items():
             if dr.kind == "fraction":
                 lines.append(f"  drafting {k:<14} = {dr.fraction:.6g} * F (0 when nothing is proposed)")
@@ -360,13 +432,33 @@ def _lstsq(X: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
     return coef / scale
 
 
+def ragged_steps(steps: pd.DataFrame) -> np.ndarray | None:
+    """The ragged decode steps of a step table (bool per row): ``uniform`` is False and (where the table has a
+    ``phase`` column) ``phase == "decode"``. None when the table has no ``uniform`` column. (``uniform``, as
+    ``spec_repro.engines.vllm.live`` writes it: k == 0 or batched_tokens == num_reqs * (1 + k).)"""
+    if "uniform" not in steps.columns:
+        return None
+    u = steps["uniform"]
+    if u.isna().any():
+        raise CostModelError(f"fit: column 'uniform' is null in {int(u.isna().sum())} step(s); it must say, for "
+                             f"every step, whether each request verified exactly k + 1 tokens")
+    rag = ~u.to_numpy(bool)
+    if "phase" in steps.columns:
+        rag &= (steps["phase"].astype(str) == "decode").to_numpy()
+    return rag
+
+
 def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target_model: str | None = None,
         source: str = "", kinds: Mapping[str, str] | None = None, include_reject: bool = True,
-        min_steps: int = 3) -> FitResult:
+        min_steps: int = 3, ragged: "bool | str" = "auto") -> FitResult:
     """Least-squares cost model (non-negative coefficients) from measured step timings
     (``spec_repro.traces.STEP_COLUMNS``).
 
-    - target forward: t_verify ~ c_kv*kv_tokens + c_tok*batched_tokens + c0 over every step;
+    - target forward: t_verify ~ c_kv*kv_tokens + c_tok*batched_tokens + c0 over every step; with a ragged
+      forward (``ragged``: ``"auto"``, the default, when the table has a ``uniform`` column and at least
+      ``min_steps`` ragged decode steps (``ragged_steps``); ``True``: require them; ``False``: never), the same
+      form fitted apart on the ragged decode steps (``ragged_target``, component ``target:ragged``) and on all
+      the other steps (``target``: the uniform ones, and prefill / mixed steps, which the simulator prices with F);
     - drafting, per ``method`` other than ``none`` (kind from ``kinds`` or ``default_drafter_kind``):
       ``linear``: t_draft ~ c_kv*kv_tokens + c_tok*(batched_tokens/num_reqs) + c0 (n per request, as the
       simulator applies it); ``fraction``: t_draft ~ fraction*t_verify through the origin, over steps that
@@ -375,9 +467,18 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
     Returns a ``FitResult`` with R² per component and a residual table."""
     from .traces import validate_steps
 
+    if ragged not in (True, False, "auto"):
+        raise CostModelError(f"fit: ragged must be True, False or 'auto', got {ragged!r}")
     df = validate_steps(steps, "fit steps")
     if df.empty:
         raise CostModelError("fit: no steps")
+    rag = ragged_steps(df) if ragged is not False else None
+    if ragged is True and (rag is None or rag.sum() < min_steps):
+        raise CostModelError(f"fit: ragged=True needs a 'uniform' column and at least {min_steps} ragged decode "
+                             f"steps; the steps have " + ("no 'uniform' column" if rag is None else
+                                                          f"{int(rag.sum())}"))
+    if rag is not None and rag.sum() < min_steps:
+        rag = None
     if target_model is None:
         models = df["model"].unique().tolist()
         target_model = models[0] if len(models) == 1 else ", ".join(map(str, models))
@@ -395,8 +496,17 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
     reqs = np.maximum(df["num_reqs"].to_numpy(float), 1.0)
     tv = df["t_verify"].to_numpy(float)
     X = np.column_stack([kv, n, np.ones_like(kv)])
-    c_kv, c_tok, c0 = _lstsq(X, tv, "target forward")
-    record("target", df.index.to_numpy(), tv, X @ [c_kv, c_tok, c0])
+    ragged_target = None
+    if rag is None:
+        c_kv, c_tok, c0 = _lstsq(X, tv, "target forward")
+        record("target", df.index.to_numpy(), tv, X @ [c_kv, c_tok, c0])
+    else:
+        reg = ~rag
+        c_kv, c_tok, c0 = _lstsq(X[reg], tv[reg], "target forward (uniform steps)")
+        record("target", df.index.to_numpy()[reg], tv[reg], X[reg] @ [c_kv, c_tok, c0])
+        coef = _lstsq(X[rag], tv[rag], "ragged target forward (ragged decode steps)")
+        ragged_target = TargetForward(*map(float, coef))
+        record("target:ragged", df.index.to_numpy()[rag], tv[rag], X[rag] @ coef)
 
     drafters: dict[str, Drafter] = {}
     for method, g in df[df["method"] != "none"].groupby("method", sort=True):
@@ -440,8 +550,86 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
     fit_stats = {"n_steps": counts, "r2": {k: (None if np.isnan(v) else round(v, 6)) for k, v in r2.items()},
                  "rmse_s": {c: float(np.sqrt(np.mean(g["residual"] ** 2))) for c, g in resid.groupby("component")},
                  "runs": sorted(map(str, df["run_id"].unique())), "include_reject": include_reject}
+    if ragged_target is not None:
+        fit_stats["ragged"] = ("target:ragged fitted on the decode steps with uniform == False, target on all "
+                               "other steps")
     model = CostModel(name=name, c_kv=float(c_kv), c_tok=float(c_tok), c0=float(c0), overhead=overhead,
                       drafters=drafters, hardware=hardware, target_model=str(target_model),
                       source=source or f"least-squares fit of {len(df)} measured steps (spec_repro.costmodel.fit)",
-                      fit=fit_stats)
+                      fit=fit_stats, ragged_target=ragged_target)
     return FitResult(model=model, r2=r2, residuals=resid, n_steps=counts)
+
+
+# ---- the H200 live run's preset ---------------------------------------------------------------------------------
+#: the preset ``fit_live`` writes (name ``qwen2.5-coder-1.5b-h200``)
+LIVE_PRESET = PRESET_DIR / "qwen2.5-coder-1.5b-h200.json"
+LIVE_SPECS = ("hybrid-default-none", "hybrid-default-eagle", "hybrid-default-ngram")
+LIVE_KINDS = {"eagle": "per_token", "ngram": "fraction"}
+LIVE_SOURCE = (
+    "costmodel.fit (ragged=True) of the H200 live run's step table data/gpu/live/steps.parquet (vLLM 0.25.0, one "
+    "NVIDIA H200, V1 model runner, vLLM's default engine = async scheduling for EAGLE and no SD, synchronous for "
+    "n-gram, bf16, real weights of Qwen/Qwen2.5-Coder-1.5B-Instruct, k = 5, 2026-12-01): the decode steps (phase "
+    "== 'decode') of the code-edit runs (run_id starting with 'code-edit', batch sizes 1, 8, 32, 64) of the specs "
+    "hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram only; target = the uniform steps (every "
+    "request verified k + 1 tokens: vLLM's full CUDA graph), target.ragged = the ragged ones (n-gram steps where "
+    "some request had no or a shorter match); EAGLE per drafted token, n-gram a fraction of F. The hybrid specs "
+    "(hybrid-default-pr24344[-skip]) and the draft-model agreement runs were left out so that they can be "
+    "predicted out of sample. Regenerate: python -m spec_repro.costmodel fit-live")
+
+
+def live_steps(steps: "pd.DataFrame | str | Path | None" = None) -> pd.DataFrame:
+    """The steps ``fit_live`` fits: code-edit decode steps of ``LIVE_SPECS`` from the live run's step table
+    (default ``data/gpu/live/steps.parquet`` of the checkout)."""
+    from .traces import read_steps
+
+    if steps is None:
+        from .paths import data_dir
+
+        steps = data_dir() / "gpu" / "live" / "steps.parquet"
+    df = read_steps(steps) if isinstance(steps, (str, Path)) else steps
+    for c in ("spec", "phase", "uniform"):
+        if c not in df.columns:
+            raise CostModelError(f"fit_live: the step table has no {c!r} column (it must be the live run's "
+                                 f"steps.parquet, written by spec_repro.engines.vllm.live summarize)")
+    keep = (df["run_id"].astype(str).str.startswith("code-edit") & df["spec"].astype(str).isin(LIVE_SPECS)
+            & (df["phase"].astype(str) == "decode"))
+    return df[keep.to_numpy()].reset_index(drop=True)
+
+
+def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path | None" = None) -> FitResult:
+    """Fit preset ``qwen2.5-coder-1.5b-h200`` (``LIVE_SOURCE`` says on what) from the live run's step table;
+    writes it to ``out`` when given (``LIVE_PRESET`` is the committed one)."""
+    res = fit(live_steps(steps), name="qwen2.5-coder-1.5b-h200",
+              hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, V1 runner, default engine (async scheduling for "
+                       "EAGLE / no SD, sync for n-gram), CUDA graphs, bf16, real weights",
+              target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct", source=LIVE_SOURCE, kinds=LIVE_KINDS, ragged=True)
+    if out is not None:
+        res.to_json(out)
+    return res
+
+
+def main(argv=None) -> int:
+    """``python -m spec_repro.costmodel fit-live [--steps PATH] [--out PATH] [--check]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.costmodel", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    fl = sub.add_parser("fit-live", help="refit preset qwen2.5-coder-1.5b-h200 from data/gpu/live/steps.parquet")
+    fl.add_argument("--steps", default=None, help="step table (default: the checkout's data/gpu/live/steps.parquet)")
+    fl.add_argument("--out", default=str(LIVE_PRESET), help=f"where to write the preset (default {LIVE_PRESET})")
+    fl.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the refit")
+    a = ap.parse_args(argv)
+    res = fit_live(a.steps)
+    text = json.dumps(res.model.to_dict(), indent=2) + "\n"
+    if a.check:
+        same = Path(a.out).is_file() and Path(a.out).read_text() == text
+        print(f"{a.out}: {'matches' if same else 'DIFFERS FROM'} the refit")
+        return 0 if same else 1
+    res.to_json(a.out)
+    print(res.summary())
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,6 +34,21 @@ drafter pays per drafted token). ``oracle-combine`` accounting (``draft_cost``):
   every proposer runs at every step, so ``ran`` is ``all``; fixed-K and oracle pay their one proposer's rule under
   every accounting.
 
+Ragged batches (a cost model with a ragged forward, ``CostModel.ragged_target``; see :mod:`spec_repro.costmodel`:
+vLLM 0.25's V1 runner replays its full CUDA graph only when every request verifies exactly K + 1 tokens). A decode
+step is *ragged* when some decoding request in it verifies other than K + 1 tokens, K = the engine's
+``num_speculative_tokens``: fixed-K's K (a step whose proposal is cut by ``draft_len``, e.g. n-gram's 0 where it
+found no match, is ragged), ``dynamic-k``'s k of the batch size, ``ngram-else-eagle[-skip]-KN-KE``'s max(KN, KE),
+the adaptive policies' k_max of the trace. A ragged step's target forward (and an n-gram drafter's fraction of it)
+is the ragged one. ``duplicate``: a request's B copies are identical, so a step is ragged for all of them iff the
+request's proposal there differs from K; the affine sums price that exactly (separate sums over the ragged steps,
+no fallback needed). ``mixed``: a batch step is ragged iff any running request that decodes in it is (the
+compiled loop checks each step); newcomers' prefill tokens do not make a step ragged. The regular F prices
+prefill, the no-SD baseline (one token per request: uniform for a no-SD engine) and every step of ``oracle`` /
+``oracle-combine`` (idealised bounds that verify exactly the tokens that will be accepted; pricing them ragged
+would make them no bound of the fixed-K rows). A cost model without a ragged forward prices every step as before,
+to the bit.
+
 ``adaptive-rule`` / ``adaptive-learned`` (any proposer set): causal selectors of the proposers to run, the proposal
 to verify and its length, see :mod:`spec_repro.adaptive`; they are always charged ``ran`` (their rows say so,
 whatever accountings were asked for) and, since batch size is one of their signals, their step sequence is computed
@@ -155,6 +170,15 @@ class _Steps:
     inp: np.ndarray
     gen: np.ndarray
     charges: list      # [(Drafter, active bool array | None, proposal int array, always bool)]
+    ragged: np.ndarray | None = None   # per step: the request verifies other than K + 1 tokens (None: never)
+
+
+def _ragged(st: _Steps, cm: CostModel, K) -> _Steps:
+    """``st`` with its ragged steps marked (verified proposal != the engine's K), where the cost model has a
+    ragged forward and the policy an engine K (None: the oracles; see the module docstring)."""
+    if not cm.has_ragged or K is None:
+        return st
+    return _Steps(st.req, st.p, st.inp, st.gen, st.charges, np.asarray(st.inp) - 1 != int(K))
 
 
 def combine_order(cm: CostModel, proposers) -> list[str]:
@@ -202,7 +226,9 @@ def _steps(reqs: _Requests, proposers, kind: str, K: int, draft_cost: str, cm: C
 def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
     """Per request, the SD step times as affine functions of the batch size B (kv = B*(P+p), n = B*i): target
     forwards V1*B + V0 and drafting D1*B + D0 summed over its steps. Every drafter kind is affine in B at fixed
-    steps (see costmodel), so the sums are taken once and each batch size costs a few vector operations."""
+    steps (see costmodel), so the sums are taken once and each batch size costs a few vector operations. Ragged
+    steps (``st.ragged``) are exact here too: the B copies of a request are identical, so a step is ragged for all
+    of them or for none, whatever B, and its forward is the ragged one's affine function of B (separate sums)."""
     x = (P_req + st.p).astype(float)
     inp = st.inp.astype(float)
 
@@ -210,8 +236,14 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
         return np.bincount(st.req, weights=w if mask is None else np.where(mask, w, 0.0), minlength=n)
 
     one = np.ones(len(x))
-    V1 = cm.c_kv * bc(x) + cm.c_tok * bc(inp)
-    V0 = cm.c0 * bc(one)
+    rg = st.ragged
+    if rg is None:
+        V1 = cm.c_kv * bc(x) + cm.c_tok * bc(inp)
+        V0 = cm.c0 * bc(one)
+    else:   # ragged steps (a copy's proposal != K: then every copy's) are priced with the ragged forward
+        R, u = cm.ragged_target, ~rg
+        V1 = cm.c_kv * bc(x, u) + cm.c_tok * bc(inp, u) + R.c_kv * bc(x, rg) + R.c_tok * bc(inp, rg)
+        V0 = cm.c0 * bc(one, u) + R.c0 * bc(one, rg)
     D1, D0 = np.zeros(n), np.zeros(n)
     for dr, active, proposal, always in st.charges:
         prop = np.asarray(proposal, float)
@@ -222,8 +254,14 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
         elif dr.kind == "fraction":
             on = np.ones(len(x), bool) if always else prop > 0
             m = on if active is None else on & active
-            D1 += dr.fraction * (cm.c_kv * bc(x, m) + cm.c_tok * bc(inp, m))
-            D0 += dr.fraction * cm.c0 * bc(one, m)
+            if rg is None:
+                D1 += dr.fraction * (cm.c_kv * bc(x, m) + cm.c_tok * bc(inp, m))
+                D0 += dr.fraction * cm.c0 * bc(one, m)
+            else:   # a fraction of the step's own forward, ragged or not
+                mu, mr = m & u, m & rg
+                D1 += dr.fraction * (cm.c_kv * bc(x, mu) + cm.c_tok * bc(inp, mu) + R.c_kv * bc(x, mr)
+                                     + R.c_tok * bc(inp, mr))
+                D0 += dr.fraction * (cm.c0 * bc(one, mu) + R.c0 * bc(one, mr))
         else:
             m = active
             D1 += dr.c_kv * bc(prop * x, m) + dr.c_tok * bc(prop, m)
@@ -232,7 +270,7 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
 
 
 def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> list[dict]:
-    st = _Steps(st.req, st.p, st.inp, st.gen, catch_up_charges(st.req, st.charges))
+    st = _Steps(st.req, st.p, st.inp, st.gen, catch_up_charges(st.req, st.charges), st.ragged)
     n = len(reqs.ids)
     P, L = reqs.P.astype(float), reqs.L.astype(float)
     S = np.bincount(st.req, minlength=n).astype(float)
@@ -268,8 +306,11 @@ def _mixed_kernel():
 
 
 def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always, cstep,
-               c_kv, c_tok, c0, overhead, B):
-    """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time)."""
+               c_kv, c_tok, c0, overhead, B, ragged, r_kv, r_tok, r0):
+    """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time).
+    ``ragged`` (per step record): that request's step verifies other than K + 1 tokens; a batch step where any
+    decoding request's step is ragged costs the ragged forward r_kv*kv + r_tok*n + r0 instead of F (newcomers'
+    prefill does not make a step ragged)."""
     n = len(P)
     C = len(kind)
     running = np.empty(B, np.int64)   # request ids in the batch
@@ -293,6 +334,7 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
         kv = 0.0
         ntok = 0.0
         m = 0
+        rag = False
         for b in range(nrun):
             r = running[b]
             if fresh[b]:
@@ -301,7 +343,12 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
                 kv += P[r] + pos[b]
                 ntok += inp[cur[b]]
                 m += 1
-        F = c_kv * kv + c_tok * ntok + c0
+                if ragged[cur[b]]:
+                    rag = True
+        if rag:
+            F = r_kv * kv + r_tok * ntok + r0
+        else:
+            F = c_kv * kv + c_tok * ntok + c0
         for c in range(C):
             dmax[c] = 0.0
         for b in range(nrun):
@@ -353,6 +400,8 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
         else:
             S = np.bincount(st.req, minlength=n)
             inp, gen, charges = st.inp, st.gen, catch_up_charges(st.req, st.charges)
+        rag = np.zeros(len(inp), np.bool_) if st is None or st.ragged is None else np.asarray(st.ragged, np.bool_)
+        R = cm.ragged_target if cm.ragged_target is not None else cm   # unused where no step is ragged
         step_off = np.zeros(n + 1, np.int64)
         np.cumsum(S, out=step_off[1:])
         C, T = len(charges), len(inp)
@@ -370,7 +419,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
         # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
         return _mixed_kernel()(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
                           proposal, kind, dk, dt, d0, frac, always, cstep, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
-                          int(min(B, n)))
+                          int(min(B, n)), rag, float(R.c_kv), float(R.c_tok), float(R.c0))
 
     tokens = float(reqs.L.sum())
     out = []
@@ -400,7 +449,7 @@ def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: Cost
         for B in Bs:
             a = adaptive.adaptive_steps(reqs, req, props, pname, int(B), cm, kmax, params, seed=seed, inputs=inputs)
             charges = [(cm.drafter(q), a.ran[c], a.proposal[c], False) for c, q in enumerate(props)]
-            st = _Steps(a.req, a.p, a.inp, a.gen, charges)
+            st = _ragged(_Steps(a.req, a.p, a.inp, a.gen, charges), cm, kmax)   # the engine's k: k_max
             res = _duplicate(reqs, st, cm, np.array([B])) if mode == "duplicate" else _mixed(reqs, st, cm,
                                                                                              np.array([B]))
             rows += [dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost="ran",
@@ -551,12 +600,12 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
         if kind in SWITCH:
             req_, p_, idx_, inp_, gen_, charges, _ = switch_steps(reqs, props, ng_lens, K[0], K[1],
                                                                    kind.endswith("skip"), cm)
-            st = _Steps(req_, p_, inp_, gen_, charges)
+            st = _ragged(_Steps(req_, p_, inp_, gen_, charges), cm, max(K))   # the engine's k: the larger
             acct = "ran"
         elif kind == "dynamic-k":
             for B in Bs:
                 Kb = dynamic_k_for(options["dynamic_k"], int(B))
-                st = _steps(reqs, props, "fixed", Kb, acct, cm, ds, seed, match_prob, ng_lens)
+                st = _ragged(_steps(reqs, props, "fixed", Kb, acct, cm, ds, seed, match_prob, ng_lens), cm, Kb)
                 rows += [dict(dataset=ds, model=model, proposers="+".join(props), policy=f"{pname} (k={Kb})",
                               draft_cost=acct, n_requests=len(reqs.ids), n_tokens=int(reqs.L.sum()),
                               mean_tokens_per_step=float(st.gen.sum() / max(len(st.gen), 1)), batching="duplicate",
@@ -565,6 +614,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             continue
         else:
             st = _steps(reqs, props, kind, K, acct, cm, ds, seed, match_prob, ng_lens)
+            st = _ragged(st, cm, K if kind == "fixed" else None)   # the oracles: F everywhere (an idealised bound)
         common = dict(dataset=ds, model=model, proposers="+".join(props), policy=pname, draft_cost=acct,
                       n_requests=len(reqs.ids),
                       mean_tokens_per_step=float(st.gen.sum() / max(len(st.gen), 1)),

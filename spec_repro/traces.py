@@ -85,9 +85,11 @@ STEP_COLUMNS: dict[str, str] = {
 # Optional step columns kept when present: per-request accepted counts, prefill/decode phase, the vLLM plugin's
 # run bookkeeping (run_kind: study / profile / overhead; outlier: JIT-compilation steps; t_sched: host time
 # between steps) and each step's physical limit (bytes the verification pass must read, the HBM floor in s,
-# achieved GB/s and bandwidth utilisation), and the live hybrid's choices per proposer (the plugin's ``hybrid``).
+# achieved GB/s and bandwidth utilisation), the live hybrid's choices per proposer (the plugin's ``hybrid``), and
+# ``uniform`` (bool: every request verified exactly k + 1 tokens, vLLM's full-CUDA-graph batch; see
+# ``spec_repro.costmodel``'s ragged forward, which ``costmodel.fit`` fits where it is present).
 STEP_OPTIONAL = ("accepted_per_req", "phase", "run_kind", "outlier", "t_sched", "spec", "session",
-                 "verify_bytes", "verify_floor_s", "achieved_GBps", "bw_util", "hybrid")
+                 "verify_bytes", "verify_floor_s", "achieved_GBps", "bw_util", "hybrid", "uniform")
 _TIME_COLS = ("t_draft", "t_verify", "t_reject", "t_other", "t_total")
 
 #: The study's published trace files (SpecDecode-Bench/simulator, data/llama3.1-8B/, commit 2fdccbd), recognized

@@ -49,8 +49,18 @@ def drafting_time(cost_model, proposer, kv, n, F, m, proposal, always=False):
     return proposal * (d.c_kv * kv + d.c_tok * m + d.c0)
 
 
-def forward(cm, kv, n):
+def forward(cm, kv, n, ragged=False):
+    """F(kv, n); at a ragged decode step (some request verifies other than K + 1 tokens, fixed-K only) the cost
+    model's ragged forward where it has one (costmodel's docstring)."""
+    r = getattr(cm, "ragged_target", None)
+    if ragged and r is not None:
+        return r.c_kv * kv + r.c_tok * n + r.c0
     return cm.c_kv * kv + cm.c_tok * n + cm.c0
+
+
+def is_ragged(reqs_and_inputs):
+    """[(req, i)] of the requests decoding in one step: ragged iff a fixed-K request verifies i != K + 1."""
+    return any(r.policy == "fixed" and i != r.K + 1 for r, i in reqs_and_inputs)
 
 
 class Req:
@@ -134,7 +144,7 @@ def duplicate_batch(cm, req_template, B, cost_key, speculative):
             else:
                 decisions[k] = (1, 1, 1)
             n += decisions[k][0]
-        F = forward(cm, kv, n)
+        F = forward(cm, kv, n, speculative and is_ragged([(copies[k], decisions[k][0]) for k in unfinished]))
         m = len(unfinished)
         still = []
         produced_total = 0
@@ -186,7 +196,7 @@ def mixed_run(cm, reqs, B, cost_key, speculative):
                 dec[idx] = r.decide() if speculative else (1, 1, 1)
                 n += dec[idx][0]
                 m += 1
-        F = forward(cm, kv, n)
+        F = forward(cm, kv, n, speculative and is_ragged([(running[x][0], d[0]) for x, d in dec.items()]))
         per_proposer = {}
         if speculative:
             for idx, (r, fresh) in enumerate(running):
