@@ -23,9 +23,9 @@ Policies
 ``pr24344-skip``   the same choice; EAGLE's proposal is not needed where n-gram matched (its drafting can be
                    skipped or masked there: :func:`policy_needs_eagle`).
 ``ngram-only``     n-gram's proposal where it matched, else no draft; EAGLE's proposal is never read (its drafting
-                   is skipped every step): vLLM's n-gram through the hybrid's path, i.e. with the option below,
-                   n-gram with every draft padded to k (vLLM's own n-gram cannot be padded). vLLM still loads the
-                   EAGLE head (the plugin needs method ``eagle``).
+                   is skipped every step): vLLM's n-gram through the hybrid's path, so with padding on ("Padding"
+                   below) n-gram with every draft padded to k (vLLM's own n-gram cannot be padded). vLLM still
+                   loads the EAGLE head (the plugin needs method ``eagle``).
 ``eagle-only``     EAGLE's proposal for every request: the hybrid loaded (its n-gram lookups and bookkeeping run)
                    but idle, for the plugin's overhead against plain EAGLE.
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
@@ -217,7 +217,12 @@ class HybridPolicy:
         ngram = [int(x) for x in list(ngram)[: self.kmax]]
         if self.name != "adaptive-rule":
             self._observe(st, tokens)
-            v = EA if self.name == "eagle-only" else NG if ngram else -1 if self.name == "ngram-only" else EA
+            if self.name == "eagle-only":
+                v = EA
+            elif ngram:
+                v = NG
+            else:
+                v = -1 if self.name == "ngram-only" else EA
             draft = ngram if v == NG else self._eagle(eagle, self.kmax) if v == EA else []
         else:
             v, k, ng_dl, bucket = self._decide(st, tokens, ngram, batch_size)

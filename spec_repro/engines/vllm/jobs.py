@@ -229,6 +229,17 @@ def hybrid_method(m: str) -> tuple[str, str | None, bool]:
     return m, None, False
 
 
+def config_label(cfg: dict) -> str:
+    """The ``hybrid_specs`` method an engine config runs (the inverse of :func:`hybrid_method`): vLLM's method, the
+    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``."""
+    pol = cfg.get("hybrid")
+    if not pol:
+        return cfg.get("method")
+    if cfg.get("hybrid_pad"):
+        return "ngram-pad" if pol == "ngram-only" else f"{pol}-pad"
+    return pol
+
+
 def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tokens: int = 256,
                  prompts_per_bs: int = 8, repeats: int = 3, batch_sizes=HYBRID_BATCH_SIZES,
                  workloads=HYBRID_WORKLOADS, methods=HYBRID_METHODS, cost_model: str | None = None,
@@ -337,8 +348,7 @@ def lossless_report(records: list[dict], baseline_method: str = "none") -> list[
     differing request, its key and the first differing position (bf16 numerics can differ between batch shapes:
     the comparison is at the same batch size)."""
     def conf(r):
-        c = r.get("config", {})
-        return (c["hybrid"] + ("-pad" if c.get("hybrid_pad") else "")) if c.get("hybrid") else c.get("method")
+        return config_label(r.get("config", {}))
 
     base = {}
     for r in records:
