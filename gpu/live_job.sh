@@ -47,16 +47,44 @@
 # Parts a and b run vLLM's default engine (async scheduling on for EAGLE): the plugin's async path is the least
 # checked (its docstring's "GPU checks"). If `jobs lossless` shows a hybrid output differing from no SD at any batch
 # size, rerun part b's hybrids with --engine-config study-like (synchronous: vLLM's list contract for drafts).
+#
+# SECOND SESSION (parts e-i of session.py, priced with the seconds the first session took; PREPARED, NOT YET RUN).
+# The first showed vLLM 0.25's V1 runner fast only on uniform 1 + k decode batches; the hybrid's short n-gram drafts
+# break them, so every draft is padded to k (hybrid.py, "Padding"). `bash gpu/live_job.sh plan --session 2` prints
+# the plan and the parts that fit (it drops the lowest-priority ones until the total is under 1,650 s):
+#   stage      calls  seconds  what
+#   staging     34    254      measured: the first session's calls 1-33 (machine start, vllm c1..c7, p00..p26)
+#   setup        1    255      measured
+#   run   1 + polls   ~996     PARTS="e f g" (resumable, a marker per part; results in res/qwen2):
+#                               e ~406: no SD + pr24344-pad, pr24344-skip-pad, ngram-pad (code-edit, bs 1/8/32/64,
+#                                       3 repeats), then lossless -> res/qwen2/lossless.jsonl
+#                               f ~240: EAGLE alone on vLLM's true default (its own runner: V2; untimed) and no SD
+#                                       untimed (the step log's overhead beside e's timed no SD); lossless again
+#                               g ~350: sharegpt: the best padded hybrid of e (`session run g` picks it from e's
+#                                       results), EAGLE, no SD; lossless again
+#   pack      1 per part  ~10
+#   In all ~1,505 of 1,800. Dropped to fit (deferred): h, EAGLE drafting time at k = 1, 3, 8, 12 (~366 s); i, the idle
+#   hybrid (eagle-only) vs EAGLE alone (~230 s). Engine names end in -s2 (distinct from the first session's).
+# The calls: the same preparation here and the same calls 1-34 as above (staging, setup), then
+#  35   carry []                              PARTS="e f g" LEFT=<lease budget_left_s> bash gpu/live_job.sh start
+#  36.. carry []                              sleep 240; bash gpu/live_job.sh status      (each <= 600 s)
+#       as soon as status says "part X done": bash gpu/live_job.sh pack X       (e, f, g: each packs res/qwen2 so far)
+#       the last call: bash gpu/live_job.sh pack all; then give_back.
+# Check padding in the step logs (steps_hybrid-default-*-pad-s2.jsonl): decode steps have batched_tokens ==
+# num_reqs * (1 + k) and t_verify near the uniform steps' of the first session (pr24344: 1.98/2.07/2.45/3.21 ms at
+# bs 1/8/32/64); `hybrid` has pad_tokens/pad_by/pad_accepted. Without PARTS, `start` runs the first session's a-d.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1
-R=/root/res; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
+R=${RES:-/root/res}; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
 HEAD=/root/cache/heads/${HEAD_SHA:-6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44}
 PY=${PY:-python3}
 ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
+pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
+         *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
   [ -f $R/done_$p ] && { echo "part $p done before"; return 0; }
@@ -66,7 +94,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -90,26 +118,32 @@ case "$1" in
         || { tail -n 5 $R/log_convert_$m.txt; exit 4; }
     done
     tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/ $HEAD ;;
-  start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now
+  start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now; PARTS="e f g":
+              # those parts (inherited by the detached run), unset: a-d
     mkdir -p $R
     END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))  # RESERVE: the last pack call + margin
     echo $END > $R/end_epoch
     setsid nohup env END=$END bash gpu/live_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
   run)       # in the foreground (start runs it detached); END: epoch seconds of the deadline (default 1,100 s on)
+    # PARTS="e f g": those parts in that order (the second session's: `plan --session 2`); unset: the first's a-d
     END=${END:-$(( $(date +%s) + 1100 ))}
-    mkdir -p $R/qwen $R/llama8b $R/draftk
-    part a qwen; part b qwen; part c llama8b; part d draftk
+    if [ -z "${PARTS:-}" ]; then
+      mkdir -p $R/qwen $R/llama8b $R/draftk
+      part a qwen; part b qwen; part c llama8b; part d draftk
+    else
+      for p in $PARTS; do d=$(pdir $p) || exit 2; mkdir -p $R/$d; part $p $d; done
+    fi
     echo PIPE_FINISHED ;;
   status)
-    for f in $R/pipeline.log $R/log_[abcd].txt; do
+    for f in $R/pipeline.log $R/log_[a-i].txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
     done
     ls $R/done_* 2>/dev/null | sed 's|.*/done_|part done: |'
     [ -f $R/end_epoch ] && echo "deadline in $(( $(cat $R/end_epoch) - $(date +%s) )) s"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
-  pack)       # pack a|b|c|d|all: that part's compact results (no raw step logs of the hybrid task) as one file
-    case $2 in a|b) d=qwen ;; c) d=llama8b ;; d) d=draftk ;; *) d=. ;; esac
+  pack)       # pack a|...|i|all: that part's results folder (pdir) as one file
+    case $2 in [a-i]) d=$(pdir $2) ;; *) d=. ;; esac
     tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $([ $d = . ] || (cd $R && ls log_*.txt pipeline.log 2>/dev/null))
     ls -la $OUT; [ $(stat -c %s $OUT/res_$2.tgz) -lt 16000000 ] || echo "res_$2.tgz over 16 MB: split it (send)" ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)

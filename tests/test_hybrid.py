@@ -21,6 +21,7 @@ from spec_repro.tracefiles import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 PROPS = ["ngram", "eagle"]
+USED = {"ngram-only": {"ngram", ""}, "eagle-only": {"eagle"}}   # what the single-proposer policies verify
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,10 @@ def test_lossless_whatever_the_policy(name, smol, cm):
     n_tok = sum(int(reqs.L[r]) - 1 for r in rows)
     assert n_steps < 0.6 * n_tok        # it speculated (and got tokens accepted)
     used = {s[1] for st in steps.values() for s in st}
-    assert {"ngram", "eagle"} <= used, used
+    if name == "adaptive-rule":
+        assert {"ngram", "eagle"} <= used, used        # and "" where it chose not to speculate
+    else:
+        assert used == USED.get(name, {"ngram", "eagle"}), used
     for r in rows:   # the accepted count each state derives from its token ids is the verification's
         assert [s[5] for s in steps[r]] == [None] + [s[3] - 1 for s in steps[r][:-1]]
 
@@ -194,7 +198,8 @@ def test_no_decision_reads_the_future(name, smol, cm):
             before = [(p, s, k, n) for p, s, k, _g, n, _a in base[r] if p <= cut]
             assert [(p, s, k, n) for p, s, k, _g, n, _a in pert[r] if p <= cut] == before, (r, cut)
             changed += [s[:4] for s in pert[r]] != [s[:4] for s in base[r]]
-    assert changed > 0    # the perturbation does reach the decisions after the cut
+    # the perturbation does reach the decisions after the cut (eagle-only decides the same whatever the tokens)
+    assert changed > 0 or name == "eagle-only"
 
 
 def test_the_shared_rule_is_the_simulators(smol, cm):

@@ -94,3 +94,113 @@ def test_profiled_acceptance_predicts_the_committed_smollm2_steps():
 def test_predictor_without_draft_lengths_drafts_k():
     pred = S.predictor_from_acc({"x": [[3, 1, 6], []]}, {"x": [5, 6, 7]})
     assert pred([5, 6, 7], [1, 2, 3], [1, 2, 3], k=4) == {1: (4, 2), 2: (4, 0), 3: (4, 4)}
+
+
+# ---- the second session (parts e-i) --------------------------------------------------------------------------
+def test_second_plan_fits_and_drops_the_lowest_priority_parts():
+    r = subprocess.run(["bash", "gpu/live_job.sh", "plan", "--session", "2"], cwd=ROOT, capture_output=True,
+                       text=True, env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    pl = S.plan(session=2)
+    assert pl["fits"] and pl["total_s"] <= S.PLAN_LIMIT_S
+    assert pl["total_s"] == sum(row["seconds"] for row in pl["stages"])
+    assert list(S.SESSION_PARTS[2]) == ["e", "f", "g", "h", "i"]
+    # what runs is a prefix of the priority order; the rest is deferred, and would not have fitted
+    n = len(pl["parts"])
+    assert pl["parts"] == ["e", "f", "g"] and pl["dropped"] == ["h", "i"] == list(S.SESSION_PARTS[2][n:])
+    nxt = S._part_row("h", 2)["seconds"]
+    assert pl["total_s"] + nxt > S.PLAN_LIMIT_S
+    assert all(any(d.startswith(f"part {p} ") for d in pl["deferred"]) for p in pl["dropped"])
+    # staging and setup as measured; every engine priced from a measured one (or the calibrated model)
+    assert [row["seconds"] for row in pl["stages"][:2]] == [254, 255]
+    for e in (e for row in pl["stages"] for e in row.get("engines", [])):
+        assert e["spec"] in r.stdout and e["basis"].split()[0] in S.MEASURED_S
+    assert f"{pl['total_s']:.0f} s  total" in r.stdout and 'PARTS="e f g"' in r.stdout
+    # a smaller limit drops more, in the same order; none fitting is over budget
+    assert S.plan(1000, session=2)["parts"] == ["e"]
+    r = subprocess.run(["bash", "gpu/live_job.sh", "plan", "--session", "2", "--budget", "600"], cwd=ROOT,
+                       capture_output=True, text=True,
+                       env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 1 and "OVER BUDGET: no part fits" in r.stderr
+    assert S.plan()["session"] == 1 and S.plan()["total_s"] == S.plan(session=1)["total_s"]    # a-d unchanged
+
+
+def test_second_session_specs_are_well_formed(tmp_path):
+    from spec_repro.engines.vllm.engine import VLLMConfig, engine_env, engine_kwargs
+
+    parts = {p: S.part_specs(p, head="H", model_dir="M") for p in S.SESSION_PARTS[2]}
+    names = [s["name"] for ss in parts.values() for s in ss]
+    first = {s["name"] for p in S.PARTS for s in S.part_specs(p)}
+    assert len(names) == len(set(names)) and not set(names) & first and all(n.endswith("-s2") for n in names)
+    for s in (s for ss in parts.values() for s in ss):
+        cfg = VLLMConfig(**s["config"], step_log=str(tmp_path / "x.jsonl") if s.get("instrumented", True) else None)
+        engine_kwargs(cfg)
+        env = engine_env(cfg)
+        # padded specs carry the option (and only they); their names say so
+        assert bool(s["config"].get("hybrid_pad")) == ("-pad" in s["name"]) == ("SPEC_REPRO_HYBRID_PAD" in env)
+        assert s["config"]["k"] == S.K or s["name"].startswith("draftk-")
+    e = {s["name"]: s["config"] for s in parts["e"]}
+    assert list(e) == ["hybrid-default-none-s2", "hybrid-default-pr24344-pad-s2",
+                       "hybrid-default-pr24344-skip-pad-s2", "hybrid-default-ngram-pad-s2"]
+    assert [c.get("hybrid") for c in e.values()] == [None, "pr24344", "pr24344-skip", "ngram-only"]
+    assert all(s["tasks"][0]["workloads"] == ["code-edit"] and s.get("instrumented", True) for s in parts["e"])
+    # f: EAGLE on vLLM's own runner choice and no SD, both without the plugin; no SD is e's engine, untimed
+    f = {s["name"]: s for s in parts["f"]}
+    vd, ni = f["hybrid-vllm-default-eagle-s2"], f["hybrid-default-none-noinst-s2"]
+    assert vd["config"]["model_runner"] == "default" and vd["instrumented"] is False and "hybrid" not in vd["config"]
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_env(VLLMConfig(**vd["config"]))
+    assert ni["instrumented"] is False and ni["config"] == e["hybrid-default-none-s2"]
+    # g: sharegpt for the padded hybrid, EAGLE and no SD (the lossless reference)
+    g = S.part_specs("g", head="H", model_dir="M", best="ngram-pad")
+    assert [s["name"] for s in g] == ["hybrid-default-ngram-pad-sharegpt-s2", "hybrid-default-eagle-sharegpt-s2",
+                                      "hybrid-default-none-sharegpt-s2"]
+    assert all(s["tasks"][0]["workloads"] == ["sharegpt"] for s in g) and g[0]["config"]["hybrid_pad"]
+    with pytest.raises(ValueError, match="part e's"):
+        S.part_specs("g", best="pr24344")
+    assert [s["config"]["k"] for s in parts["h"]] == [1, 3, 8, 12]
+    assert [s["config"].get("hybrid") for s in parts["i"]] == ["eagle-only", None]
+
+
+def test_best_padded_is_the_fastest_against_no_sd(tmp_path):
+    def run(cfg, b, n, w):
+        return json.dumps({"kind": "run", "task": "hybrid", "workload": "code-edit", "batch_size": b,
+                           "config": {"step_log": "s.jsonl", **cfg}, "output_tokens": n, "wall_s": w})
+    pad = lambda pol: {"method": "eagle", "hybrid": pol, "hybrid_pad": True}  # noqa: E731
+    lines = [run({"method": "none"}, 1, 100, 1.0), run({"method": "none"}, 64, 6400, 1.0),
+             # pr24344-pad: 2x at bs 1, 1x at bs 64 (mean 1.5); ngram-pad: 1.2x and 2x (mean 1.6)
+             run(pad("pr24344"), 1, 100, 0.5), run(pad("pr24344"), 64, 6400, 1.0),
+             run(pad("ngram-only"), 1, 120, 1.0), run(pad("ngram-only"), 64, 6400, 0.5),
+             run({"method": "eagle", "hybrid": "pr24344"}, 1, 1000, 1.0),     # unpadded: not a candidate
+             run({"method": "none", "step_log": None}, 1, 50, 1.0)]           # untimed no SD: not the reference
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    assert S.best_padded(tmp_path / "results.jsonl") == "ngram-pad"
+    assert S.best_padded(tmp_path / "missing.jsonl") == S.DEFAULT_BEST
+
+
+def test_live_job_runs_the_chosen_parts(tmp_path):
+    """``PARTS="e g" bash gpu/live_job.sh run`` runs those parts in order (each with its results folder and
+    lossless), unset PARTS the first session's a-d; on a stand-in python that records its calls."""
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\nif [ \"$1\" = -c ]; then echo /m; else echo \"$*\" >> " + str(tmp_path / "calls")
+                    + "; fi\n")
+    fake.chmod(0o755)
+
+    def calls(parts):
+        (tmp_path / "calls").write_text("")
+        res = tmp_path / f"res_{parts or 'none'}".replace(" ", "")
+        env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10)}
+        if parts:
+            env["PARTS"] = parts
+        r = subprocess.run(["bash", "gpu/live_job.sh", "run"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+        got = [ln.split()[2:5] for ln in (tmp_path / "calls").read_text().splitlines()]
+        return got, sorted(p.name for p in res.glob("done_*"))
+
+    got, done = calls("e g")
+    lossless = ["lossless", "--out", str(tmp_path / "res_eg" / "qwen2")]
+    assert got == [["run", "e", "--out"], lossless, ["run", "g", "--out"], lossless]
+    assert done == ["done_e", "done_g"]
+    got, done = calls("")
+    assert [c[1] for c in got if c[0] == "run"] == ["a", "b", "c", "d"] and done == [f"done_{p}" for p in "abcd"]

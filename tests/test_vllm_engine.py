@@ -53,7 +53,12 @@ def test_hybrid_option_sets_the_plugins_env_and_refuses_what_it_cannot_run():
                                     hybrid_cost_model="h200-qwen.json"))
     assert env["SPEC_REPRO_HYBRID_COST"] == "h200-qwen.json"
     assert "SPEC_REPRO_HYBRID" not in V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d"))
+    assert "SPEC_REPRO_HYBRID_PAD" not in env          # padding is off unless asked for
+    env = V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", hybrid="ngram-only", hybrid_pad=True))
+    assert env["SPEC_REPRO_HYBRID"] == "ngram-only" and env["SPEC_REPRO_HYBRID_PAD"] == "1"
     for kw, msg in [(dict(method="ngram", hybrid="pr24344"), "needs method='eagle'"),
+                    (dict(method="eagle", draft="d", hybrid_pad=True), "set hybrid= too"),
+                    (dict(method="ngram", hybrid_pad=True), "set hybrid= too"),
                     (dict(method="eagle", draft="d", hybrid="ngram-first"), "one of pr24344"),
                     (dict(method="eagle", draft="d", hybrid="adaptive-rule"), "hybrid_cost_model="),
                     (dict(method="eagle", draft="d", hybrid="pr24344", model_runner="default"), "V1 model runner")]:

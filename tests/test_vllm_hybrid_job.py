@@ -71,3 +71,78 @@ def test_lossless_report_on_real_outputs():
     # another batch size has no baseline: nothing is equal, the difference has no position
     rep = J.lossless_report([run("none", outs), run("pr24344", outs, b=32)])
     assert rep[0]["equal"] == 0 and rep[0]["first_difference"] == {"key": keys[0], "position": None}
+
+
+def test_padded_methods_true_default_and_uninstrumented_specs(tmp_path):
+    """-pad methods carry the pad option (ngram-pad: n-gram alone through the hybrid, padded); vllm-default is
+    vLLM's own choice of runner (no VLLM_USE_V2_MODEL_RUNNER=0) and untimed; instrumented=False names -noinst."""
+    specs = J.hybrid_specs("/h", model_dir="/m", methods=("none",) + J.PADDED_METHODS + ("pr24344",))
+    by = {s["name"]: s for s in specs}
+    assert list(by) == ["hybrid-default-none", "hybrid-default-pr24344-pad", "hybrid-default-pr24344-skip-pad",
+                        "hybrid-default-ngram-pad", "hybrid-default-pr24344"]
+    want = {"pr24344-pad": "pr24344", "pr24344-skip-pad": "pr24344-skip", "ngram-pad": "ngram-only"}
+    for m, pol in want.items():
+        s = by[f"hybrid-default-{m}"]
+        assert s["config"]["hybrid"] == pol and s["config"]["hybrid_pad"] is True and s["config"]["method"] == "eagle"
+        env = engine_env(VLLMConfig(**s["config"], step_log=str(tmp_path / "s.jsonl")))
+        assert env["SPEC_REPRO_HYBRID"] == pol and env["SPEC_REPRO_HYBRID_PAD"] == "1"
+        assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and s.get("instrumented", True)
+    assert "hybrid_pad" not in by["hybrid-default-pr24344"]["config"]
+    assert "SPEC_REPRO_HYBRID_PAD" not in engine_env(VLLMConfig(**by["hybrid-default-pr24344"]["config"]))
+    rows = J.hybrid_plan(specs)
+    assert [r["pad"] for r in rows] == [False, True, True, True, False]
+    # vLLM's true default: its own runner choice, no step log
+    vd = J.hybrid_specs("/h", model_dir="/m", methods=("eagle", "none"), engine_config="vllm-default")
+    assert [s["name"] for s in vd] == ["hybrid-vllm-default-eagle", "hybrid-vllm-default-none"]
+    for s in vd:
+        assert s["instrumented"] is False and s["config"]["model_runner"] == "default"
+        assert s["config"]["async_scheduling"] is None
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_env(VLLMConfig(**s["config"]))
+    noinst, = J.hybrid_specs("/h", model_dir="/m", methods=("none",), instrumented=False)
+    assert noinst["name"] == "hybrid-default-none-noinst" and noinst["instrumented"] is False
+    assert noinst["config"] == by["hybrid-default-none"]["config"]       # the same engine, only untimed
+    for kw, msg in [(dict(methods=("pr24344",), engine_config="vllm-default"), "wraps the V1 runner"),
+                    (dict(methods=("eagle-pad",)), "can be padded"),
+                    (dict(methods=("adaptive-rule-pad",)), "cost model")]:
+        with pytest.raises(ValueError, match=msg):
+            J.hybrid_specs("/h", model_dir="/m", **kw)
+
+
+def test_uninstrumented_spec_runs_without_a_step_log(tmp_path, monkeypatch):
+    """run_spec builds the engine without step_log for an instrumented=False spec (the plugin then never
+    registers: vLLM unchanged) and with one otherwise."""
+    from spec_repro.engines.vllm import engine as E
+
+    seen = []
+
+    class Fake:
+        def __init__(self, cfg):
+            seen.append(cfg)
+            self.cfg, self.start_s, self.instrumented, self.vllm_version = cfg, 1.0, bool(cfg.step_log), "0.25.0"
+
+        def steps(self, op, **kw):
+            return None if not self.cfg.step_log else [{"patched": True}]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(E, "VLLMEngine", Fake)
+    for inst in (False, True):
+        spec, = J.hybrid_specs("/h", model_dir="/m", methods=("none",), instrumented=inst)
+        J.run_spec({**spec, "tasks": []}, tmp_path)
+    assert seen[0].step_log is None and seen[1].step_log.endswith("steps_hybrid-default-none.jsonl")
+    recs = [json.loads(x) for x in open(tmp_path / "results.jsonl")]
+    eng = [r for r in recs if r["kind"] == "engine"]
+    assert [r["spec"] for r in eng] == ["hybrid-default-none-noinst", "hybrid-default-none"]
+    assert [r["instrumented"] for r in eng] == [False, True]
+    assert [r["kind"] for r in recs].count("done") == 2
+
+
+def test_lossless_report_names_padded_configurations():
+    recs = [{"kind": "run", "task": "hybrid", "spec": s, "config": c, "workload": "w", "batch_size": 1,
+             "keys": ["x"], "outputs": [o]}
+            for s, c, o in [("n", {"method": "none"}, [1, 2]), ("p", {"method": "eagle", "hybrid": "pr24344"}, [1, 2]),
+                            ("pp", {"method": "eagle", "hybrid": "pr24344", "hybrid_pad": True}, [1, 3])]]
+    rep = J.lossless_report(recs)
+    assert [(r["config"], r["equal"]) for r in rep] == [("pr24344", 1), ("pr24344-pad", 0)]
+    assert rep[1]["first_difference"] == {"key": "x", "position": 1}

@@ -1,6 +1,7 @@
 """The vLLM step-timing plugin's pure parts (no vLLM, no GPU): phase arithmetic, step shape from a scheduler
 output, row building against the step schema, version/layout checks, and the n-gram replica of vLLM's proposer."""
 import json
+import os
 import random
 import types
 
@@ -325,3 +326,87 @@ def test_hybrid_cuts_a_private_copy_of_the_scheduler_output(monkeypatch):
     assert [run.requests[r].prev_num_draft_len for r in "abc"] == [3, 3, 0]
     run.execute_model(so)                    # nothing to cut: the scheduler's object goes through
     assert seen["so"] is so and run._spec_repro_valid is None
+
+
+def _fake_runner(async_sched: bool, prompts: dict, k: int):
+    """What ``plugin._hybrid_step`` reads of vLLM 0.25's V1 runner (names as in gpu_model_runner.py), on the CPU."""
+    import types
+
+    import numpy as np
+
+    ids = list(prompts)
+    width = max(map(len, prompts.values())) + 8
+    tok = np.zeros((len(ids), width), np.int32)
+    for i, r in enumerate(ids):
+        tok[i, :len(prompts[r])] = prompts[r]
+    calls = {"eagle": 0, "next_tokens": 0}
+
+    def prepare_next_token_ids_padded(sampled, requests, ib, discard_gpu):
+        calls["next_tokens"] += 1
+        return "nxt", "cnt"
+
+    run = types.SimpleNamespace(
+        input_batch=types.SimpleNamespace(req_ids=ids, vocab_size=1000, token_ids_cpu=tok,
+                                          num_tokens_no_spec=np.array([len(prompts[r]) for r in ids])),
+        discard_request_mask=types.SimpleNamespace(np=np.zeros(len(ids), bool), gpu=None),
+        use_async_scheduling=async_sched, device="cpu",
+        requests={r: types.SimpleNamespace(prompt_token_ids=list(p)) for r, p in prompts.items()},
+        valid_sampled_token_count_event=object() if async_sched else None,
+        drafter=types.SimpleNamespace(prepare_next_token_ids_padded=prepare_next_token_ids_padded),
+        _copy_valid_sampled_token_count=lambda nxt, cnt: None,
+        speculative_config=types.SimpleNamespace(method="eagle", num_speculative_tokens=k))
+    return run, calls
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("async_sched", [False, True])
+def test_hybrid_step_pads_every_draft_to_the_scheduled_width(monkeypatch, pad, async_sched):
+    """The plugin's step (``_hybrid_step``) on a fake V1 runner: with SPEC_REPRO_HYBRID_PAD=1 every request's
+    draft has num_spec_tokens_to_schedule tokens, as a list (synchronous) or as full valid counts of the [B, k]
+    tensor (async: nothing for ``execute_model`` to trim, the scheduler's 1 + k counts go through); without it,
+    n-gram's 4-token match and the no-match request (ngram-only) keep their lengths."""
+    import torch
+
+    from spec_repro.engines.vllm import hybrid as H
+
+    k = 6
+    monkeypatch.setenv(vp.ENV_HYBRID, "pr24344" if not async_sched else "ngram-only")
+    if pad:
+        monkeypatch.setenv(vp.ENV_HYBRID_PAD, "1")
+    else:
+        monkeypatch.delenv(vp.ENV_HYBRID_PAD, raising=False)
+    monkeypatch.setitem(vp._state, "hybrid_error", None)
+    prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
+    run, calls = _fake_runner(async_sched, prompts, k)
+    hy = vp._live_hybrid(run, os.environ[vp.ENV_HYBRID])
+    assert hy is not None and hy.pad is pad and vp._state["hybrid_error"] is None
+    sampled = torch.tensor([[8] + [-1] * k, [1] + [-1] * k])     # one token each (the last prefill chunk's)
+    eagle = torch.tensor([[5, 6, 7, 8, 5, 6], [4, 4, 4, 4, 4, 4]], dtype=torch.int32)
+
+    def orig(runner, so, sampled_token_ids, *a, **kw):
+        calls["eagle"] += 1
+        return eagle
+
+    so = types.SimpleNamespace(finished_req_ids=set(), num_spec_tokens_to_schedule=k)
+    out = vp._hybrid_step(run, hy, orig, so, sampled, (), {})
+    if async_sched:     # ngram-only: EAGLE's drafting skipped, its next-token bookkeeping done instead
+        assert calls == {"eagle": 0, "next_tokens": 1}
+        assert tuple(out.shape) == (2, k)
+        counts = run._spec_repro_valid
+        drafts = H.unpack(out, [counts["a"], counts["b"]])
+        assert drafts[0][:4] == [5, 6, 7, 8]
+        if pad:
+            assert counts == {"a": k, "b": k} and drafts[0] == [5, 6, 7, 8, 5, 6]   # n-gram's period
+            nsched = {"a": 1 + k, "b": 1 + k}
+            spec = {"a": [-1] * k, "b": [-1] * k}
+            assert H.trim_scheduled(nsched, spec, counts)[0] == 0 and nsched == {"a": 1 + k, "b": 1 + k}
+        else:
+            assert counts == {"a": 4, "b": 0}
+    else:               # pr24344: EAGLE drafted (b had no match); a's tail is EAGLE's continuation of 5 6 7 8
+        assert calls["eagle"] == 1 and isinstance(out, list)
+        assert out == ([[5, 6, 7, 8, 5, 6], [4] * k] if pad else [[5, 6, 7, 8], [4] * k])
+    s = hy.summary()
+    assert s["ngram_tokens"] == 4 and ("pad_tokens" in s) is pad
+    if pad:
+        assert s["pad_tokens"] == (2 + k if async_sched else 2)
+        assert s["pad_by"] == ({"ngram": 2, "lookup": k} if async_sched else {"eagle": 2})

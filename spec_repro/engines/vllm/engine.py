@@ -9,8 +9,9 @@ step's phases (drafting, verification, rejection sampling, the rest) go to PATH 
 (``spec_repro.traces.read_steps`` reads them). ``profile`` sweeps batch size x prompt length on any
 architecture from its ``config.json`` with ``load_format="dummy"`` and token-id prompts, for
 ``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``, V1 runner) turns on the plugin's live
-n-gram + EAGLE hybrid (``plugin.patch_hybrid``); the plugin's status (``plugin_status``, with a step log) says
-whether it is on (``hybrid``) or why not (``hybrid_error``).
+n-gram + EAGLE hybrid (``plugin.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
+batches, ``hybrid`` module docstring, "Padding"); the plugin's status (``plugin_status``, with a step log) says
+whether it is on (``hybrid``, ``hybrid_pad``) or why not (``hybrid_error``).
 
 Importing this module needs neither vLLM nor a GPU; building an engine does, and says so clearly.
 Defaults follow the study's engine (vLLM 0.10.1): prefix caching off, chunked prefill on, greedy decoding,
@@ -67,6 +68,7 @@ class VLLMConfig:
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
     hybrid: str | None = None                   # method eagle: a hybrid.POLICIES name, the live n-gram + EAGLE
     hybrid_cost_model: str | None = None        # hybrid "adaptive-rule": its cost model (preset name or file)
+    hybrid_pad: bool = False                    # hybrid: pad every draft to k (uniform 1 + k decode batches)
     seed: int = 0
     name: str | None = None                     # label for results; defaults to the model dir's name
     extra: dict = field(default_factory=dict)   # passed to vllm.LLM as is
@@ -149,6 +151,11 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
         env["SPEC_REPRO_HYBRID"] = cfg.hybrid
         if cfg.hybrid_cost_model:
             env["SPEC_REPRO_HYBRID_COST"] = str(cfg.hybrid_cost_model)
+        if cfg.hybrid_pad:
+            env["SPEC_REPRO_HYBRID_PAD"] = "1"
+    elif cfg.hybrid_pad:
+        raise VLLMEngineError("hybrid_pad=True pads the live hybrid's drafts: set hybrid= too (e.g. 'ngram-only' "
+                              "for n-gram alone, padded)")
     return env
 
 
@@ -281,7 +288,8 @@ class VLLMEngine:
         self.cfg = cfg
         engine_kwargs(cfg)                       # validates method/k before the slow imports
         env = engine_env(cfg)
-        for key in ("SPEC_REPRO_STEP_LOG", "SPEC_REPRO_DRAFT_CUDAGRAPHS", "SPEC_REPRO_HYBRID", "SPEC_REPRO_HYBRID_COST"):
+        for key in ("SPEC_REPRO_STEP_LOG", "SPEC_REPRO_DRAFT_CUDAGRAPHS", "SPEC_REPRO_HYBRID", "SPEC_REPRO_HYBRID_COST",
+                    "SPEC_REPRO_HYBRID_PAD"):
             if key not in env:
                 os.environ.pop(key, None)       # left by an earlier engine of this process
         os.environ.update(env)

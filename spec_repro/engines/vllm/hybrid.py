@@ -22,6 +22,12 @@ Policies
                    proposers run every step.
 ``pr24344-skip``   the same choice; EAGLE's proposal is not needed where n-gram matched (its drafting can be
                    skipped or masked there: :func:`policy_needs_eagle`).
+``ngram-only``     n-gram's proposal where it matched, else no draft; EAGLE's proposal is never read (its drafting
+                   is skipped every step): vLLM's n-gram through the hybrid's path, so with padding on ("Padding"
+                   below) n-gram with every draft padded to k (vLLM's own n-gram cannot be padded). vLLM still
+                   loads the EAGLE head (the plugin needs method ``eagle``).
+``eagle-only``     EAGLE's proposal for every request: the hybrid loaded (its n-gram lookups and bookkeeping run)
+                   but idle, for the plugin's overhead against plain EAGLE.
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
                    (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
                    (proposer, k), through the per-decision functions the simulator's walk uses
@@ -59,6 +65,41 @@ The plugin (``plugin.py``, ``SPEC_REPRO_HYBRID=<policy>`` with vLLM method ``eag
    :func:`pack` / :func:`unpack` convert (lossless for drafts of at most k tokens), :func:`trim_scheduled`
    trims a step's scheduled counts.
 4. ``summary()``: the step's counts per proposer for the step log's ``hybrid`` column.
+
+Padding (``LiveHybrid(pad=True)``; plugin ``SPEC_REPRO_HYBRID_PAD=1``; engine option ``hybrid_pad=True``)
+-----------------------------------------------------------------------------------------------------
+Off by default (the behaviour measured first stays reproducible). vLLM 0.25's V1 runner takes its full CUDA
+graph only for a *uniform* decode batch, every request scheduling ``1 + num_speculative_tokens`` tokens
+(``GPUModelRunner._is_uniform_decode``, v1/worker/gpu_model_runner.py:3816-3834, ``uniform_decode_query_len``
+:842); one request with a shorter draft (an n-gram match near the context's end, a rule's smaller k) or none
+makes the whole step non-uniform (measured on the H200 with Qwen2.5-Coder-1.5B: a 1-token n-gram step at bs 1
+verifies in 8.55 ms, a 6-token one in 1.98 ms). With padding on, ``finish(eagle, width=)`` extends each request's
+chosen draft to the step's width (the slots vLLM schedules next, ``num_spec_tokens_to_schedule``; the policy's
+k_max without one), whatever the policy chose, no draft included. Greedy verification is lossless for any draft
+tokens (a wrong token is rejected, a right one is the token greedy emits anyway), so padding changes only the
+speed. The policy never sees the padding: its state and acceptance counts, and the step log's ``ngram_tokens`` /
+``eagle_tokens`` / per-proposer counts, are its own tokens; ``pad_tokens`` (proposed this step), ``pad_by`` (per
+filler) and ``pad_accepted`` (padding tokens accepted by this step's verification: of the drafts proposed at
+each request's previous step) count the padding. A request that emitted nothing this step (a partial prefill
+chunk) stays empty: the scheduler ignores a prefill chunk's drafts (v1/core/sched/scheduler.py:1958-1962).
+
+The filler (:func:`pad_draft`), cheap, deterministic, ids from the context or EAGLE's row; the first that applies:
+
+``eagle``   EAGLE's own tokens at those positions, when EAGLE drafted this step and its row starts with the chosen
+            draft (its tokens there are then its continuation of exactly that prefix). A row that disagrees, is
+            shorter than the width or holds an id outside ``[0, vocab_size)`` (a masked row) is not used.
+``ngram``   n-gram's proposal of this step, continued: its tokens after the chosen ones (a rule's cut), then the
+            proposal repeated. vLLM's lookup proposes fewer than k tokens only when the continuation runs into
+            the context's end, and then the context ends with a stretch of period ``len(proposal)`` (the matched
+            n-gram recurs ``len(proposal)`` tokens before the end): repeating the proposal continues that period.
+            Used where the chosen draft is a prefix of it (no draft included).
+``cycle``   the chosen draft repeated (a draft neither of the above continues; not expected).
+``lookup``  no draft and no n-gram match: the lookup with ``min_n = 1, max_n = 2`` (what followed the last one or
+            two tokens' earliest occurrence, vLLM's rule otherwise), repeated with its period.
+``repeat``  the last context token repeated.
+
+Padding never runs EAGLE: the policy alone decides whether it drafts (``ngram-only`` never does), so a padded
+n-gram request's tail is ``ngram``/``lookup``/``repeat`` unless another request needed EAGLE at that step.
 """
 from __future__ import annotations
 
@@ -68,10 +109,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState", "mix",
-           "pack", "policy_needs_eagle", "select", "trim_scheduled", "unpack", "valid_tokens"]
+__all__ = ["FILLERS", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState",
+           "mix", "pack", "pad_draft", "policy_needs_eagle", "select", "trim_scheduled", "unpack", "valid_tokens"]
 
-POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule")
+POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only")
+FILLERS = ("eagle", "ngram", "cycle", "lookup", "repeat")   # pad_draft's fillers, in the order it tries them
 PROPOSERS = ("ngram", "eagle")   # row order of the adaptive state's arrays
 NG, EA = 0, 1
 _SOURCE = {-1: "", NG: "ngram", EA: "eagle"}
@@ -84,10 +126,13 @@ class HybridError(ValueError):
 @dataclass(frozen=True)
 class Choice:
     """One request's proposal to verify this step: ``draft`` (empty: no speculation) and where it came from
-    (``"ngram"``, ``"eagle"``, or ``""`` when nothing is proposed)."""
+    (``"ngram"``, ``"eagle"``, or ``""`` when the policy proposes nothing); ``pad``: how many of ``draft``'s
+    tokens, at its end, are padding (``LiveHybrid(pad=True)``; 0 otherwise), so the policy's own draft is
+    ``draft[:len(draft) - pad]`` and ``source`` is that part's."""
 
     draft: list[int]
     source: str
+    pad: int = 0
 
 
 class RequestState:
@@ -158,10 +203,12 @@ class HybridPolicy:
     def needs_eagle(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], batch_size: int) -> bool:
         """Whether this step's choice for the request reads EAGLE's proposal (asked before EAGLE drafts; the
         step's ``select`` must follow with the same tokens and n-gram list)."""
-        if self.name == "pr24344":
+        if self.name in ("pr24344", "eagle-only"):
             return True
         if self.name == "pr24344-skip":
             return len(ngram) == 0
+        if self.name == "ngram-only":
+            return False
         return self._decide(st, tokens, ngram, batch_size)[0] == EA
 
     def select(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], eagle: Sequence[int] | None,
@@ -170,8 +217,13 @@ class HybridPolicy:
         ngram = [int(x) for x in list(ngram)[: self.kmax]]
         if self.name != "adaptive-rule":
             self._observe(st, tokens)
-            v = NG if ngram else EA
-            draft = ngram if ngram else self._eagle(eagle, self.kmax)
+            if self.name == "eagle-only":
+                v = EA
+            elif ngram:
+                v = NG
+            else:
+                v = -1 if self.name == "ngram-only" else EA
+            draft = ngram if v == NG else self._eagle(eagle, self.kmax) if v == EA else []
         else:
             v, k, ng_dl, bucket = self._decide(st, tokens, ngram, batch_size)
             draft = ngram[:k] if v == NG else self._eagle(eagle, k) if v == EA else []
@@ -361,6 +413,40 @@ def trim_scheduled(num_scheduled: dict, spec_tokens: dict, valid: dict) -> tuple
     return removed, before
 
 
+def _cycle(seq: Sequence[int], start: int, n: int) -> list[int]:
+    """``n`` tokens of ``seq`` repeated, from position ``start`` of the repetition on."""
+    return [int(seq[(start + i) % len(seq)]) for i in range(n)]
+
+
+def pad_draft(draft: Sequence[int], width: int, tokens: np.ndarray, ngram: Sequence[int] = (),
+              eagle: Sequence[int] | None = None, vocab_size: int | None = None) -> tuple[list[int], str]:
+    """The padding that extends ``draft`` to ``width`` tokens, and its filler (one of :data:`FILLERS`; ``""``
+    when the draft is already that long): see the module docstring, "Padding". ``tokens``: the request's
+    context (prompt + output so far; not empty); ``ngram``: n-gram's proposal at this step; ``eagle``: EAGLE's
+    row for the request when EAGLE drafted this step (None otherwise)."""
+    d = [int(x) for x in draft]
+    n = int(width) - len(d)
+    if n <= 0:
+        return [], ""
+    if eagle is not None:
+        e = [int(x) for x in list(eagle)[:int(width)]]
+        tail = e[len(d):]
+        if len(e) == int(width) and e[:len(d)] == d and all(0 <= x and (vocab_size is None or x < vocab_size)
+                                                             for x in tail):
+            return tail, "eagle"
+    g = [int(x) for x in ngram]
+    if g and (len(d) == 0 or _cycle(g, 0, len(d)) == d):
+        return _cycle(g, len(d), n), "ngram"
+    if d:
+        return _cycle(d, len(d), n), "cycle"
+    from ...proposers.ngram import ngram_lookup
+
+    look = ngram_lookup(tokens, int(width), 1, 2)
+    if look:
+        return _cycle(look, 0, n), "lookup"
+    return [int(tokens[-1])] * n, "repeat"
+
+
 class _History:
     """One request's token ids so far (prompt + emitted), in a buffer that doubles."""
 
@@ -386,20 +472,25 @@ class _History:
 class LiveHybrid:
     """A policy over the requests of one engine process, driven once per step (see the module docstring):
     ``needs = begin(req_ids, new_tokens, prompt_of)``, then ``choices = finish(eagle)``; ``forget`` drops
-    finished requests. ``min_n``/``max_n``: n-gram's lookup (3/7: the one the policies' signals use)."""
+    finished requests. ``min_n``/``max_n``: n-gram's lookup (3/7: the one the policies' signals use). ``pad``:
+    pad every request's draft to the step's width (module docstring, "Padding"; off by default)."""
 
-    def __init__(self, policy: HybridPolicy, min_n: int = 3, max_n: int = 7):
-        self.policy, self.min_n, self.max_n = policy, int(min_n), int(max_n)
+    def __init__(self, policy: HybridPolicy, min_n: int = 3, max_n: int = 7, pad: bool = False):
+        self.policy, self.min_n, self.max_n, self.pad = policy, int(min_n), int(max_n), bool(pad)
         self.states: dict[str, RequestState] = {}
         self.hist: dict[str, _History] = {}
         self._step: tuple | None = None
         self._last: list[Choice] = []
         self._needs: list[bool] = []
+        self._sent: dict[str, tuple[list[int], int]] = {}   # pad: each request's last draft (tokens, padding)
+        self._pad_by: dict[str, int] = {}                    # pad: this step's padding tokens per filler
+        self._pad_acc: dict[str, int] = {}                   # pad: padding tokens accepted this step, per request
 
     def forget(self, req_ids) -> None:
         for r in req_ids or ():
             self.states.pop(r, None)
             self.hist.pop(r, None)
+            self._sent.pop(r, None)
 
     def begin(self, req_ids: Sequence[str], new_tokens: Sequence[Sequence[int]], prompt_of,
               context_of=None) -> list[bool]:
@@ -417,6 +508,7 @@ class LiveHybrid:
         if self._step is not None:
             raise HybridError("begin was called twice without finish: one begin and one finish per step")
         act, toks, ng = [], [], []
+        self._pad_acc = {}
         for i, (r, new) in enumerate(zip(req_ids, new_tokens)):
             if not len(new):
                 continue
@@ -424,9 +516,15 @@ class LiveHybrid:
             ctx = context_of(i) if context_of is not None else None
             if ctx is not None and (h is None or h.n != len(ctx)):
                 h = self._resync(r, ctx, len(new), prompt_of)
+                self._sent.pop(r, None)          # a step the hybrid did not see: its last draft was not verified
             elif h is None:
                 h = self.hist[r] = _History(prompt_of(r))
                 self.states[r] = self.policy.new_state(h.n)
+            if self.pad and r in self._sent:
+                # the verified draft's accepted prefix (at most len(new) - 1: the last token is the target's own)
+                d, pad = self._sent.pop(r)
+                m = min(_prefix(d, np.asarray(new)), len(new) - 1)
+                self._pad_acc[r] = max(0, m - (len(d) - pad))
             h.extend(new)
             t = h.view()
             act.append(i)
@@ -434,7 +532,7 @@ class LiveHybrid:
             ng.append(ngram_lookup(t, self.policy.kmax, self.min_n, self.max_n))
         st = [self.states[req_ids[i]] for i in act]
         need = policy_needs_eagle(self.policy, st, toks, ng) if act else []
-        self._step = (len(req_ids), act, st, toks, ng)
+        self._step = (list(req_ids), act, st, toks, ng)
         out = [False] * len(req_ids)
         for i, n in zip(act, need):
             out[i] = n
@@ -448,12 +546,16 @@ class LiveHybrid:
             self.states[r] = self.policy.new_state(len(prompt_of(r)) if st is None else st.prompt_len)
         return h
 
-    def finish(self, eagle: Any = None) -> list[Choice]:
+    def finish(self, eagle: Any = None, width: int | None = None, vocab_size: int | None = None) -> list[Choice]:
         """Per request (all ``begin``'s requests, in order) the proposal to verify; ``eagle``: EAGLE's [B, k]
-        proposals for all of them (rows of requests not needing EAGLE are ignored) or None if it did not draft."""
+        proposals for all of them (rows of requests not needing EAGLE are ignored) or None if it did not draft.
+        With padding on, each draft of a request that emitted tokens this step is cut to ``width`` (default: the
+        policy's k_max) and padded to it (:func:`pad_draft`; ``vocab_size``: ids EAGLE's rows may hold);
+        without, ``width`` and ``vocab_size`` are not read."""
         if self._step is None:
             raise HybridError("finish without begin: one begin and one finish per step")
-        B, act, st, toks, ng = self._step
+        req_ids, act, st, toks, ng = self._step
+        B = len(req_ids)
         self._step = None
         rows = None
         if eagle is not None:
@@ -462,22 +564,42 @@ class LiveHybrid:
                 raise HybridError(f"EAGLE's proposals have {len(rows)} rows for {B} requests")
             rows = [rows[i] for i in act]
         out = [Choice([], "")] * B
-        for i, c in zip(act, select(self.policy, st, toks, ng, rows) if act else []):
+        self._pad_by = {}
+        w = self.policy.kmax if width is None else int(width)
+        for j, (i, c) in enumerate(zip(act, select(self.policy, st, toks, ng, rows) if act else [])):
+            if self.pad:
+                d = c.draft[:w]
+                tail, kind = pad_draft(d, w, toks[j], ng[j], None if rows is None else rows[j], vocab_size)
+                c = Choice(d + tail, c.source if d else "", len(tail))
+                if tail:
+                    self._pad_by[kind] = self._pad_by.get(kind, 0) + len(tail)
+                self._sent[req_ids[i]] = (c.draft, c.pad)
             out[i] = c
         self._last = out
         return out
 
     def summary(self, req_ids: Sequence[str] | None = None) -> dict:
         """The last step's choices: counts per proposer (``""``: no draft), the draft tokens per proposer, whether
-        any request needed EAGLE, and with ``req_ids`` the per-request [source, k]."""
+        any request needed EAGLE, and with ``req_ids`` the per-request [source, k]. With padding on also
+        ``pad_tokens`` (this step's padding), ``pad_by`` (its tokens per filler), ``pad_accepted`` (padding
+        tokens accepted by this step's verification, i.e. of the drafts proposed at the requests' previous
+        steps) and per request [source, k, padding tokens, padding tokens accepted this step]; ``k`` and the
+        per-proposer counts are the policy's own tokens (padding excluded)."""
         n = {"ngram": 0, "eagle": 0, "": 0}
         tok = {"ngram": 0, "eagle": 0}
         for c in self._last:
             n[c.source] += 1
             if c.source:
-                tok[c.source] += len(c.draft)
+                tok[c.source] += len(c.draft) - c.pad
         out = {"ngram": n["ngram"], "eagle": n["eagle"], "none": n[""], "ngram_tokens": tok["ngram"],
                "eagle_tokens": tok["eagle"], "eagle_needed": any(self._needs)}
+        if self.pad:
+            out.update(pad_tokens=sum(c.pad for c in self._last), pad_by=dict(self._pad_by),
+                       pad_accepted=sum(self._pad_acc.values()))
         if req_ids is not None:
-            out["per_req"] = {r: [c.source, len(c.draft)] for r, c in zip(req_ids, self._last)}
+            if self.pad:
+                out["per_req"] = {r: [c.source, len(c.draft) - c.pad, c.pad, self._pad_acc.get(r, 0)]
+                                  for r, c in zip(req_ids, self._last)}
+            else:
+                out["per_req"] = {r: [c.source, len(c.draft)] for r, c in zip(req_ids, self._last)}
         return out

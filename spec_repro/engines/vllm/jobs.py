@@ -17,7 +17,9 @@ The live hybrid's measurement (issue 18, step 7) is built, not read from the tab
 engine spec per configuration (no SD, n-gram alone, EAGLE alone, EAGLE + each hybrid policy) on the converted
 Qwen2.5-Coder-1.5B-Instruct and the package's EAGLE head; each engine runs every workload, batch size and repeat
 (engine starts cost 40-70 s), keeping the outputs; ``lossless_report`` compares every run's outputs with the
-no-SD engine's (plain greedy) on the same prompts.
+no-SD engine's (plain greedy) on the same prompts. Methods ``<policy>-pad`` / ``ngram-pad`` pad every draft to k
+(``hybrid_method``); ``--engine-config vllm-default`` runs vLLM's own choice of model runner (V2 for EAGLE),
+untimed; ``--no-instrument`` drops the step log (the plugin's overhead reference).
 
     python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --plan      # the run list, seconds
     python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --deadline 1500
@@ -112,7 +114,10 @@ def run_spec(spec: dict, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.jsonl"
-    cfg = VLLMConfig(**spec["config"], step_log=str(out / f"steps_{spec['name']}.jsonl"))
+    # "instrumented": False (vLLM's own choice of runner, or an overhead reference): no step log, so the plugin
+    # stays off and vLLM runs unchanged
+    step_log = str(out / f"steps_{spec['name']}.jsonl") if spec.get("instrumented", True) else None
+    cfg = VLLMConfig(**spec["config"], step_log=step_log)
     t0 = time.time()
     try:
         eng = VLLMEngine(cfg)
@@ -197,23 +202,64 @@ HYBRID_MODEL = "qwen2.5-coder-1.5b"
 HYBRID_WORKLOADS = ("code-edit", "sharegpt")
 HYBRID_BATCH_SIZES = (1, 8, 32, 64)
 HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
-ENGINE_CONFIGS = {"default": None, "study-like": False}    # async_scheduling (None: vLLM's default)
+PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
+# engine configuration -> VLLMConfig fields. "default": vLLM's default scheduling (async for EAGLE) on the V1 runner
+# the plugin hooks; "study-like": synchronous, V1; "vllm-default": what a user runs, vLLM 0.25's own choice of
+# runner too (the V2 runner for EAGLE and no SD on Qwen2, config/vllm.py:518-555; V1 for n-gram, :2068-2071),
+# which the plugin does not time: its specs are uninstrumented and cannot run the hybrid
+ENGINE_CONFIGS = {"default": {"async_scheduling": None}, "study-like": {"async_scheduling": False},
+                  "vllm-default": {"async_scheduling": None, "model_runner": "default"}}
+UNTIMED_CONFIGS = ("vllm-default",)
+
+
+def hybrid_method(m: str) -> tuple[str, str | None, bool]:
+    """(vLLM method, hybrid policy or None, padded) of a ``hybrid_specs`` method: ``none``/``ngram``/``eagle``
+    (vLLM's own), a hybrid policy (method ``eagle``, the plugin's hybrid), ``<policy>-pad`` (the same, every draft
+    padded to k) or ``ngram-pad`` (n-gram alone padded: policy ``ngram-only``; vLLM's own n-gram cannot be)."""
+    from .hybrid import POLICIES
+
+    pad = m.endswith("-pad")
+    base = m[:-len("-pad")] if pad else m
+    if pad and base == "ngram":
+        base = "ngram-only"
+    if base in POLICIES:
+        return "eagle", base, pad
+    if pad:
+        raise ValueError(f"method {m!r}: only a hybrid policy ({', '.join(POLICIES)}) or ngram can be padded")
+    return m, None, False
+
+
+def config_label(cfg: dict) -> str:
+    """The ``hybrid_specs`` method an engine config runs (the inverse of :func:`hybrid_method`): vLLM's method, the
+    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``."""
+    pol = cfg.get("hybrid")
+    if not pol:
+        return cfg.get("method")
+    if cfg.get("hybrid_pad"):
+        return "ngram-pad" if pol == "ngram-only" else f"{pol}-pad"
+    return pol
 
 
 def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tokens: int = 256,
                  prompts_per_bs: int = 8, repeats: int = 3, batch_sizes=HYBRID_BATCH_SIZES,
                  workloads=HYBRID_WORKLOADS, methods=HYBRID_METHODS, cost_model: str | None = None,
-                 engine_config: str = "default", max_model_len: int = 4096) -> list[dict]:
-    """One engine spec per configuration (``methods``: ``none``, ``ngram``, ``eagle`` or a hybrid policy, which
-    runs method ``eagle`` with the hybrid on). Every spec runs the same task: per workload and batch size B,
-    ``max(B, prompts_per_bs)`` prompts (the workload's first, by its seeded order) in chunks of B submitted
-    together, ``repeats`` times, greedy, ``max_tokens`` tokens each (EOS ignored: every request decodes as long,
-    so the batch stays at B), outputs kept. Pure: no vLLM, no model files read."""
-    from .hybrid import POLICIES
-
+                 engine_config: str = "default", max_model_len: int = 4096, instrumented: bool = True) -> list[dict]:
+    """One engine spec per configuration (``methods``: see :func:`hybrid_method`; a hybrid policy runs method
+    ``eagle`` with the hybrid on, ``-pad`` with its drafts padded). Every spec runs the same task: per workload
+    and batch size B, ``max(B, prompts_per_bs)`` prompts (the workload's first, by its seeded order) in chunks of
+    B submitted together, ``repeats`` times, greedy, ``max_tokens`` tokens each (EOS ignored: every request
+    decodes as long, so the batch stays at B), outputs kept. ``instrumented=False``: no step log (the plugin stays
+    off: vLLM runs unchanged), spec names end in ``-noinst``; ``engine_config="vllm-default"`` specs are always
+    uninstrumented. Spec names: ``hybrid-<engine_config>-<method>[-noinst]``. Pure: no vLLM, no model files
+    read."""
     if engine_config not in ENGINE_CONFIGS:
         raise ValueError(f"engine_config must be one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
-    if "adaptive-rule" in methods and not cost_model:
+    parsed = {m: hybrid_method(m) for m in methods}
+    if engine_config in UNTIMED_CONFIGS and any(pol for _m, pol, _p in parsed.values()):
+        raise ValueError(f"engine_config {engine_config!r} lets vLLM pick its model runner (V2 for EAGLE): the "
+                         f"hybrid wraps the V1 runner, use 'default' or 'study-like' for "
+                         f"{', '.join(m for m, (_v, pol, _p) in parsed.items() if pol)}")
+    if any(pol == "adaptive-rule" for _m, pol, _p in parsed.values()) and not cost_model:
         raise ValueError("the adaptive-rule hybrid needs a cost model (--cost-model: an H200 preset fitted on "
                          "this model's measured steps, or its file)")
     if model_dir is None:
@@ -222,19 +268,25 @@ def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tok
         model_dir = str(models.converted_dir(HYBRID_MODEL))
     task = {"type": "hybrid", "workloads": list(workloads), "batch_sizes": [int(b) for b in batch_sizes],
             "prompts_per_bs": int(prompts_per_bs), "repeats": int(repeats), "max_tokens": int(max_tokens)}
+    timed = instrumented and engine_config not in UNTIMED_CONFIGS
     specs = []
-    for m in methods:
-        cfg = {"model": model_dir, "name": HYBRID_MODEL, "method": "eagle" if m in POLICIES else m,
+    for m, (method, pol, pad) in parsed.items():
+        cfg = {"model": model_dir, "name": HYBRID_MODEL, "method": method,
                "k": int(k), "max_model_len": int(max_model_len), "max_num_seqs": max(int(b) for b in batch_sizes),
-               "async_scheduling": ENGINE_CONFIGS[engine_config], "gpu_memory_utilization": 0.85}
+               **ENGINE_CONFIGS[engine_config], "gpu_memory_utilization": 0.85}
         if cfg["method"] == "eagle":
             cfg["draft"] = str(head)
-        if m in POLICIES:
-            cfg["hybrid"] = m
-            if m == "adaptive-rule":
+        if pol:
+            cfg["hybrid"] = pol
+            if pol == "adaptive-rule":
                 cfg["hybrid_cost_model"] = str(cost_model)
-        specs.append({"name": f"hybrid-{engine_config}-{m}", "config": cfg, "tasks": [task],
-                      "engine_config": engine_config})
+            if pad:
+                cfg["hybrid_pad"] = True
+        spec = {"name": f"hybrid-{engine_config}-{m}" + ("" if instrumented else "-noinst"), "config": cfg,
+                "tasks": [task], "engine_config": engine_config}
+        if not timed:
+            spec["instrumented"] = False
+        specs.append(spec)
     return specs
 
 
@@ -260,6 +312,7 @@ def hybrid_plan(specs: list[dict], done: set | None = None) -> list[dict]:
     for s in specs:
         t = next(x for x in s["tasks"] if x["type"] == "hybrid")
         rows.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
+                     "pad": bool(s["config"].get("hybrid_pad")), "instrumented": s.get("instrumented", True),
                      "runs": len(t["workloads"]) * len(t["batch_sizes"]) * t["repeats"],
                      "seconds": round(estimate_seconds(s)), "done": s["name"] in (done or set())})
     return rows
@@ -295,8 +348,7 @@ def lossless_report(records: list[dict], baseline_method: str = "none") -> list[
     differing request, its key and the first differing position (bf16 numerics can differ between batch shapes:
     the comparison is at the same batch size)."""
     def conf(r):
-        c = r.get("config", {})
-        return c.get("hybrid") or c.get("method")
+        return config_label(r.get("config", {}))
 
     base = {}
     for r in records:
@@ -398,8 +450,11 @@ def main(argv=None) -> int:
     hy.add_argument("--prompts-per-bs", type=int, default=8)
     hy.add_argument("--repeats", type=int, default=3)
     hy.add_argument("--batch-sizes", type=int, nargs="+", default=list(HYBRID_BATCH_SIZES))
-    hy.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS))
+    hy.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS),
+                    help=f"vLLM's none/ngram/eagle, hybrid policies, <policy>-pad, ngram-pad (e.g. "
+                         f"{' '.join(PADDED_METHODS)})")
     hy.add_argument("--engine-config", choices=sorted(ENGINE_CONFIGS), default="default")
+    hy.add_argument("--no-instrument", action="store_true", help="no step log: vLLM runs without the plugin")
     hy.add_argument("--timeout", type=float, default=900, help="seconds per engine spec")
     hy.add_argument("--deadline", type=float, help="seconds from now for the whole job")
     hy.add_argument("--plan", action="store_true", help="print the run list and estimated seconds; run nothing")
@@ -438,13 +493,14 @@ def main(argv=None) -> int:
             print(k, [s["name"] for s in v])
         return 0
     if a.cmd == "hybrid":
-        methods = [m for m in a.methods if m != "adaptive-rule" or a.cost_model]
+        methods = [m for m in a.methods if not m.startswith("adaptive-rule") or a.cost_model]
         if len(methods) < len(a.methods):
             print("note: adaptive-rule left out: it needs --cost-model (an H200 preset fitted on this model's "
                   "measured steps, or its file)", file=sys.stderr)
         specs = hybrid_specs(a.head, model_dir=a.model_dir, k=a.k, max_tokens=a.max_tokens,
                              prompts_per_bs=a.prompts_per_bs, repeats=a.repeats, batch_sizes=a.batch_sizes,
-                             methods=methods, cost_model=a.cost_model, engine_config=a.engine_config)
+                             methods=methods, cost_model=a.cost_model, engine_config=a.engine_config,
+                             instrumented=not a.no_instrument)
         if a.plan:
             res = Path(a.out) / "results.jsonl"
             done = {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x} if res.exists() else set()

@@ -57,6 +57,17 @@ EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (
 on also per request). A wrong method or layout disables the hybrid with one message (vLLM then runs plain EAGLE,
 and the status says so).
 
+Padding, only when ``SPEC_REPRO_HYBRID_PAD=1`` is set beside ``SPEC_REPRO_HYBRID`` (engine option
+``hybrid_pad=True``; status ``hybrid_pad``): every request that emitted tokens gets exactly
+``num_spec_tokens_to_schedule`` draft tokens, its policy's draft followed by a filler (``hybrid.pad_draft``:
+EAGLE's own continuation where its row starts with the draft, else n-gram's period, a 1-token lookup, the last
+token repeated), so the next step is a uniform ``1 + k`` decode batch, the only shape vLLM 0.25's V1 runner
+replays its full CUDA graph for (``_is_uniform_decode``, v1/worker/gpu_model_runner.py:3816-3834; measured on
+the H200: a non-uniform step verifies 2-4x slower). Greedy verification keeps it lossless; the step log's
+``hybrid`` column adds ``pad_tokens``, ``pad_by`` and ``pad_accepted`` (``hybrid.LiveHybrid.summary``).
+Policy ``ngram-only`` with padding is n-gram alone, padded (vLLM's own n-gram cannot be: its runner is not
+wrapped); ``eagle-only`` is the hybrid loaded but idle.
+
 GPU checks for the hybrid (what was read in vLLM 0.25's source, not run; file:line under ``vllm/``)
 -------------------------------------------------------------------------------------------------------------
 1. Contract. ``propose_draft_token_ids(scheduler_output, sampled_token_ids, sampling_metadata, ...)`` is called
@@ -68,7 +79,8 @@ GPU checks for the hybrid (what was read in vLLM 0.25's source, not run; file:li
    ``[B, k+1]`` GPU tensor before the bookkeeping (:4545-4561), with ``disable_padded_drafter_batch`` the
    bookkeeping's lists after it (:4636-4640). Check: a hybrid run's status has ``hybrid`` set and no
    ``hybrid_error``; the step rows carry ``hybrid``; ``num_draft_tokens`` per step equals the sum of the
-   previous step's ``hybrid`` ``ngram_tokens + eagle_tokens`` (less requests that finished).
+   previous step's ``hybrid`` ``ngram_tokens + eagle_tokens`` (``+ pad_tokens`` with padding; less requests
+   that finished).
 2. Losslessness: ``jobs lossless`` on every hybrid spec, under ``--engine-config study-like`` (synchronous) and
    ``default`` (vLLM turns async scheduling on for EAGLE, config/vllm.py:992-1040). n-gram rows verified as
    EAGLE's: greedy rejection needs no draft probs (v1/sample/rejection_sampler.py:403-504, ``NO_DRAFT_PROBS``;
@@ -94,6 +106,17 @@ GPU checks for the hybrid (what was read in vLLM 0.25's source, not run; file:li
    no re-read (``token_ids_cpu`` holds -1 there, gpu_model_runner.py:3727), so a step vLLM ran without calling
    the drafter (input longer than the drafter's max length, :4559-4617) leaves a gap in the history; keep
    prompt + max_tokens + k under max_model_len.
+5. Padding (``SPEC_REPRO_HYBRID_PAD=1``) relies on: (i) ``uniform_decode_query_len = 1 + num_spec_tokens``
+   (gpu_model_runner.py:842), the *configured* k, so the padded width ``num_spec_tokens_to_schedule`` makes a
+   step uniform only while it equals k (no dynamic k: scheduler.py:1086-1090); (ii) synchronous path: the
+   scheduler keeps a request's list as given (``update_draft_token_ids``, scheduler.py:1948-1968) and schedules
+   ``1 + len(list)`` tokens (:473-488), cut only by the token budget and max_model_len; async path: it always
+   schedules ``num_spec_tokens_to_schedule`` placeholders (async_scheduler.py:22-25), so with every count full
+   ``trim_scheduled`` cuts nothing and the runner sees the scheduler's own 1 + k counts; (iii) every padding id is
+   a real token id (taken from the context or an EAGLE row checked against ``[0, vocab_size)``), as the target's
+   embedding needs. Check: with ``hybrid_pad`` the decode steps' ``batched_tokens == num_reqs * (1 + k)`` and
+   their ``t_verify`` falls to the uniform steps' (pr24344 measured 1.98/2.07/2.45/3.21 ms at bs 1/8/32/64);
+   ``jobs lossless`` equal everywhere; ``pad_accepted`` summed over a run is at most the run's accepted tokens.
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
@@ -121,6 +144,7 @@ ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported 
 ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CUDA graphs (vLLM PR #47460)
 ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
 ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
+ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (uniform decode batches)
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -135,7 +159,7 @@ RUNNER_METHODS = {
 }
 
 _state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False,
-          "hybrid": None, "hybrid_error": None}
+          "hybrid": None, "hybrid_error": None, "hybrid_pad": False}
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()
 
@@ -201,7 +225,7 @@ def status() -> dict:
     return {"registered": _state["registered"], "patched": _state["patched"], "version": PLUGIN_VERSION,
             "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH),
             "draft_cudagraphs": _state["draft_cudagraphs"], "hybrid": _state["hybrid"],
-            "hybrid_error": _state["hybrid_error"]}
+            "hybrid_error": _state["hybrid_error"], "hybrid_pad": _state["hybrid_pad"]}
 
 
 def _disable(why: str) -> None:
@@ -356,7 +380,12 @@ def patch_hybrid(cls) -> bool:
     cls.propose_draft_token_ids, cls.execute_model = propose_draft_token_ids, execute_model
     cls._update_states = _update_states
     _state["hybrid"] = name
+    _state["hybrid_pad"] = _pad_on()
     return True
+
+
+def _pad_on() -> bool:
+    return os.environ.get(ENV_HYBRID_PAD) == "1"
 
 
 def _hybrid_off(why: str) -> None:
@@ -380,7 +409,7 @@ def _live_hybrid(runner, name: str):
             _hybrid_off(f"the hybrid needs method 'eagle', vLLM runs {getattr(sc, 'method', None)!r}")
             return None
         pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)
-        runner._spec_repro_hybrid = H.LiveHybrid(pol)
+        runner._spec_repro_hybrid = H.LiveHybrid(pol, pad=_pad_on())
     except Exception as e:
         _hybrid_off(f"{type(e).__name__}: {e}")
     return runner._spec_repro_hybrid
@@ -427,13 +456,14 @@ def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
                                                                 runner.discard_request_mask.gpu)
         runner._copy_valid_sampled_token_count(nxt, cnt)
     runner._draft_probs = runner._draft_prob_req_ids = None
-    drafts = [c.draft for c in hy.finish(eagle)]
+    # at most the slots the scheduler gives the next step (num_spec_tokens_to_schedule: EAGLE's width too,
+    # gpu_model_runner.py:4928, 5170; async placeholders, async_scheduler.py:22-25); with padding on, exactly
+    # that many for every request that emitted tokens (a uniform 1 + k decode batch next step)
+    width = int(getattr(so, "num_spec_tokens_to_schedule", 0) or hy.policy.kmax)
+    drafts = [c.draft for c in hy.finish(eagle, width=width, vocab_size=ib.vocab_size)]
     rec = _REC[1]
     if rec is not None and rec.cur is not None:
         rec.cur.hybrid = hy.summary(req_ids if rec.cur.ctx["detail"] else None)
-    # at most the slots the scheduler gives the next step (num_spec_tokens_to_schedule: EAGLE's width too,
-    # gpu_model_runner.py:4928, 5170; async placeholders, async_scheduler.py:22-25)
-    width = int(getattr(so, "num_spec_tokens_to_schedule", 0) or hy.policy.kmax)
     drafts = [d[:width] for d in drafts]
     if not runner.use_async_scheduling:
         return drafts

@@ -12,7 +12,19 @@ Parts, in the order they run (what a later session cannot recover, and what the 
      512-token prompt, 256 tokens, every shape warmed, 3 repeats)
   d  EAGLE drafting time: the Qwen head at k = 1 and 12 (k = 5 from part a's engine)
 
-    python -m spec_repro.engines.vllm.session plan [--budget 1650]     # CPU: the plan, its total; rc 1 if over
+The second session (``SESSION_PARTS[2]``; the first showed vLLM 0.25's V1 runner fast only on uniform 1 + k decode
+batches, which the hybrid's short n-gram drafts break), priced with the seconds the first session's engines took
+(``MEASURED_S``):
+  e  the padded hybrids (every draft padded to k: ``hybrid`` module docstring, "Padding"): pr24344-pad,
+     pr24344-skip-pad, ngram-pad, beside no SD (the lossless reference), code-edit bs 1/8/32/64; lossless
+  f  what a user runs: EAGLE alone on vLLM's true default (its own runner choice: V2; untimed) and no SD without
+     the plugin (the instrumentation's overhead beside e's timed no SD), code-edit bs 1/8/32/64
+  g  sharegpt: the best padded hybrid of e (``best_padded``), EAGLE, no SD
+  h  EAGLE drafting time: the Qwen head at k = 1, 3, 8, 12, bs 1/8/32/64
+  i  the idle hybrid's overhead: the hybrid loaded with every request on EAGLE (``eagle-only``) vs EAGLE alone
+``plan --session 2`` drops the lowest-priority parts until the plan fits (they join its deferred list).
+
+    python -m spec_repro.engines.vllm.session plan [--budget 1650] [--session 2]  # CPU: the plan; rc 1 if over
     python -m spec_repro.engines.vllm.session run PART --out DIR --deadline S --head H --model-dir M --draft-dir D
     python -m spec_repro.engines.vllm.session predict --out DIR --head H     # GPU: the profiler's predictions
     python -m spec_repro.engines.vllm.session agreement --out DIR           # CPU or GPU: DIR/qwen_agreement.json
@@ -24,10 +36,10 @@ import json
 import sys
 from pathlib import Path
 
-from .jobs import LLAMA8B, ROOT, estimate_seconds, hybrid_plan, hybrid_specs, run_specs
+from .jobs import LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, run_specs
 
-__all__ = ["PARTS", "STAGING", "AGREEMENT_PROMPTS", "part_specs", "plan", "prepare_prompts",
-           "predictor_from_acc", "agreement_report"]
+__all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "MEASURED_S", "AGREEMENT_PROMPTS",
+           "part_specs", "plan", "best_padded", "prepare_prompts", "predictor_from_acc", "agreement_report"]
 
 BUDGET_S = 1800                  # the session's device seconds, staging included
 PLAN_LIMIT_S = 1650              # what the plan may take (margin for polls and slow calls)
@@ -52,8 +64,12 @@ def _agreement_task(max_tokens: int = 256) -> dict:
             "detail": True, "ignore_eos": False}
 
 
-def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_dir: str = "DRAFT") -> list[dict]:
-    """The engine specs of one part (pure: nothing is loaded)."""
+def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_dir: str = "DRAFT",
+               best: str | None = None) -> list[dict]:
+    """The engine specs of one part (pure: nothing is loaded). ``best``: part g's padded hybrid (default
+    ``DEFAULT_BEST``; ``session run g`` picks it from part e's results, :func:`best_padded`)."""
+    if part in PARTS_2:
+        return _second_session_specs(part, head, model_dir, best)
     if part in ("a", "b"):
         hy = {s["config"].get("hybrid") or s["config"]["method"]: s for s in hybrid_specs(
             head, model_dir=model_dir, k=K, workloads=HYBRID_WORKLOADS,
@@ -82,18 +98,123 @@ def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_di
                "max_num_seqs": 64, "async_scheduling": None, "gpu_memory_utilization": 0.85}
         return [{"name": f"draftk-qwen-eagle-k{k}", "engine_config": "default", "tasks": [task],
                  "config": {**cfg, "k": k}} for k in (1, 12)]
-    raise ValueError(f"unknown part {part!r}; parts: {', '.join(PARTS)}")
+    raise ValueError(f"unknown part {part!r}; parts: {', '.join(PARTS)}, {', '.join(PARTS_2)}")
+
+
+S2 = "-s2"     # the second session's engines: names distinct from the first's (summaries key runs by spec name)
+PADDED = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # part e, in this order
+DEFAULT_BEST = "pr24344-pad"      # part g's padded hybrid when part e's results do not say
+
+
+def _s2(specs: list[dict], suffix: str = "") -> list[dict]:
+    return [{**s, "name": s["name"] + suffix + S2} for s in specs]
+
+
+def _second_session_specs(part: str, head: str, model_dir: str, best: str | None) -> list[dict]:
+    kw = dict(model_dir=model_dir, k=K, workloads=HYBRID_WORKLOADS)
+    if part == "e":
+        return _s2(hybrid_specs(head, methods=("none",) + PADDED, **kw))
+    if part == "f":
+        return _s2(hybrid_specs(head, methods=("eagle",), engine_config="vllm-default", **kw)
+                   + hybrid_specs(head, methods=("none",), instrumented=False, **kw))
+    if part == "g":
+        best = best or DEFAULT_BEST
+        if best not in PADDED:
+            raise ValueError(f"part g's hybrid must be one of part e's {', '.join(PADDED)}, got {best!r}")
+        return _s2(hybrid_specs(head, methods=(best, "eagle", "none"), **{**kw, "workloads": ("sharegpt",)}),
+                   "-sharegpt")
+    if part == "h":
+        d = part_specs("d", head, model_dir)[0]          # part d's task and engine at more k
+        return _s2([{**d, "name": f"draftk-qwen-eagle-k{k}", "config": {**d["config"], "k": k}}
+                    for k in (1, 3, 8, 12)])
+    if part == "i":
+        return _s2(hybrid_specs(head, methods=("eagle-only", "eagle"), **kw))
+    raise ValueError(f"unknown part {part!r}")
+
+
+def best_padded(results: str | Path) -> str:
+    """Part e's padded hybrid with the highest mean speedup over no SD across batch sizes (each batch size's
+    output tokens over wall seconds, all its repeats and chunks, over the timed no SD's), from ``results.jsonl``;
+    ``DEFAULT_BEST`` when no padded hybrid or no SD finished there."""
+    tok: dict = {}
+    path = Path(results)
+    if not path.exists():
+        return DEFAULT_BEST
+    for line in open(path):
+        d = json.loads(line)
+        if d.get("kind") != "run" or d.get("task") != "hybrid" or d.get("workload") != "code-edit":
+            continue
+        if not d.get("config", {}).get("step_log"):    # untimed engines (part f): not like for like
+            continue
+        t = tok.setdefault(config_label(d.get("config", {})), {}).setdefault(d["batch_size"], [0, 0.0])
+        t[0] += d["output_tokens"]
+        t[1] += d["wall_s"]
+    base = {b: n / w for b, (n, w) in tok.get("none", {}).items() if w > 0}
+    score = {m: sum(n / w / base[b] for b, (n, w) in tok[m].items()) / len(tok[m])
+             for m in PADDED if m in tok and tok[m] and all(b in base and w > 0 for b, (n, w) in tok[m].items())}
+    return max(score, key=score.get) if score else DEFAULT_BEST
 
 
 PARTS = {"a": "EAGLE / n-gram / draft-model agreement on real weights (+ EAGLE and n-gram alone, hybrid task)",
          "b": "live hybrid: no SD, pr24344, pr24344-skip (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless",
          "c": "Llama-3.1-8B dims, dummy weights: default vs study-like engine, no SD, bs 1/16/64/256",
          "d": "EAGLE drafting time: the Qwen head at k = 1 and 12 (k = 5 from part a), bs 1/8/32/64"}
+PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD (code-edit, bs 1/8/32/64); lossless",
+           "f": "vLLM's true default: EAGLE alone (V2 runner, untimed) + no SD untimed (V1: the timer's overhead)",
+           "g": "sharegpt: the best padded hybrid of e, EAGLE, no SD (bs 1/8/32/64); lossless",
+           "h": "EAGLE drafting time: the Qwen head at k = 1, 3, 8, 12, bs 1/8/32/64",
+           "i": "idle-hybrid overhead: hybrid loaded, every request on EAGLE (eagle-only) vs EAGLE alone"}
+SESSION_PARTS = {1: tuple(PARTS), 2: tuple(PARTS_2)}     # each session's parts, in priority order
 DEFERRED = ["hybrid and agreement on sharegpt (the hybrid specs' second workload)",
             "adaptive-rule hybrid (needs an H200 cost model fitted on this run's Qwen steps)",
             "EAGLE drafting time at k = 3, 8 (Qwen) and k = 1, 5, 8, 12 (Llama-3.1-8B dims)",
             "plugin overhead with the hybrid loaded but idle",
             "`spec-repro reproduce --profile gpu` end to end (its llama8b job: 3 engines, ~450 s)"]
+DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
+              "steps)",
+              "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
+              "EAGLE drafting time on Llama-3.1-8B dims",
+              "`spec-repro reproduce --profile gpu` end to end (its llama8b job: 3 engines, ~450 s)"]
+
+# What the first session took on the H200 (device seconds per engine spec, from its log; staging and setup)
+MEASURED_S = {"hybrid-default-eagle": 180, "hybrid-default-ngram": 158, "agree-draft": 145, "hybrid-default-none": 120,
+              "hybrid-default-pr24344": 110, "hybrid-default-pr24344-skip": 78, "llama8b-none-default": 131,
+              "llama8b-none-study-like": 126}
+STAGING_2 = [("staging as the first session: machine start, vllm c1..c7, cache pieces p00..p26 (measured)", 34, 254),
+             ("setup: install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point (measured)",
+              1, 255)]
+# the agreement prompts' share of an engine that ran them before the hybrid task: EAGLE's spec with them less
+# pr24344's (EAGLE every step too) without
+AGREEMENT_TASK_S = MEASURED_S["hybrid-default-eagle"] - MEASURED_S["hybrid-default-pr24344"]
+# a second-session engine (name less -sharegpt / -s2) -> (the first session's engine it is priced as, seconds
+# added): the same model, engine and task shape (one workload, bs 1/8/32/64, 3 repeats, 256 tokens; sharegpt's
+# requests decode as long, EOS ignored). Padding should make the padded engines faster, not slower.
+ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
+            "hybrid-default-none-noinst": ("hybrid-default-none", 0),
+            "hybrid-default-pr24344-pad": ("hybrid-default-pr24344", 0),
+            "hybrid-default-pr24344-skip-pad": ("hybrid-default-pr24344-skip", 0),
+            "hybrid-default-ngram-pad": ("hybrid-default-ngram", -AGREEMENT_TASK_S),
+            "hybrid-default-eagle": ("hybrid-default-eagle", -AGREEMENT_TASK_S),
+            "hybrid-vllm-default-eagle": ("hybrid-default-eagle", -AGREEMENT_TASK_S),
+            "hybrid-default-eagle-only": ("hybrid-default-pr24344", 0)}
+
+
+def _batches_calibration() -> float:
+    """Measured over modelled seconds of the first session's engines that ran only batches tasks (part c)."""
+    specs = part_specs("c")
+    return sum(MEASURED_S[s["name"]] for s in specs) / sum(spec_seconds(s) for s in specs)
+
+
+def measured_seconds(spec: dict) -> tuple[float, str]:
+    """(seconds, basis) of a second-session engine: its analogue's measured seconds (``ANALOGUE``), else (no
+    analogue ran: part d's drafting-time engines) ``spec_seconds`` scaled by the first session's measured/modelled
+    ratio for batches engines."""
+    base = spec["name"].removesuffix(S2).removesuffix("-sharegpt")
+    if base in ANALOGUE:
+        ref, add = ANALOGUE[base]
+        return MEASURED_S[ref] + add, f"{ref} {MEASURED_S[ref]} s" + (f" {add:+d} s" if add else "")
+    f = _batches_calibration()
+    return spec_seconds(spec) * f, f"model x {f:.2f}"
 
 
 def spec_seconds(spec: dict) -> float:
@@ -115,24 +236,44 @@ def spec_seconds(spec: dict) -> float:
     return t
 
 
-def plan(budget: float = PLAN_LIMIT_S) -> dict:
+def _part_row(part: str, session: int) -> dict:
+    specs = part_specs(part)
+    hp = {r["spec"]: r for r in hybrid_plan([s for s in specs if any(x["type"] == "hybrid" for x in s["tasks"])])}
+    engines = []
+    for s in specs:
+        secs, basis = measured_seconds(s) if session == 2 else (spec_seconds(s), "model")
+        engines.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
+                        "pad": bool(s["config"].get("hybrid_pad")), "instrumented": s.get("instrumented", True),
+                        "engine_config": s.get("engine_config"), "tasks": [x["type"] for x in s["tasks"]],
+                        "workloads": sorted({w for x in s["tasks"] for w in x.get("workloads", [])}),
+                        "hybrid_runs": hp.get(s["name"], {}).get("runs", 0), "seconds": round(secs), "basis": basis})
+    secs = sum(e["seconds"] for e in engines) + (PREDICT_S if part == "a" else 0) + PACK_S
+    desc = (PARTS if session == 1 else PARTS_2)[part]
+    return {"stage": f"run part {part}: {desc}", "part": part, "calls": 1, "seconds": secs, "engines": engines}
+
+
+def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     """The session's stages in order, with the engine specs and seconds of each part, the total and whether it fits
-    ``budget``. Each part's hybrid specs are priced by ``jobs.hybrid_plan`` (``jobs hybrid --plan``)."""
-    rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in STAGING]
-    for part in PARTS:
-        specs = part_specs(part)
-        hp = {r["spec"]: r for r in hybrid_plan([s for s in specs if any(x["type"] == "hybrid" for x in s["tasks"])])}
-        engines = []
-        for s in specs:
-            engines.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
-                            "engine_config": s.get("engine_config"), "tasks": [x["type"] for x in s["tasks"]],
-                            "hybrid_runs": hp.get(s["name"], {}).get("runs", 0),
-                            "seconds": round(spec_seconds(s))})
-        secs = sum(e["seconds"] for e in engines) + (PREDICT_S if part == "a" else 0) + PACK_S
-        rows.append({"stage": f"run part {part}: {PARTS[part]}", "calls": 1, "seconds": secs, "engines": engines})
+    ``budget``. Session 1: its parts a-d priced by ``spec_seconds`` (``jobs hybrid --plan``'s model), as planned
+    and run. Session 2: its parts e-i priced by the first session's measured seconds (``measured_seconds``); the
+    lowest-priority parts are dropped (into ``deferred``, with their seconds) until the total fits; ``parts``: what
+    the session runs (``PARTS="e f g" bash gpu/live_job.sh start``)."""
+    if session not in SESSION_PARTS:
+        raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
+    staging = STAGING if session == 1 else STAGING_2
+    rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
+    parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
+    deferred = list(DEFERRED if session == 1 else DEFERRED_2)
+    dropped = []
+    if session == 2:
+        while parts and sum(r["seconds"] for r in rows + parts) > budget:
+            r = parts.pop()
+            dropped.insert(0, r["part"])
+            deferred.insert(0, f"part {r['part']} (~{r['seconds']} s, over the plan limit): {PARTS_2[r['part']]}")
+    rows += parts
     total = sum(r["seconds"] for r in rows)
-    return {"stages": rows, "total_s": total, "budget_s": budget, "device_budget_s": BUDGET_S,
-            "fits": total <= budget, "deferred": DEFERRED}
+    return {"session": session, "stages": rows, "total_s": total, "budget_s": budget, "device_budget_s": BUDGET_S,
+            "fits": total <= budget and bool(parts), "parts": [r["part"] for r in parts], "dropped": dropped, "deferred": deferred}
 
 
 # ---- prompts, predictions, agreement ------------------------------------------------------------------------
@@ -269,9 +410,11 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan")
     p.add_argument("--budget", type=float, default=PLAN_LIMIT_S)
+    p.add_argument("--session", type=int, default=1, choices=sorted(SESSION_PARTS),
+                   help="1: the first session's plan (a-d, as run); 2: the next one's (e-i, measured seconds)")
     p.add_argument("--json", action="store_true")
     r = sub.add_parser("run")
-    r.add_argument("part", choices=sorted(PARTS))
+    r.add_argument("part", choices=sorted({**PARTS, **PARTS_2}))
     for a in ("--out", "--head", "--model-dir", "--draft-dir"):
         r.add_argument(a, required=True)
     r.add_argument("--deadline", type=float)
@@ -285,23 +428,34 @@ def main(argv=None) -> int:
     pp.add_argument("--out", default=str(AGREEMENT_PROMPTS))
     a = ap.parse_args(argv)
     if a.cmd == "plan":
-        pl = plan(a.budget)
+        pl = plan(a.budget, a.session)
         if a.json:
             print(json.dumps(pl, indent=1))
         else:
+            two = pl["session"] == 2
             for row in pl["stages"]:
                 print(f"{row['seconds']:>6.0f} s  {row['calls']:>3} call(s)  {row['stage']}")
                 for e in row.get("engines", []):
+                    extra = (f"; {'timed' if e['instrumented'] else 'untimed'}; {', '.join(e['workloads'])}; "
+                             f"priced as {e['basis']}") if two else ""
                     print(f"{'':>8}{e['seconds']:>6.0f} s  {e['spec']}  [{e['engine_config']}; "
-                          f"{' + '.join(e['tasks'])}; {e['hybrid_runs']} hybrid runs]")
+                          f"{' + '.join(e['tasks'])}; {e['hybrid_runs']} hybrid runs{extra}]")
             print(f"{pl['total_s']:>6.0f} s  total (plan limit {pl['budget_s']:.0f} s of {pl['device_budget_s']} s)")
-            print("deferred to a second session:", *pl["deferred"], sep="\n  - ")
+            if two:
+                print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh start"
+                      + (f"   (dropped to fit: {' '.join(pl['dropped'])})" if pl["dropped"] else ""))
+            print(f"deferred to {'a third' if two else 'a second'} session:", *pl["deferred"], sep="\n  - ")
         if not pl["fits"]:
-            print(f"OVER BUDGET: {pl['total_s']:.0f} s > {pl['budget_s']:.0f} s", file=sys.stderr)
+            why = (f"{pl['total_s']:.0f} s > {pl['budget_s']:.0f} s" if pl["parts"] else
+                   f"no part fits beside the staging ({pl['total_s']:.0f} s of {pl['budget_s']:.0f} s)")
+            print(f"OVER BUDGET: {why}", file=sys.stderr)
             return 1
         return 0
     if a.cmd == "run":
-        specs = part_specs(a.part, a.head, a.model_dir, a.draft_dir)
+        best = best_padded(Path(a.out) / "results.jsonl") if a.part == "g" else None
+        if best:
+            print(f"part g: padded hybrid {best} (best of part e in {a.out})", flush=True)
+        specs = part_specs(a.part, a.head, a.model_dir, a.draft_dir, best=best)
         return run_specs(specs, Path(a.out), a.timeout, False, None, a.deadline)
     if a.cmd == "predict":
         print(predict(a.out, a.head))
