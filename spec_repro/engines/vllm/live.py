@@ -45,11 +45,21 @@ ENGINE_NOTES = {
                "draft model, which vLLM 0.25 runs synchronously); the Qwen specs keep the V1 runner (the plugin's "
                "hooks live there; vLLM itself would pick V2 for EAGLE), the Llama ones let vLLM pick (V2, no plugin)",
     "study-like": "synchronous V1 runner, as the study's vLLM 0.10 ran",
+    "vllm-default": "vLLM's own choice of runner too (V2 for EAGLE): what a user runs, untimed (the plugin's hooks "
+                    "are the V1 runner's), no hybrid",
 }
 
 
+def _config(cfg: dict) -> str | None:
+    """The configuration a run measured: vLLM's method, the hybrid policy, ``<policy>-pad``, ``ngram-pad``."""
+    from .jobs import config_label
+
+    return config_label(cfg) if cfg else None
+
+
 def _cfg_fields(cfg: dict, engine: dict) -> dict:
-    return {"hybrid": cfg.get("hybrid"), "async_scheduling": cfg.get("async_scheduling"),
+    return {"config": _config(cfg), "hybrid": cfg.get("hybrid"), "hybrid_pad": bool(cfg.get("hybrid_pad")),
+            "async_scheduling": cfg.get("async_scheduling"),
             "model_runner": cfg.get("model_runner"), "load_format": cfg.get("load_format"),
             "weights": "dummy" if cfg.get("load_format") == "dummy" else "real (q4_k_m GGUF, bf16)",
             "dtype": cfg.get("dtype"), "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
@@ -83,9 +93,10 @@ def load(raw: str | Path):
         extra = [json.loads(x) for x in open(f) if x.strip()]
         df["t_sched"] = [x.get("t_sched", 0.0) for x in extra]
         df["outputs_known"] = [x.get("outputs_known", True) for x in extra]
-        for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens"):
+        for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):
             df[f"hybrid_{key}"] = [(x.get("hybrid") or {}).get(key) for x in extra]
         df["spec"] = spec
+        df["config"] = _config(engines.get(spec, {}).get("config") or {}) or spec
         df["engine_config"] = engines.get(spec, {}).get("engine_config")
         parts.append(df)
     steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -106,16 +117,20 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     write_via(runs.to_csv, out / "runs.csv", index=False)
     keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
     write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
-    qres = next(iter(sorted(raw.rglob("qwen/results.jsonl"))), None)
-    if qres is not None:
-        recs = [json.loads(x) for x in open(qres) if x.strip()]
-        import pandas as pd
+    import pandas as pd
 
-        ll = pd.DataFrame(lossless_report(recs))
+    ll, agree = [], {}
+    for qres in sorted(raw.rglob("qwen*/results.jsonl")):     # qwen (session 1), qwen2 (session 2), ...
+        recs = [json.loads(x) for x in open(qres) if x.strip()]
+        ll += lossless_report(recs)
+        if any(d.get("task") == "prompts" for d in recs):       # the agreement engines
+            agree.update(agreement_report(qres.parent))
+    if ll:
+        ll = pd.DataFrame(ll)
         ll["first_difference"] = ll["first_difference"].map(lambda v: json.dumps(v) if v else "")
         write_via(ll.to_csv, out / "lossless.csv", index=False)
-        rep = agreement_report(qres.parent)
-        (out / "qwen_agreement.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
+    if agree:
+        (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
     import datetime as dt
@@ -173,7 +188,8 @@ def throughput(runs=None, out: str | Path = OUT):
 
     runs = pd.read_csv(Path(out) / "runs.csv") if runs is None else runs
     runs = runs[runs["task"].isin(["hybrid", "batches"])].copy()
-    runs["config"] = runs["hybrid"].fillna(runs["method"])
+    if "config" not in runs:
+        runs["config"] = runs["hybrid"].fillna(runs["method"])
     runs["repeat"] = runs["repeat"].fillna(runs["run_id"].str.extract(r"-r(\d+)$")[0].astype(float))
     runs["tokens"] = runs["output_tokens"]                      # all requests' output tokens of the run
     runs["out_per_req"] = runs["output_tokens"] / runs["n_requests"]
@@ -221,7 +237,8 @@ def step_split(out: str | Path = OUT):
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
-    s = s.assign(config=s["spec"].str.replace("hybrid-default-", "", regex=False))
+    if "config" not in s:       # tables summarized before the config column
+        s = s.assign(config=s["spec"].str.replace("hybrid-default-", "", regex=False))
     g = s.groupby(["config", "batch_size", "uniform"]).agg(
         steps=("t_total", "size"), tokens=("batched_tokens", "mean"), draft_ms=("t_draft", "median"),
         verify_ms=("t_verify", "median"), reject_ms=("t_reject", "median"), other_ms=("t_other", "median"),
@@ -330,7 +347,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     import pandas as pd
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
-    s = s[s["run_id"].str.startswith("code-edit")].assign(config=lambda d: d["spec"].str.replace("hybrid-default-", "", regex=False))
+    s = s[s["run_id"].str.startswith("code-edit") & (s["engine_config"] == "default")]
     s = s[s["config"].isin(tuple(configs) + tuple(hybrid_configs))]
     dec = s[s["phase"] == "decode"]
     fit_dec = dec[dec["config"].isin(configs)]
@@ -354,7 +371,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
             m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"],
                                          grp(g))
     runs = pd.read_csv(Path(out) / "runs.csv")
-    runs = runs[(runs["task"] == "hybrid")].assign(config=lambda d: d["hybrid"].fillna(d["method"]))
+    runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == "default")]
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]
