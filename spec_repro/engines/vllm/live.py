@@ -341,8 +341,11 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
     CUDA graph only for uniform decode batches; without ``ragged`` one F for all, as ``costmodel.fit`` does);
     EAGLE drafting per token ``k*(c_req*m + c0)``, m = requests drafted for; n-gram lookup per request; overhead
-    (t_other + t_reject) per step ``o0 + o1*B`` for SD engines and for no SD; wall over summed step time (async
-    scheduling hides part of a step behind the next) per engine kind; prefill per request."""
+    (t_other + t_reject) per step ``o0 + o1*B`` per engine path (no SD; EAGLE, whose path the hybrids take;
+    n-gram, synchronous); wall over summed step time per path (async scheduling hides part of a step behind the
+    next); prefill ``c0 + c_tok * prompt tokens``; with ``hybrid_configs``, the hybrid's own per-step work
+    ``h0 + h1*B`` (its drafting time beyond EAGLE's) fitted on those. Every fit weighs each configuration's batch
+    size alike."""
     import numpy as np
     import pandas as pd
 
@@ -376,7 +379,6 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]
     if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
-        kk = hy["num_draft_tokens"] / hy["num_reqs"]
         eag = np.where((hy["config"] == "pr24344") | (hy["hybrid_eagle"].fillna(0) > 0), 1.0, 0.0)  # EAGLE ran
         extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
         m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra, grp(hy))
