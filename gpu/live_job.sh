@@ -55,18 +55,20 @@
 #   stage      calls  seconds  what
 #   staging     34    254      measured: the first session's calls 1-33 (machine start, vllm c1..c7, p00..p26)
 #   setup        1    255      measured
-#   run   1 + polls   ~996     PARTS="e f g" (resumable, a marker per part; results in res/qwen2):
+#   run   1 + polls   ~876     PARTS="e i f" (resumable, a marker per part; results in res/qwen2), the issue's
+#                               Must show first:
 #                               e ~406: no SD + pr24344-pad, pr24344-skip-pad, ngram-pad (code-edit, bs 1/8/32/64,
 #                                       3 repeats), then lossless -> res/qwen2/lossless.jsonl
+#                               i ~230: the idle hybrid (eagle-only: loaded, every request on EAGLE) vs EAGLE alone
 #                               f ~240: EAGLE alone on vLLM's true default (its own runner: V2; untimed) and no SD
 #                                       untimed (the step log's overhead beside e's timed no SD); lossless again
-#                               g ~350: sharegpt: the best padded hybrid of e (`session run g` picks it from e's
-#                                       results), EAGLE, no SD; lossless again
 #   pack      1 per part  ~10
-#   In all ~1,505 of 1,800. Dropped to fit (deferred): h, EAGLE drafting time at k = 1, 3, 8, 12 (~366 s); i, the idle
-#   hybrid (eagle-only) vs EAGLE alone (~230 s). Engine names end in -s2 (distinct from the first session's).
+#   In all ~1,385 of 1,800. Dropped to fit (deferred): g, sharegpt for the best padded hybrid of e, EAGLE, no SD
+#   (~350 s; `session run g` picks the hybrid from e's results); h, EAGLE drafting time at k = 1, 3, 8, 12 (~366 s).
+#   With time left after f, `PARTS="e i f g"` runs g too (the deadline skips a part that cannot finish). Engine
+#   names end in -s2 (distinct from the first session's).
 # The calls: the same preparation here and the same calls 1-34 as above (staging, setup), then
-#  35   carry []                              PARTS="e f g" LEFT=<lease budget_left_s> bash gpu/live_job.sh start
+#  35   carry []                              PARTS="e i f" LEFT=<lease budget_left_s> bash gpu/live_job.sh start
 #  36.. carry []                              sleep 240; bash gpu/live_job.sh status      (each <= 600 s)
 #       as soon as status says "part X done": bash gpu/live_job.sh pack X       (e, f, g: each packs res/qwen2 so far)
 #       the last call: bash gpu/live_job.sh pack all; then give_back.
@@ -118,7 +120,7 @@ case "$1" in
         || { tail -n 5 $R/log_convert_$m.txt; exit 4; }
     done
     tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/ $HEAD ;;
-  start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now; PARTS="e f g":
+  start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now; PARTS="e i f":
               # those parts (inherited by the detached run), unset: a-d
     mkdir -p $R
     END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))  # RESERVE: the last pack call + margin
@@ -126,7 +128,7 @@ case "$1" in
     setsid nohup env END=$END bash gpu/live_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
   run)       # in the foreground (start runs it detached); END: epoch seconds of the deadline (default 1,100 s on)
-    # PARTS="e f g": those parts in that order (the second session's: `plan --session 2`); unset: the first's a-d
+    # PARTS="e i f": those parts in that order (the second session's: `plan --session 2`); unset: the first's a-d
     END=${END:-$(( $(date +%s) + 1100 ))}
     if [ -z "${PARTS:-}" ]; then
       mkdir -p $R/qwen $R/llama8b $R/draftk

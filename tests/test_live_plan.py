@@ -105,10 +105,10 @@ def test_second_plan_fits_and_drops_the_lowest_priority_parts():
     pl = S.plan(session=2)
     assert pl["fits"] and pl["total_s"] <= S.PLAN_LIMIT_S
     assert pl["total_s"] == sum(row["seconds"] for row in pl["stages"])
-    assert list(S.SESSION_PARTS[2]) == ["e", "f", "g", "h", "i"]
+    assert list(S.SESSION_PARTS[2]) == ["e", "i", "f", "g", "h"]
     # what runs is a prefix of the priority order; the rest is deferred, and would not have fitted
     n = len(pl["parts"])
-    assert pl["parts"] == ["e", "f", "g"] and pl["dropped"] == ["h", "i"] == list(S.SESSION_PARTS[2][n:])
+    assert pl["parts"] == ["e", "i", "f"] and pl["dropped"] == ["g", "h"] == list(S.SESSION_PARTS[2][n:])
     nxt = S._part_row("h", 2)["seconds"]
     assert pl["total_s"] + nxt > S.PLAN_LIMIT_S
     assert all(any(d.startswith(f"part {p} ") for d in pl["deferred"]) for p in pl["dropped"])
@@ -116,7 +116,7 @@ def test_second_plan_fits_and_drops_the_lowest_priority_parts():
     assert [row["seconds"] for row in pl["stages"][:2]] == [254, 255]
     for e in (e for row in pl["stages"] for e in row.get("engines", [])):
         assert e["spec"] in r.stdout and e["basis"].split()[0] in S.MEASURED_S
-    assert f"{pl['total_s']:.0f} s  total" in r.stdout and 'PARTS="e f g"' in r.stdout
+    assert f"{pl['total_s']:.0f} s  total" in r.stdout and 'PARTS="e i f"' in r.stdout
     # a smaller limit drops more, in the same order; none fitting is over budget
     assert S.plan(1000, session=2)["parts"] == ["e"]
     r = subprocess.run(["bash", "gpu/live_job.sh", "plan", "--session", "2", "--budget", "600"], cwd=ROOT,

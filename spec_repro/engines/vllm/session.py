@@ -164,7 +164,9 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "g": "sharegpt: the best padded hybrid of e, EAGLE, no SD (bs 1/8/32/64); lossless",
            "h": "EAGLE drafting time: the Qwen head at k = 1, 3, 8, 12, bs 1/8/32/64",
            "i": "idle-hybrid overhead: hybrid loaded, every request on EAGLE (eagle-only) vs EAGLE alone"}
-SESSION_PARTS = {1: tuple(PARTS), 2: tuple(PARTS_2)}     # each session's parts, in priority order
+# each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
+# proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h")}
 DEFERRED = ["hybrid and agreement on sharegpt (the hybrid specs' second workload)",
             "adaptive-rule hybrid (needs an H200 cost model fitted on this run's Qwen steps)",
             "EAGLE drafting time at k = 3, 8 (Qwen) and k = 1, 5, 8, 12 (Llama-3.1-8B dims)",
@@ -257,7 +259,7 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     ``budget``. Session 1: its parts a-d priced by ``spec_seconds`` (``jobs hybrid --plan``'s model), as planned
     and run. Session 2: its parts e-i priced by the first session's measured seconds (``measured_seconds``); the
     lowest-priority parts are dropped (into ``deferred``, with their seconds) until the total fits; ``parts``: what
-    the session runs (``PARTS="e f g" bash gpu/live_job.sh start``)."""
+    the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
     staging = STAGING if session == 1 else STAGING_2
