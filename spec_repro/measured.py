@@ -369,7 +369,7 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
         return None, f"measured (vLLM live): no step log under {folder}"
     s = pd.read_parquet(f)
     s = s[s["run_id"].str.startswith("code-edit")].copy()
-    s["method"] = s["config"] if "config" in s else s["spec"].str.replace("hybrid-default-", "", regex=False)
+    s["method"] = s["config"]
     s["model"] = s["model"].astype(str) + " (real weights, default engine)"
     return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, default engine): "
                                       f"{manifest_line(folder, [f])}")

@@ -107,7 +107,11 @@ def load(raw: str | Path):
 
 def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict:
     """Write ``out``'s files (FILE_DOCS) from the raw folder; MANIFEST.json records each with its sha256."""
-    from ...provenance import record, sha256_file
+    import datetime as dt
+
+    import pandas as pd
+
+    from ...provenance import machine_info, package_versions, record, sha256_file
     from .jobs import lossless_report
     from .session import agreement_report
 
@@ -117,8 +121,6 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     write_via(runs.to_csv, out / "runs.csv", index=False)
     keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
     write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
-    import pandas as pd
-
     ll, agree = [], {}
     for qres in sorted(raw.rglob("qwen*/results.jsonl")):     # qwen (session 1), qwen2 (session 2), ...
         recs = [json.loads(x) for x in open(qres) if x.strip()]
@@ -133,10 +135,6 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
-    import datetime as dt
-
-    from ...provenance import machine_info, package_versions
-
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
     # where the numbers were measured (the device), not where this summary ran (summarized_on)
@@ -188,8 +186,6 @@ def throughput(runs=None, out: str | Path = OUT):
 
     runs = pd.read_csv(Path(out) / "runs.csv") if runs is None else runs
     runs = runs[runs["task"].isin(["hybrid", "batches"])].copy()
-    if "config" not in runs:
-        runs["config"] = runs["hybrid"].fillna(runs["method"])
     runs["repeat"] = runs["repeat"].fillna(runs["run_id"].str.extract(r"-r(\d+)$")[0].astype(float))
     runs["tokens"] = runs["output_tokens"]                      # all requests' output tokens of the run
     runs["out_per_req"] = runs["output_tokens"] / runs["n_requests"]
@@ -237,8 +233,6 @@ def step_split(out: str | Path = OUT):
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
-    if "config" not in s:       # tables summarized before the config column
-        s = s.assign(config=s["spec"].str.replace("hybrid-default-", "", regex=False))
     g = s.groupby(["config", "batch_size", "uniform"]).agg(
         steps=("t_total", "size"), tokens=("batched_tokens", "mean"), draft_ms=("t_draft", "median"),
         verify_ms=("t_verify", "median"), reject_ms=("t_reject", "median"), other_ms=("t_other", "median"),
@@ -268,7 +262,7 @@ def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.j
     from ... import models
     from ... import workloads as W
     from ...collect import build_proposers
-    from ...profiler import profile_decoded
+    from .session import profile_outputs
 
     outs = {}
     for f in sorted(Path(raw).rglob("results*.jsonl")):
@@ -291,10 +285,9 @@ def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.j
     props = build_proposers(["ngram", "eagle"], target, eagle_head=str(head or default_head()))
     for r in todo:
         t0 = time.time()
-        prof, = profile_decoded([list(r.prompt_token_ids)], [outs[r.id]], props, k_max=k_max)
+        prof = profile_outputs({r.id: list(r.prompt_token_ids)}, {r.id: outs[r.id]}, props, k_max=k_max)
         rec = {"key": r.id, "prompt_len": len(r.prompt_token_ids), "output": list(map(int, outs[r.id])),
-               "acc": {m: list(map(int, prof.acc[m])) for m in props},
-               "draft_len": {m: list(map(int, prof.draft_len.get(m) or [])) for m in props},
+               "acc": {m: prof[m][r.id][0] for m in props}, "draft_len": {m: prof[m][r.id][1] for m in props},
                "seconds": time.time() - t0}
         with open(out, "a") as f:
             f.write(json.dumps(rec) + "\n")
