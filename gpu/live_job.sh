@@ -75,6 +75,26 @@
 # Check padding in the step logs (steps_hybrid-default-*-pad-s2.jsonl): decode steps have batched_tokens ==
 # num_reqs * (1 + k) and t_verify near the uniform steps' of the first session (pr24344: 1.98/2.07/2.45/3.21 ms at
 # bs 1/8/32/64); `hybrid` has pad_tokens/pad_by/pad_accepted. Without PARTS, `start` runs the first session's a-d.
+# THIRD SESSION (2026-12-01, PREPARED): `spec-repro reproduce --profile gpu` end to end (its grid: spec_repro/engines/
+# vllm/gpu_profile.py), which holds the issue's two open Must shows (the padded hybrids >= the best single proposer,
+# the idle hybrid's overhead) in its first stage, then part n. Staged: Qwen 1.5B only (no 0.5B: no draft model this
+# session), the head, code-edit + sharegpt, and the notebook stack's wheels (NB_WHEELS=1: papermill, jupytext,
+# ipykernel and what the image lacks) in .carry/extra -> 19 pieces. Estimated device seconds (engines priced as the
+# first session's analogues, MEASURED_S):
+#   stage      calls  seconds  what
+#   vllm         6    ~65      machine start + .stage/c1..c7
+#   piece       19    ~100     .carry/p00..p18
+#   setup        1    ~200     install vLLM + the notebook wheels, reassemble + verify the cache, convert the 1.5B
+#   run   1 + polls   ~1,140   detached: reproduce --profile gpu --gpu-deadline (left): qwen ~530 (none 120,
+#                               pr24344-pad 110, pr24344-skip-pad 78, eagle-only 110, eagle 110), traces ~200
+#                               (vLLM decodes 24 code-edit + 24 sharegpt requests, n-gram + head profiled),
+#                               llama ~270 (no SD + n-gram, default engine), tables ~20, notebooks ~120; then
+#                               part n (ngram-pad, ~100) when 120 s are left
+#   pack         3    ~40      rep (figures, summary, live tables, traces), raw step logs (split at 15 MB)
+#   In all ~1,545 of 1,800 (~1,645 with part n).
+# Here first: NB_WHEELS=1 WORKLOADS="code-edit sharegpt" HEADS=<sha> bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
+# Calls: vllm c1..c5, c6+c7; piece p00..p18 (carry [".carry/pNN"]); restore the tree; setup (carry [".stage/run",
+# ".carry/extra"]); LEFT=<budget_left_s> bash gpu/live_job.sh start3; polls (sleep 190; status); pack r; give_back.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -86,6 +106,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
+         r) echo rep ;; n) echo rep/gpu/raw/qwen2 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
@@ -116,6 +137,7 @@ case "$1" in
     bash gpu/device.sh setup                                  # the plugin's entry point (hybrid + step logs)
     mkdir -p $R
     for m in $Q $QD; do
+      [ -d /root/cache/models/$m ] || { echo "$m not staged: not converted"; continue; }
       $PY -c "from spec_repro import models; models.convert('$m')" > $R/log_convert_$m.txt 2>&1 \
         || { tail -n 5 $R/log_convert_$m.txt; exit 4; }
     done
@@ -137,18 +159,34 @@ case "$1" in
       for p in $PARTS; do d=$(pdir $p) || exit 2; mkdir -p $R/$d; part $p $d; done
     fi
     echo PIPE_FINISHED ;;
+  start3)     # the third session: `spec-repro reproduce --profile gpu` (its grid, then the notebooks), then part n
+              # with the time left. LEFT=S: the lease's budget_left_s now
+    mkdir -p $R
+    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))
+    echo $END > $R/end_epoch
+    setsid nohup env END=$END bash gpu/live_job.sh run3 > $R/pipeline.log 2>&1 < /dev/null &
+    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+  run3)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    $PY -m spec_repro.cli reproduce --profile gpu --out $R/rep --head $HEAD --gpu-deadline $(left) \
+      > $R/log_r.txt 2>&1; echo "reproduce rc=$?" >> $R/log_r.txt
+    touch $R/done_r
+    part n $(pdir n)
+    echo PIPE_FINISHED ;;
   status)
-    for f in $R/pipeline.log $R/log_[a-i].txt; do
+    for f in $R/pipeline.log $R/log_[a-z].txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
     done
     ls $R/done_* 2>/dev/null | sed 's|.*/done_|part done: |'
     [ -f $R/end_epoch ] && echo "deadline in $(( $(cat $R/end_epoch) - $(date +%s) )) s"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   pack)       # pack a|...|i|all: that part's results folder (pdir) as one file
-    case $2 in [a-i]) d=$(pdir $2) ;; *) d=. ;; esac
+    case $2 in [a-z]) d=$(pdir $2) ;; *) d=. ;; esac
     tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $([ $d = . ] || (cd $R && ls log_*.txt pipeline.log 2>/dev/null))
-    ls -la $OUT; [ $(stat -c %s $OUT/res_$2.tgz) -lt 16000000 ] || echo "res_$2.tgz over 16 MB: split it (send)" ;;
+    if [ $(stat -c %s $OUT/res_$2.tgz) -ge 15000000 ]; then     # a call brings back files of 16 MiB at most
+      split -b 15M -d -a 1 $OUT/res_$2.tgz $OUT/res_$2.tgz.part && rm $OUT/res_$2.tgz; fi
+    ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run status pack send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup start run start3 run3 status pack send"; exit 2 ;;
 esac

@@ -14,6 +14,22 @@ grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/inf
 C=${SPEC_REPRO_CACHE:-$HOME/.cache/spec_repro}
 rm -rf .carry/p[0-9]* .carry/parts .carry/extra; mkdir -p .carry/parts .carry/extra
 python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/extra "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+# NB_WHEELS=1: also the notebook stack (papermill, jupytext, ipykernel and what they need that the lent machine's image
+# lacks: KINDS.md's package list), as this machine's versions, for its Python 3.12 (`reproduce --profile gpu` there)
+if [ "${NB_WHEELS:-0}" = 1 ]; then
+  pins=$(python3 - <<'PY'
+import importlib.metadata as m
+names = """asttokens comm debugpy entrypoints executing fastjsonschema ipykernel ipython ipython_pygments_lexers jedi
+jsonschema jsonschema-specifications jupyter_client jupyter_core jupytext matplotlib-inline mdit-py-plugins nbclient
+nbformat papermill parso pexpect platformdirs prompt_toolkit ptyprocess pure_eval referencing rpds-py stack-data
+tenacity tornado traitlets wcwidth""".split()
+print(" ".join(f"{n}=={m.version(n)}" for n in names))
+PY
+)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any -d .carry/extra $pins
+fi
 paths=(workloads)
 [ -n "${WORKLOADS:-}" ] && { paths=(); for w in $WORKLOADS; do paths+=("workloads/$w"); done; }
 for h in ${HEADS:-}; do [ -f "$C/heads/$h/model.safetensors" ] || { echo "no head $C/heads/$h"; exit 2; }; paths+=("heads/$h"); done

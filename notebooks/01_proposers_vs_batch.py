@@ -39,11 +39,14 @@ batch_sizes = [1, 2, 4, 8, 16, 32, 64, 128]
 vllm_job = None        # None: every committed vLLM job (data/gpu); a job of data/gpu/jobs.json, e.g. "s3-tp2":
                        # only its runs; with backend "vllm": the job to run now (None: "llama8b")
 also_h200_fit = True   # also simulate with the cost model fitted to the H200 step logs (data/gpu)
+vllm_results = None    # None: the committed runs (data/gpu); or a results.jsonl of vLLM batch runs (`reproduce --profile
+                       # gpu`'s Llama-dims runs, no SD and n-gram on vLLM's default engine)
+live_dir = None        # None: the committed live runs (data/gpu/live); or a folder of `live summarize`'s tables
 
 # %%
 from spec_repro import analysis as A, plots as P
 
-if backend == "embedded":
+if backend == "embedded" or traces is not None:
     trace = A.load_traces(traces, model=model, datasets=datasets)
 else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
     trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
@@ -74,8 +77,8 @@ sim.pivot_table(index=["dataset", "batch_size"], columns=["cost_model", "propose
 # Measured end-to-end throughput in vLLM (speedup = generated tokens/s with SD ÷ without), when the H200 runs are committed under `data/gpu`:
 
 # %%
-gpu_results = A.live_vllm_job(vllm_job or "llama8b") / "results.jsonl" if backend == "vllm" else None
-if traces is None or backend == "vllm":
+gpu_results = vllm_results or (A.live_vllm_job(vllm_job or "llama8b") / "results.jsonl" if backend == "vllm" else None)
+if traces is None or gpu_results is not None:
     measured, measured_src = A.gpu_speedups(gpu_results, job=vllm_job if backend != "vllm" else None)
 else:  # the committed vLLM runs do not depend on traces=: the default run shows them, not a run on other traces
     measured, measured_src = None, "measured vLLM throughput: not shown with traces= (the default run shows it)"
@@ -101,8 +104,8 @@ if measured is not None:
 # Measured in vLLM with **real weights**, on vLLM's **default engine** (async scheduling where vLLM allows it; `data/gpu/live`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/live/README.md`).
 
 # %%
-if traces is None and backend == "embedded":
-    live, live_src = A.live_speedups()
+if live_dir is not None or (traces is None and backend == "embedded"):
+    live, live_src = A.live_speedups(live_dir)
 else:  # the committed live runs do not depend on traces=: the default run shows them
     live, live_src = None, "measured vLLM live runs: not shown with traces= or a live backend"
 print(live_src)

@@ -29,11 +29,17 @@ figures_dir = None     # set by `spec-repro reproduce`: save figures there (PNG 
 summary_path = None    # set by `spec-repro reproduce`: write this notebook's summary rows there
 steps_files = None       # None: data/gpu step logs; or a path / list of step-timing files
 verify_cost_file = None  # None: data/cpu/verify_cost.csv
+vllm_results = None      # None: as backend says; or a results.jsonl of vLLM runs: the step logs beside it
+live_dir = None          # None: the committed live runs (data/gpu/live); or a folder of `live summarize`'s tables
 
 # %%
+from pathlib import Path
+
 from spec_repro import analysis as A, plots as P
 
-if backend == "vllm":
+if vllm_results is not None:
+    steps_files = sorted(Path(vllm_results).parent.glob("steps_*.jsonl")) or None
+elif backend == "vllm":
     steps_files = sorted(A.live_vllm_job(vllm_job or "llama8b").glob("steps_*.jsonl"))
 steps, steps_src = A.gpu_steps(steps_files, job=vllm_job if backend != "vllm" else None)
 print(steps_src)
@@ -62,7 +68,8 @@ else:
 # Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/live`, one H200, async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
 
 # %%
-live_st, live_src = A.live_steps() if backend == "embedded" else (None, "live vLLM steps: not shown with a live backend")
+live_st, live_src = (A.live_steps(live_dir) if live_dir is not None or backend == "embedded"
+                     else (None, "live vLLM steps: not shown with a live backend"))
 print(live_src)
 live_shares = A.phase_shares(live_st) if live_st is not None else None
 if live_shares is not None:
@@ -70,7 +77,7 @@ if live_shares is not None:
     fig = P.time_breakdown(live_shares, facet="method", title="Where a decode step's time goes: vLLM, REAL WEIGHTS, "
                            "default engine\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
     if figures_dir: P.save(fig, "02_time_breakdown_live", figures_dir)
-    display(A.live_step_split().round(2))
+    display(A.live_step_split(live_dir).round(2))
 
 # %% [markdown]
 # ### (b) Verification against its physical limit

@@ -47,7 +47,7 @@ import pandas as pd
 
 from spec_repro import analysis as A, plots as P
 
-if backend == "embedded":
+if backend == "embedded" or traces is not None:
     trace = A.load_traces(traces, model=model, datasets=datasets)
 else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
     trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,

@@ -166,6 +166,11 @@ def _add_reproduce(sub):
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
                    help="a notebook parameter, the value parsed as YAML (e.g. -p k=5 -p batch_sizes='[1, 32]'); "
                         "repeat for several. With parameters, the committed notebooks are not rewritten")
+    p.add_argument("--gpu-deadline", type=float, default=None, metavar="SECONDS",
+                   help="--profile gpu: start no new engine run after this many seconds from now (keeping time for "
+                        "the notebooks); what did not run is resumed by the next run into the same --out")
+    p.add_argument("--head", default=None, metavar="DIR",
+                   help="--profile gpu: the EAGLE head for Qwen2.5-Coder-1.5B (default: the package's, in the cache)")
     p.set_defaults(func=_run_reproduce)
     return p
 
@@ -194,7 +199,7 @@ def _run_reproduce(args):
         params["traces"] = [str(Path(t).resolve()) for t in args.traces]
     try:
         results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
-                                   parameters=params or None)
+                                   parameters=params or None, gpu_deadline_s=args.gpu_deadline, head=args.head)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out)

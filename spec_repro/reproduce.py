@@ -156,12 +156,17 @@ def _describe_failure(e: Exception, executed: Path | None = None) -> str:
 def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", *,
               figures_dir: str | Path | None = None, notebooks: Sequence[str] | None = None,
               parameters: Mapping | None = None, kernel_name: str | None = None, progress: bool = True,
-              timeout_s: int | None = 1800) -> tuple[list[NotebookResult], pd.DataFrame]:
+              timeout_s: int | None = 1800, gpu_deadline_s: float | None = None,
+              head: str | Path | None = None) -> tuple[list[NotebookResult], pd.DataFrame]:
     """Run the notebooks; returns per-notebook results and the summary table (written to ``out_dir`` as
     ``summary.md`` and ``summary.csv``, and beside the figures as ``SUMMARY.md``/``summary.csv``; executed
     notebooks go to ``out_dir/notebooks``). ``table.attrs["written"]`` lists every file the run wrote, as
     (where, path): ``"committed"`` for the repository's files a plain run refreshes, ``"out"`` for ``out_dir``,
-    ``"figures"`` for a ``figures_dir`` of the caller's."""
+    ``"figures"`` for a ``figures_dir`` of the caller's.
+
+    Profile ``gpu`` first runs the study's grid live with vLLM into ``out_dir/gpu`` (``engines.vllm.gpu_profile``:
+    resumable, ``gpu_deadline_s`` stops it starting new work, ``head`` the EAGLE head), then passes the notebooks
+    what it measured (its live tables, Llama-dims runs and traces); ``parameters`` override those."""
     import papermill as pm
     from tqdm.auto import tqdm
 
@@ -194,6 +199,16 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             p.unlink(missing_ok=True)
         known = sorted(set().union(*declared.values()) - {"figures_dir", "summary_path"})
         raise ValueError(f"unknown notebook parameter(s) {stray}: the notebooks declare {known}")
+    if profile == "gpu":   # the grid live (long, resumable), once the notebooks and parameters are known good
+        from .engines.vllm import gpu_profile
+
+        try:
+            gpu_profile.run(out / "gpu", head=head, deadline_s=gpu_deadline_s)
+        except BaseException:        # no GPU, a kill: leave no half-written notebook sources behind
+            for p in sources.values():
+                p.unlink(missing_ok=True)
+            raise
+        parameters = {**gpu_profile.notebook_parameters(out / "gpu"), **(parameters or {})}
     results: list[NotebookResult] = []
     bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
     for name in bar:

@@ -1,0 +1,91 @@
+"""`spec-repro reproduce --profile gpu`: its grid (pure), what it refuses without a GPU, and the notebooks reading what
+such a run leaves (here: the committed live tables and vLLM results, recorded on the H200)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from spec_repro.engines.vllm import gpu_profile as G
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_grid_runs_the_hybrids_beside_eagle_and_no_sd_on_one_engine_config():
+    g = G.grid_specs("/h", "/m")
+    assert [s["name"] for s in g["qwen"]] == [
+        "hybrid-default-none-s2", "hybrid-default-pr24344-pad-s2", "hybrid-default-pr24344-skip-pad-s2",
+        "hybrid-default-eagle-only-s2", "hybrid-default-eagle-s2"]
+    assert {s["engine_config"] for s in g["qwen"]} == {"default"}
+    assert len({json.dumps(s["tasks"]) for s in g["qwen"]}) == 1          # one task: like for like
+    pads = {s["name"]: s["config"].get("hybrid_pad", False) for s in g["qwen"]}
+    assert pads["hybrid-default-pr24344-pad-s2"] and pads["hybrid-default-pr24344-skip-pad-s2"]
+    assert not pads["hybrid-default-eagle-s2"]
+    # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)
+    assert [s["name"] for s in g["llama"]] == ["llama8b-none-default-s2", "llama8b-ngram-default-s2"]
+    a, b = (s["config"] for s in g["llama"])
+    assert {k: v for k, v in a.items() if k not in ("method", "k")} == \
+        {k: v for k, v in b.items() if k not in ("method", "k")}
+    assert (a["method"], b["method"], b["k"]) == ("none", "ngram", 3) and a["model_runner"] == "default"
+    assert g["llama"][0]["tasks"][0]["batch_sizes"] == [1, 16, 64, 256]
+
+
+def test_status_and_parameters_of_an_empty_folder(tmp_path):
+    assert G.status(tmp_path) == {"qwen": False, "traces": False, "llama": False, "tables": False}
+    assert G.notebook_parameters(tmp_path) == {"backend": "vllm"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_without_vllm_one_clear_line_and_no_files_left(tmp_path):
+    from spec_repro.reproduce import reproduce
+
+    with pytest.raises(SystemExit, match="--profile gpu runs vLLM"):
+        reproduce("gpu", tmp_path / "out", progress=False)
+    assert not list((tmp_path / "out" / "notebooks").glob("*.source.ipynb"))
+
+
+def test_parameters_name_what_each_stage_left(tmp_path):
+    from spec_repro.collect import trace_path
+
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "runs.csv").write_text("spec\n")
+    res = tmp_path / "raw" / G.LLAMA_DIR / "results.jsonl"
+    res.parent.mkdir(parents=True)
+    res.write_text(json.dumps({"kind": "engine", "spec": "x"}) + "\n")
+    assert "vllm_results" not in G.notebook_parameters(tmp_path)           # no engine finished: not read
+    res.write_text(res.read_text() + json.dumps({"kind": "done", "spec": "x"}) + "\n")
+    t = trace_path(tmp_path / "traces", "qwen2.5-coder-1.5b", "code-edit")
+    t.parent.mkdir(parents=True)
+    t.write_bytes(b"")
+    p = G.notebook_parameters(tmp_path)
+    assert p == {"backend": "vllm", "live_dir": str(tmp_path / "live"), "vllm_results": str(res),
+                 "traces": [str(t)], "cost_model": G.LIVE_COST_MODEL}
+
+
+def test_every_parameter_the_gpu_profile_passes_is_declared():
+    """reproduce refuses an undeclared parameter: the GPU profile's must all be declared by some notebook."""
+    import papermill as pm
+
+    from spec_repro.reproduce import NOTEBOOKS, source_notebook
+
+    import nbformat, tempfile
+    declared = set()
+    with tempfile.TemporaryDirectory() as d:
+        for n in NOTEBOOKS:
+            p = Path(d) / f"{n}.ipynb"
+            nbformat.write(source_notebook(n), str(p))
+            declared |= set(pm.inspect_notebook(str(p)))
+    assert {"backend", "live_dir", "vllm_results", "traces", "cost_model"} <= declared
+
+
+def test_notebook_02_reads_a_gpu_runs_live_tables(tmp_path):
+    """The GPU profile's notebook 02 on a live folder: the committed one (recorded on the H200, 2026-12-01)."""
+    from spec_repro.reproduce import reproduce
+
+    res, table = reproduce("embedded", tmp_path, notebooks=["02_verification_bottleneck"], progress=False,
+                           parameters={"backend": "vllm", "live_dir": str(ROOT / "data" / "gpu" / "live"),
+                                       "vllm_results": str(ROOT / "data" / "gpu" / "results.jsonl")})
+    assert res[0].ok, res[0].error
+    assert "02_time_breakdown_live.png" in res[0].figures
+    live = table[table["source"].str.contains("real weights")]
+    assert len(live) and live["quantity"].str.contains("qwen2.5-coder-1.5b").all()
