@@ -89,3 +89,27 @@ def test_notebook_02_reads_a_gpu_runs_live_tables(tmp_path):
     assert "02_time_breakdown_live.png" in res[0].figures
     live = table[table["source"].str.contains("real weights")]
     assert len(live) and live["quantity"].str.contains("qwen2.5-coder-1.5b").all()
+
+
+def test_a_timed_out_spec_takes_its_engine_process_with_it(tmp_path):
+    """vLLM's engine core is a child of the spec's process: a timeout must end both (else it keeps the GPU)."""
+    import os
+    import sys
+    import time
+
+    from spec_repro.engines.vllm.jobs import run_group
+
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            f" open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    t0 = time.time()
+    assert run_group([sys.executable, "-c", code], 3) == "timeout"
+    assert time.time() - t0 < 40
+    child = int(pid_file.read_text())
+    time.sleep(0.5)
+    try:
+        state = Path(f"/proc/{child}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z", "X"), f"the engine-like child {child} is still running ({state})"
+    assert run_group([sys.executable, "-c", "raise SystemExit(3)"], 10) == 3

@@ -61,6 +61,17 @@ def _changed(tmp_path) -> dict:
     _subset(t, keep).to_parquet(sub / TRACE)
     steps = pd.read_parquet(data_dir() / "gpu" / "steps.parquet")
     steps[steps["model"].astype(str).str.startswith("llama31-8b")].to_parquet(tmp_path / "steps.parquet")
+    # a GPU profile's outputs (reproduce --profile gpu): vLLM batch runs with a step log beside them (the
+    # committed Llama-dims runs of session 3), and another live folder (the committed GPU profile's)
+    vr = tmp_path / "vllm"
+    vr.mkdir(exist_ok=True)
+    keep_specs = {"llama8b-none-s3", "llama8b-ngram-s3"}
+    with open(vr / "results.jsonl", "w") as f:
+        for line in open(data_dir() / "gpu" / "results.jsonl"):
+            if json.loads(line).get("spec") in keep_specs:
+                f.write(line)
+    st = steps[steps["spec"].isin(keep_specs)] if "spec" in steps.columns else steps.head(0)
+    st.head(400).to_json(vr / "steps_llama8b-ngram-s3.jsonl", orient="records", lines=True)
     vc = pd.read_csv(data_dir() / "cpu" / "verify_cost.csv")
     vc[vc["k"] <= 4].to_csv(tmp_path / "verify_cost.csv", index=False)
     return {
@@ -72,6 +83,7 @@ def _changed(tmp_path) -> dict:
         "figures_dir": str(tmp_path / "figs"), "summary_path": str(tmp_path / "summary.json"),
         "backend": "torch", "live_requests": 2, "live_max_new_tokens": 10,
         "seeds": [1], "out_of_sample": False,
+        "vllm_results": str(vr / "results.jsonl"), "live_dir": str(data_dir() / "gpu" / "reproduce" / "live"),
     }
 
 

@@ -383,6 +383,50 @@ def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False,
     return run_specs(JOBS[name], out, timeout_s, dry_run, only, deadline_s, min_spec_s)
 
 
+def run_group(cmd: list[str], timeout_s: float | None) -> int | str:
+    """Run ``cmd`` in a process group of its own; on timeout kill the whole group and return ``"timeout"``.
+    vLLM starts its engine core as a child of the spec's process: killing only the spec's process (what
+    ``subprocess.run(timeout=)`` does) leaves that child holding the GPU's memory, and the next engine then
+    fails to start (seen on the H200: 18.7 of 139.8 GiB free after a timed-out n-gram spec)."""
+    import os
+    import signal
+
+    p = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return p.wait(timeout=timeout_s)
+    except KeyboardInterrupt:        # its own session does not get the terminal's Ctrl-C: pass it on, then go
+        _kill_group(p, signal.SIGINT)
+        raise
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _kill_group(p, signal.SIGKILL)  # what is left of the group (the engine core outlives its parent)
+        return "timeout"
+
+
+def _kill_group(p, sig) -> None:
+    import os
+
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if sig != 9:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(p, 9)
+
+
 def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: bool = False,
               only: list[str] | None = None, deadline_s: float | None = None, min_spec_s: float = 120) -> int:
     """``run_job`` on a list of specs."""
@@ -412,10 +456,7 @@ def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: boo
                 continue
             limit = min(timeout_s, left)
         cmd = [sys.executable, "-m", "spec_repro.engines.vllm.jobs", "spec", "--spec", json.dumps(spec), "--out", str(out)]
-        try:
-            rc = subprocess.run(cmd, timeout=limit).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        rc = run_group(cmd, limit)
         if rc != 0:
             failures += 1
             _append(res, {"kind": "spec_failed", "spec": spec["name"], "rc": rc, "seconds": time.time() - t0})
