@@ -113,3 +113,21 @@ def test_a_timed_out_spec_takes_its_engine_process_with_it(tmp_path):
         state = "gone"
     assert state in ("gone", "Z", "X"), f"the engine-like child {child} is still running ({state})"
     assert run_group([sys.executable, "-c", "raise SystemExit(3)"], 10) == 3
+
+
+def test_padded_walk_is_uniform_and_pays_k_plus_one_tokens_per_request():
+    """The live predictor's padded configurations (every draft padded to k): no ragged step, each step verifies
+    1 + k tokens per request, and with the same acceptance they take as many steps as the unpadded rule."""
+    from spec_repro.engines.vllm import live
+
+    reqs = [{"prompt_len": 10, "draft_len": {"ngram": [2, 0] * 150}, "acc": {"ngram": [3, 1] * 150,
+                                                                            "eagle": [2, 4] * 150}}] * 2
+    F = [0.0, 1e-4, 1e-3]
+    model = {"prefill": [0.0, 0.0], "F_uniform": F, "F_ragged": [0.0, 1e-4, 5e-3], "eagle_draft": [0.0, 1e-4],
+             "ngram_draft": [0.0], "overhead_eagle": [0.0, 0.0], "hybrid_overhead": [2e-3, 0.0],
+             "wall_over_steps": {"eagle": 1.0}}
+    pad, raw = (live._walk(reqs, c, model, max_tokens=60, k=5) for c in ("pr24344-pad", "pr24344"))
+    assert pad["ragged_steps"] == 0 < raw["ragged_steps"]
+    assert pad["steps"] == raw["steps"]
+    per_step = 1e-4 * 2 * 6 + 1e-3 + 5 * 1e-4 + 2e-3        # verify 2 x (1 + 5), F0, EAGLE's 5 tokens, the hybrid
+    assert abs(pad["seconds"] - pad["steps"] * per_step) < 1e-9

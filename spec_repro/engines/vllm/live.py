@@ -23,7 +23,8 @@ from ...io import write_via
 from ...paths import data_dir
 
 __all__ = ["FILE_DOCS", "ENGINE_NOTES", "load", "summarize", "throughput", "llama_baseline", "step_split",
-           "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted", "main"]
+           "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted",
+           "predicted_padded", "main"]
 
 OUT = data_dir() / "gpu" / "live"
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
@@ -359,7 +360,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     kk = e["num_draft_tokens"] / e["num_reqs"]
     m["eagle_draft"] = _lin(np.column_stack([kk * e["num_reqs"], kk]), e["t_draft"], grp(e))     # per token: c_req, c0
     n = dec[dec["config"] == "ngram"]
-    m["ngram_draft"] = _lin(np.column_stack([n["num_reqs"]]), n["t_draft"], grp(n))
+    # no n-gram run (the GPU profile's grid): its lookups are inside the hybrid's own term (hybrid_configs)
+    m["ngram_draft"] = _lin(np.column_stack([n["num_reqs"]]), n["t_draft"], grp(n)) if len(n) else [0.0]
     path = dec["config"].map(lambda c: c if c in ("none", "ngram") else "eagle")
     for name in ("none", "eagle", "ngram"):
         g = dec[path == name]
@@ -372,7 +374,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]
     if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
-        eag = np.where((hy["config"] == "pr24344") | (hy["hybrid_eagle"].fillna(0) > 0), 1.0, 0.0)  # EAGLE ran
+        eag = np.where(hy["config"].isin(("pr24344", "pr24344-pad", "eagle-only")) | (hy["hybrid_eagle"].fillna(0) > 0),
+                       1.0, 0.0)                                                                   # EAGLE ran
         extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
         m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra, grp(hy))
     pre = s[s["phase"] != "decode"]
@@ -392,7 +395,9 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     steps = ragged_steps = 0
     path = config if config in ("none", "ngram") else "eagle"
     ov = model[f"overhead_{path}"]
-    hov = model.get("hybrid_overhead") if config.startswith("pr24344") else None
+    pad = config.endswith("-pad")                      # every draft padded to k: uniform batches
+    base = config.removesuffix("-pad")
+    hov = model.get("hybrid_overhead") if base.startswith("pr24344") or base == "eagle-only" else None
     while (p < max_tokens).any():
         act = p < max_tokens
         d = np.zeros(B, int)
@@ -400,7 +405,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         eagle_for = 0
         for i in np.flatnonzero(act):
             ng_dl = min(reqs[i]["draft_len"]["ngram"][p[i] - 1], k)
-            use_ng = config == "ngram" or (config.startswith("pr24344") and ng_dl > 0)
+            use_ng = base == "ngram" or (base.startswith("pr24344") and ng_dl > 0)
             if config == "none":
                 continue
             if use_ng:
@@ -411,15 +416,15 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
                 a[i] = min(reqs[i]["acc"]["eagle"][p[i] - 1] - 1, k)
                 eagle_for += 1
         n_act = int(act.sum())
-        T = int((1 + d[act]).sum())
+        T = int(act.sum()) * (1 + k) if pad else int((1 + d[act]).sum())
         kv = int((P[act] + p[act]).sum())
-        uniform = config == "none" or bool((d[act] == k).all())     # vLLM's uniform decode: 1 + k each
+        uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
         step = F[0] * kv + F[1] * T + F[2] + ov[0] + ov[1] * n_act
-        if config in ("eagle", "pr24344") or (config == "pr24344-skip" and eagle_for):
+        if base in ("eagle", "pr24344", "eagle-only") or (base == "pr24344-skip" and eagle_for):
             m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
             step += k * (model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
-        if config in ("ngram", "pr24344", "pr24344-skip"):
+        if base in ("ngram", "pr24344", "pr24344-skip"):
             step += model["ngram_draft"][0] * n_act
         if hov is not None:
             step += hov[0] + hov[1] * n_act
@@ -473,6 +478,28 @@ def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
         res = res.merge(p, on=["config", "batch_size"])
         res[f"ratio_{name}"] = res["tok_s"] / res[f"pred_{name}"]
     return res.rename(columns={"predicted_ragged_share": "ragged_share"}).reset_index(drop=True)
+
+
+def predicted_padded(out: str | Path, profiles_path=None):
+    """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
+    predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
+    the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
+    hybrid (``eagle-only``: the same lookups, bookkeeping and host reads, every request on EAGLE), so both padded
+    hybrids are predicted out of sample. ``ratio`` = measured / predicted."""
+    prof = load_profiles(profiles_path)
+    t = throughput(out=out)
+    res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
+    m0 = fit_step_model(out, configs=("none", "eagle"), ragged=False)
+    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=("eagle-only",))
+    import pandas as pd
+
+    p = pd.concat([predict(prof, m0, configs=("none", "eagle")),
+                   predict(prof, m1, configs=("eagle-only", "pr24344-pad", "pr24344-skip-pad"))], ignore_index=True)
+    res = res.merge(p[["config", "batch_size", "predicted_tok_s", "predicted_steps"]], on=["config", "batch_size"])
+    res["ratio"] = res["tok_s"] / res["predicted_tok_s"]
+    res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", "eagle-only") else
+                                         "out of sample")
+    return res.reset_index(drop=True)
 
 
 def main(argv=None) -> int:
