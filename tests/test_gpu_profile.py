@@ -15,7 +15,7 @@ def test_grid_runs_the_hybrids_beside_eagle_and_no_sd_on_one_engine_config():
     g = G.grid_specs("/h", "/m")
     assert [s["name"] for s in g["qwen"]] == [
         "hybrid-default-none-s2", "hybrid-default-pr24344-pad-s2", "hybrid-default-pr24344-skip-pad-s2",
-        "hybrid-default-eagle-only-s2", "hybrid-default-eagle-s2"]
+        "hybrid-default-eagle-only-s2", "hybrid-default-eagle-s2", "hybrid-default-idle-s2"]
     assert {s["engine_config"] for s in g["qwen"]} == {"default"}
     assert len({json.dumps(s["tasks"]) for s in g["qwen"]}) == 1          # one task: like for like
     pads = {s["name"]: s["config"].get("hybrid_pad", False) for s in g["qwen"]}
@@ -131,3 +131,23 @@ def test_padded_walk_is_uniform_and_pays_k_plus_one_tokens_per_request():
     assert pad["steps"] == raw["steps"]
     per_step = 1e-4 * 2 * 6 + 1e-3 + 5 * 1e-4 + 2e-3        # verify 2 x (1 + 5), F0, EAGLE's 5 tokens, the hybrid
     assert abs(pad["seconds"] - pad["steps"] * per_step) < 1e-9
+
+
+def test_the_idle_policy_is_a_pass_through_counted_as_eagle():
+    from spec_repro.engines.vllm import hybrid as H
+    from spec_repro.engines.vllm.jobs import config_label, hybrid_method
+
+    assert H.PASSTHROUGH == ("idle",) and "eagle-only" not in H.PASSTHROUGH   # eagle-only keeps the machinery
+    assert hybrid_method("idle") == ("eagle", "idle", False)
+    assert config_label({"method": "eagle", "hybrid": "idle"}) == "idle"
+    s = H.passthrough_summary(3, 5, ["a", "b", "c"])
+    assert (s["eagle"], s["eagle_tokens"], s["ngram"], s["none"], s["passthrough"]) == (3, 15, 0, 0, True)
+    assert s["per_req"] == {"a": ["eagle", 5], "b": ["eagle", 5], "c": ["eagle", 5]}
+    assert set(s) - {"passthrough", "per_req"} == {"ngram", "eagle", "none", "ngram_tokens", "eagle_tokens",
+                                                  "eagle_needed"}      # LiveHybrid.summary's keys, padding off
+    # were the pure logic ever asked, it chooses as eagle-only does
+    import numpy as np
+    pol = H.HybridPolicy("idle", 3)
+    st = pol.new_state(4)
+    c = pol.select(st, np.array([1, 2, 3, 1, 2, 3], np.int64), [1, 2], [7, 8, 9], 1)
+    assert (c.source, c.draft) == ("eagle", [7, 8, 9])

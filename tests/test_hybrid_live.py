@@ -148,7 +148,7 @@ def test_live_steps_are_lossless_and_agree_with_select(name, async_form, smol, r
         assert emitted[r][:L] == toks[r][1][:L].tolist(), r
     assert got == want
     used = {s for _r, s, _k in got} - {""}
-    assert used == {"ngram-only": {"ngram"}, "eagle-only": {"eagle"}}.get(name, {"ngram", "eagle"})
+    assert used == {"ngram-only": {"ngram"}, "eagle-only": {"eagle"}, "idle": {"eagle"}}.get(name, {"ngram", "eagle"})
 
 
 def test_live_on_qwen_with_a_wide_batch(qwen, cm):

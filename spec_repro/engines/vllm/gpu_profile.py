@@ -9,8 +9,9 @@ continues where it stopped):
   qwen    Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF, run in bf16), the package's EAGLE
           head, code-edit, bs 1/8/32/64, k = 5, 3 repeats, vLLM's default engine (async scheduling): no SD, the live
           hybrids with drafts padded to k (PR #24344's rule ``pr24344-pad``; the same rule skipping EAGLE for the
-          requests n-gram serves, ``pr24344-skip-pad``), the hybrid loaded but idle (``eagle-only``) and EAGLE
-          alone                                                                      -> out/raw/qwen2
+          requests n-gram serves, ``pr24344-skip-pad``), the hybrid's machinery with every request on EAGLE
+          (``eagle-only``), EAGLE alone, and the hybrid loaded with nothing to decide (``idle``: a pass-through)
+                                                                                     -> out/raw/qwen2
   traces  vLLM decodes code-edit and sharegpt requests greedily (EOS stops them); n-gram and the EAGLE head are
           profiled over its outputs on the GPU (``collect --engine vllm``)          -> out/traces
   llama   Llama-3.1-8B dimensions, dummy weights (real timing, artificial acceptance), vLLM's default engine: no SD
@@ -56,7 +57,8 @@ def grid_specs(head: str | Path, model_dir: str | Path) -> dict[str, list[dict]]
     head, model_dir = str(head), str(model_dir)
     qwen = [s for s in part_specs("e", head, model_dir)
             if any(s["name"] == f"hybrid-default-{m}-s2" for m in QWEN_METHODS)]
-    return {"qwen": qwen + part_specs("i", head, model_dir), "llama": llama_specs()}
+    return {"qwen": qwen + part_specs("i", head, model_dir) + part_specs("j", head, model_dir),
+            "llama": llama_specs()}
 
 
 def _done(results: Path) -> set[str]:

@@ -27,7 +27,13 @@ Policies
                    below) n-gram with every draft padded to k (vLLM's own n-gram cannot be padded). vLLM still
                    loads the EAGLE head (the plugin needs method ``eagle``).
 ``eagle-only``     EAGLE's proposal for every request: the hybrid loaded (its n-gram lookups and bookkeeping run)
-                   but idle, for the plugin's overhead against plain EAGLE.
+                   but idle, for the plugin's overhead against plain EAGLE. Measured on the H200 (2026-12-01,
+                   ``data/gpu/reproduce``): 23-26% below EAGLE alone at bs 1-64, 2.4-3.9 ms more drafting per step:
+                   the cost of the hybrid's machinery itself (its host reads of the sampled tokens and of EAGLE's
+                   drafts every step stall async scheduling), whatever it chooses.
+``idle``           the hybrid loaded with nothing to decide: every request on EAGLE, and the plugin hands each
+                   step to vLLM's own EAGLE untouched (:data:`PASSTHROUGH`: no lookups, no host reads), so its cost
+                   is the plugin's alone (what ``eagle-only`` pays beyond it is the machinery's).
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
                    (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
                    (proposer, k), through the per-decision functions the simulator's walk uses
@@ -109,10 +115,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FILLERS", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState",
+__all__ = ["FILLERS", "PASSTHROUGH", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState",
            "mix", "pack", "pad_draft", "policy_needs_eagle", "select", "trim_scheduled", "unpack", "valid_tokens"]
 
-POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only")
+POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only", "idle")
+PASSTHROUGH = ("idle",)    # policies whose every step is vLLM's own EAGLE step: the plugin does not wrap them
 FILLERS = ("eagle", "ngram", "cycle", "lookup", "repeat")   # pad_draft's fillers, in the order it tries them
 PROPOSERS = ("ngram", "eagle")   # row order of the adaptive state's arrays
 NG, EA = 0, 1
@@ -203,7 +210,7 @@ class HybridPolicy:
     def needs_eagle(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], batch_size: int) -> bool:
         """Whether this step's choice for the request reads EAGLE's proposal (asked before EAGLE drafts; the
         step's ``select`` must follow with the same tokens and n-gram list)."""
-        if self.name in ("pr24344", "eagle-only"):
+        if self.name in ("pr24344", "eagle-only", "idle"):
             return True
         if self.name == "pr24344-skip":
             return len(ngram) == 0
@@ -217,7 +224,7 @@ class HybridPolicy:
         ngram = [int(x) for x in list(ngram)[: self.kmax]]
         if self.name != "adaptive-rule":
             self._observe(st, tokens)
-            if self.name == "eagle-only":
+            if self.name in ("eagle-only", "idle"):
                 v = EA
             elif ngram:
                 v = NG
@@ -445,6 +452,16 @@ def pad_draft(draft: Sequence[int], width: int, tokens: np.ndarray, ngram: Seque
     if look:
         return _cycle(look, 0, n), "lookup"
     return [int(tokens[-1])] * n, "repeat"
+
+
+def passthrough_summary(n_reqs: int, k: int, req_ids: Sequence[str] | None = None) -> dict:
+    """The step log's ``hybrid`` entry of a :data:`PASSTHROUGH` step (every request on EAGLE's ``k`` tokens, as
+    vLLM drafted them), in :meth:`LiveHybrid.summary`'s form."""
+    out = {"ngram": 0, "eagle": int(n_reqs), "none": 0, "ngram_tokens": 0, "eagle_tokens": int(n_reqs) * int(k),
+           "eagle_needed": n_reqs > 0, "passthrough": True}
+    if req_ids is not None:
+        out["per_req"] = {r: ["eagle", int(k)] for r in req_ids}
+    return out
 
 
 class _History:

@@ -342,6 +342,14 @@ def patch_hybrid(cls) -> bool:
         hy = _live_hybrid(self, name)
         if hy is None:
             return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        if hy.policy.name in H.PASSTHROUGH:     # nothing to decide: vLLM's own EAGLE step, only counted
+            out = orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+            rec = _REC[1]
+            if rec is not None and rec.cur is not None:
+                ids = list(self.input_batch.req_ids)
+                rec.cur.hybrid = H.passthrough_summary(len(ids), hy.policy.kmax,
+                                                       ids if rec.cur.ctx["detail"] else None)
+            return out
         return _hybrid_step(self, hy, orig_propose, scheduler_output, sampled_token_ids, args, kwargs)
 
     def execute_model(self, scheduler_output, *args, **kwargs):

@@ -129,6 +129,8 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
                     for k in (1, 3, 8, 12)])
     if part == "i":
         return _s2(hybrid_specs(head, methods=("eagle-only", "eagle"), **kw))
+    if part == "j":         # after the GPU profile's run: the idle hybrid as a pass-through (hybrid.PASSTHROUGH)
+        return _s2(hybrid_specs(head, methods=("idle",), **kw))
     if part == "n":         # the third session: e's padded n-gram alone, after `reproduce --profile gpu`
         return _s2(hybrid_specs(head, methods=("ngram-pad",), **kw))
     raise ValueError(f"unknown part {part!r}")
@@ -166,6 +168,7 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "g": "sharegpt: the best padded hybrid of e, EAGLE, no SD (bs 1/8/32/64); lossless",
            "h": "EAGLE drafting time: the Qwen head at k = 1, 3, 8, 12, bs 1/8/32/64",
            "i": "idle-hybrid overhead: hybrid loaded, every request on EAGLE (eagle-only) vs EAGLE alone",
+           "j": "the idle hybrid as a pass-through (idle: vLLM's own EAGLE step, counted) beside i's EAGLE alone",
            "n": "padded n-gram alone (ngram-pad; part e's last engine), run after `reproduce --profile gpu`"}
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
