@@ -75,7 +75,7 @@
 # Check padding in the step logs (steps_hybrid-default-*-pad-s2.jsonl): decode steps have batched_tokens ==
 # num_reqs * (1 + k) and t_verify near the uniform steps' of the first session (pr24344: 1.98/2.07/2.45/3.21 ms at
 # bs 1/8/32/64); `hybrid` has pad_tokens/pad_by/pad_accepted. Without PARTS, `start` runs the first session's a-d.
-# THIRD SESSION (2026-12-01, PREPARED): `spec-repro reproduce --profile gpu` end to end (its grid: spec_repro/engines/
+# THIRD SESSION (2026-12-01, RAN: 1,722 of 1,800 device s; results in data/gpu/reproduce/): `spec-repro reproduce --profile gpu` end to end (its grid: spec_repro/engines/
 # vllm/gpu_profile.py), which holds the issue's two open Must shows (the padded hybrids >= the best single proposer,
 # the idle hybrid's overhead) in its first stage, then part n. Staged: Qwen 1.5B only (no 0.5B: no draft model this
 # session), the head, code-edit + sharegpt, and the notebook stack's wheels (NB_WHEELS=1: papermill, jupytext,
@@ -92,6 +92,10 @@
 #                               part n (ngram-pad, ~100) when 120 s are left
 #   pack         3    ~40      rep (figures, summary, live tables, traces), raw step logs (split at 15 MB)
 #   In all ~1,545 of 1,800 (~1,645 with part n).
+#   Used: machine start ~100 (first call), vllm + 19 pieces 139, setup 193, run 1,160 (qwen 617: none 138,
+#   pr24344-pad 173, pr24344-skip-pad 105, eagle-only 110, eagle 91; traces 114; llama 314: no SD 178, n-gram cut
+#   by its deadline at 136 in its bs-256 repeats; tables 1; notebooks 89), part n failed to start (the timed-out
+#   n-gram engine still held the GPU: run_specs now kills a spec's process group), polls and packs ~110.
 # Here first: NB_WHEELS=1 WORKLOADS="code-edit sharegpt" HEADS=<sha> bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
 # Calls: vllm c1..c5, c6+c7; piece p00..p18 (carry [".carry/pNN"]); restore the tree; setup (carry [".stage/run",
 # ".carry/extra"]); LEFT=<budget_left_s> bash gpu/live_job.sh start3; polls (sleep 190; status); pack r; give_back.
