@@ -37,7 +37,7 @@ TRACE_N, TRACE_TOKENS, TRACE_K_MAX = 24, 256, 16
 QWEN_DIR, LLAMA_DIR = "qwen2", "llama8b2"
 LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"    # the preset fitted on the first live session's Qwen steps
 NOTEBOOK_RESERVE_S = 240     # deadline_s: seconds kept for the notebooks after the last stage started
-TRACES_S = 200               # the traces stage's engine start + decode + profiling (the traces issue's run: 107 s start)
+TRACES_S = 200               # the traces stage: engine start + decode + profiling (the H200 run of 2026-12-01: 114 s)
 
 
 def llama_specs() -> list[dict]:

@@ -29,8 +29,9 @@ Policies
 ``eagle-only``     EAGLE's proposal for every request: the hybrid loaded (its n-gram lookups and bookkeeping run)
                    but idle, for the plugin's overhead against plain EAGLE. Measured on the H200 (2026-12-01,
                    ``data/gpu/reproduce``): 23-26% below EAGLE alone at bs 1-64, 2.4-3.9 ms more drafting per step:
-                   the cost of the hybrid's machinery itself (its host reads of the sampled tokens and of EAGLE's
-                   drafts every step stall async scheduling), whatever it chooses.
+                   the cost of the hybrid's machinery itself, whatever it chooses (the likely cause, read from the
+                   plugin: its host reads of the sampled tokens and of EAGLE's drafts every step, which make the
+                   CPU wait for the GPU where async scheduling would overlap them).
 ``idle``           the hybrid loaded with nothing to decide: every request on EAGLE, and the plugin hands each
                    step to vLLM's own EAGLE untouched (:data:`PASSTHROUGH`: no lookups, no host reads), so its cost
                    is the plugin's alone (what ``eagle-only`` pays beyond it is the machinery's).
@@ -115,8 +116,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FILLERS", "PASSTHROUGH", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid", "RequestState",
-           "mix", "pack", "pad_draft", "policy_needs_eagle", "select", "trim_scheduled", "unpack", "valid_tokens"]
+__all__ = ["FILLERS", "PASSTHROUGH", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid",
+           "RequestState", "mix", "pack", "pad_draft", "passthrough_summary", "policy_needs_eagle", "select",
+           "trim_scheduled", "unpack", "valid_tokens"]
 
 POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only", "idle")
 PASSTHROUGH = ("idle",)    # policies whose every step is vLLM's own EAGLE step: the plugin does not wrap them

@@ -384,47 +384,40 @@ def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False,
 
 
 def run_group(cmd: list[str], timeout_s: float | None) -> int | str:
-    """Run ``cmd`` in a process group of its own; on timeout kill the whole group and return ``"timeout"``.
+    """Run ``cmd`` in a process group of its own; on timeout end the whole group and return ``"timeout"``.
     vLLM starts its engine core as a child of the spec's process: killing only the spec's process (what
     ``subprocess.run(timeout=)`` does) leaves that child holding the GPU's memory, and the next engine then
     fails to start (seen on the H200: 18.7 of 139.8 GiB free after a timed-out n-gram spec)."""
-    import os
     import signal
 
     p = subprocess.Popen(cmd, start_new_session=True)
     try:
         return p.wait(timeout=timeout_s)
     except KeyboardInterrupt:        # its own session does not get the terminal's Ctrl-C: pass it on, then go
-        _kill_group(p, signal.SIGINT)
+        _end_group(p, signal.SIGINT)
         raise
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        _kill_group(p, signal.SIGKILL)  # what is left of the group (the engine core outlives its parent)
+        _end_group(p, signal.SIGTERM)
         return "timeout"
 
 
-def _kill_group(p, sig) -> None:
+def _end_group(p: subprocess.Popen, sig: int, grace_s: float = 20) -> None:
+    """``sig`` to ``p``'s process group, ``grace_s`` for ``p`` to end, then SIGKILL to what is left of the group
+    (the engine core can outlive its parent)."""
     import os
+    import signal
 
-    try:
-        os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if sig != 9:
+    for s, wait in ((sig, grace_s), (signal.SIGKILL, 0)):
         try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, s)
+        except (ProcessLookupError, PermissionError):
             pass
-        _kill_group(p, 9)
+        if wait:
+            try:
+                p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+    p.poll()
 
 
 def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: bool = False,
