@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -70,7 +71,7 @@ def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None
             parts.append(read_steps(f))
     df = _keep_job(pd.concat(parts, ignore_index=True), job).reset_index(drop=True)
     engines = ", ".join(sorted(df["engine"].astype(str).unique()))
-    return df, f"measured ({engines} step logs{f', job {job}' if job else ''}): {manifest_line(folder, found)}"
+    return df, f"measured ({engines} step logs{f', job {job}' if job else ''}): {_provenance(folder, found)}"
 
 
 def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
@@ -85,6 +86,39 @@ def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
     df = pd.concat([read_steps(f) for f in found], ignore_index=True)
     df["method"] = df["method"].astype(str).str.replace("_", "-")  # one spelling: early-exit, as the proposer
     return df, f"measured (spec_repro torch engine step logs): {manifest_line(folder, found)}"
+
+
+def _provenance(folder: Path, found: Sequence[Path]) -> str:
+    """The provenance line of the files read: ``folder``'s manifest for the committed ones; for job outputs
+    elsewhere (``reproduce --profile gpu``'s, a user's), what their own ``results.jsonl`` recorded (the engines'
+    GPU, vLLM and torch versions) and the file's date, never the committed manifest's."""
+    outside = [f for f in found if not Path(f).resolve().is_relative_to(folder.resolve())]
+    if not outside:
+        return manifest_line(folder, found)
+    import datetime as dt
+
+    gpus, vllms, torches, when = set(), set(), set(), []
+    for f in outside:
+        res = f if f.name.startswith("results") and f.suffix == ".jsonl" else f.parent / "results.jsonl"
+        if not res.exists():
+            continue
+        when.append(res.stat().st_mtime)
+        for line in open(res):
+            if '"kind": "engine"' not in line:
+                continue
+            e = json.loads(line)
+            env = e.get("env") or {}
+            gpus.add(env.get("gpu"))
+            vllms.add(e.get("vllm") or env.get("vllm"))
+            torches.add(env.get("torch"))
+    bits = [", ".join(sorted(x for x in gpus if x)),
+            ", ".join(f"vllm {v}" for v in sorted(x for x in vllms if x)) +
+            "".join(f", torch {t}" for t in sorted(x for x in torches if x))]
+    if when:
+        bits.append(dt.datetime.fromtimestamp(max(when), dt.timezone.utc).isoformat(timespec="seconds"))
+    names = ", ".join(f.name for f in list(found)[:4]) + (" ..." if len(found) > 4 else "")
+    bits = [b for b in bits if b]
+    return f"{names} ({'; '.join(bits)})" if bits else f"{names} (no engine record beside them)"
 
 
 def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
@@ -161,7 +195,7 @@ def gpu_speedups(files=None, task: str = "batches", job: str | None = None) -> t
         out = flag_stalled_points(out, stalls, stall_runs)
     else:
         out = out.assign(stalled=False, stall_reason="")
-    return out, f"measured vLLM throughput{f' (job {job})' if job else ''}: {manifest_line(folder, found)}"
+    return out, f"measured vLLM throughput{f' (job {job})' if job else ''}: {_provenance(folder, found)}"
 
 
 def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,

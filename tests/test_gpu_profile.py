@@ -151,3 +151,21 @@ def test_the_idle_policy_is_a_pass_through_counted_as_eagle():
     st = pol.new_state(4)
     c = pol.select(st, np.array([1, 2, 3, 1, 2, 3], np.int64), [1, 2], [7, 8, 9], 1)
     assert (c.source, c.draft) == ("eagle", [7, 8, 9])
+
+
+def test_runs_outside_data_gpu_name_their_own_machine_and_date(tmp_path):
+    """A GPU profile's results (or a user's) carry their own provenance, not the committed manifest's."""
+    from spec_repro import measured as M
+
+    res = tmp_path / "results.jsonl"
+    with open(res, "w") as f:
+        for line in open(ROOT / "data" / "gpu" / "results.jsonl"):
+            d = json.loads(line)
+            if d.get("spec") in ("llama8b-none-s3", "llama8b-ngram-s3"):
+                if d.get("kind") == "engine":
+                    d["env"] = {**d.get("env", {}), "gpu": "Some Other GPU", "torch": "9.9"}
+                f.write(json.dumps(d) + "\n")
+    table, src = M.gpu_speedups(res)
+    assert table is not None and len(table)
+    assert "Some Other GPU" in src and "torch 9.9" in src and "per engine" not in src
+    assert "per engine" in M.gpu_speedups()[1]          # the committed runs keep their manifest's line
