@@ -126,7 +126,7 @@ def _draft_time(kind, dk, dt, d0, frac, kv, inp, F, B, d, cs=0.0):
     if kind == 0:
         return dk * kv + dt * inp + d0
     if kind == 1:
-        return frac * F if d > 0 else 0.0
+        return frac * F + cs if d > 0 else 0.0
     return d * (dk * kv + dt * B + d0) + (cs if d > 0 else 0.0)
 
 
@@ -386,7 +386,7 @@ class _Inputs:
     dt: np.ndarray
     d0: np.ndarray
     frac: np.ndarray
-    cstep: np.ndarray  # per_token drafters' d0
+    cstep: np.ndarray  # drafters' d0 (per step where they draft)
     cup: np.ndarray    # catch-up draft forwards on re-entry
     acts: np.ndarray   # (A, 2): proposer (-1: none), k
     alignment: str = "recorded"   # where n-gram's match came from (simcore.ngram_match)
@@ -451,7 +451,7 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=Non
         if kind == 0:
             return inp.dk[q] * kv + inp.dt[q] * inp_len + inp.d0[q]
         if kind == 1:
-            return np.where(d > 0, inp.frac[q] * F, 0.0)
+            return np.where(d > 0, inp.frac[q] * F + inp.cstep[q], 0.0)
         return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q]) + np.where(d > 0, inp.cstep[q], 0.0)
 
     def catch_up(q, F):

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -130,7 +130,7 @@ class Drafter:
     c_tok: float = 0.0
     c0: float = 0.0
     fraction: float = 0.0
-    c_step: float = 0.0     # per_token: d0, charged once per step where it drafts
+    c_step: float = 0.0     # d0, charged once per step where it drafts (per_token; fraction: the path's host work)
     catch_up: float = 0.0   # draft forwards charged on re-entry after skipped steps
 
     def __post_init__(self) -> None:
@@ -147,7 +147,7 @@ class Drafter:
             return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(n, float) + self.c0
         if self.kind == "fraction":
             on = np.ones_like(np.asarray(proposal), bool) if always else np.asarray(proposal) > 0
-            return np.where(on, self.fraction * np.asarray(F, float), 0.0)
+            return np.where(on, self.fraction * np.asarray(F, float) + self.c_step, 0.0)
         prop = np.asarray(proposal, float)
         return prop * (self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float) + self.c0) + \
             np.where(prop > 0, self.c_step, 0.0)
@@ -162,7 +162,8 @@ class Drafter:
     def to_dict(self) -> dict:
         extra = {"catch_up": self.catch_up} if self.catch_up else {}
         if self.kind == "fraction":
-            return {"kind": "fraction", "fraction": self.fraction, **extra}
+            return {"kind": "fraction", "fraction": self.fraction, **extra,
+                    **({"c_step": self.c_step} if self.c_step else {})}
         if self.c_step:
             extra["c_step"] = self.c_step
         return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0, **extra}
@@ -450,7 +451,7 @@ def ragged_steps(steps: pd.DataFrame) -> np.ndarray | None:
 
 def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target_model: str | None = None,
         source: str = "", kinds: Mapping[str, str] | None = None, include_reject: bool = True,
-        min_steps: int = 3, ragged: "bool | str" = "auto") -> FitResult:
+        min_steps: int = 3, ragged: "bool | str" = "auto", path_overhead: bool = False) -> FitResult:
     """Least-squares cost model (non-negative coefficients) from measured step timings
     (``spec_repro.traces.STEP_COLUMNS``).
 
@@ -463,7 +464,11 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
       ``linear``: t_draft ~ c_kv*kv_tokens + c_tok*(batched_tokens/num_reqs) + c0 (n per request, as the
       simulator applies it); ``fraction``: t_draft ~ fraction*t_verify through the origin, over steps that
       drafted; ``per_token``: t_draft ~ k*(c_kv*kv_tokens + c_tok*num_reqs + c0), k = num_draft_tokens/num_reqs;
-    - overhead: the mean of t_other (+ t_reject when ``include_reject``; the model has no separate term for it).
+    - overhead: the mean of t_other (+ t_reject when ``include_reject``; the model has no separate term for it);
+      with ``path_overhead``, the mean over the no-SD steps (method ``none``), and each drafter's steps' mean
+      beyond it goes into that drafter's ``c_step`` (charged once per step where it drafts): an engine path's own
+      host work (vLLM's EAGLE path pays ~2 ms more per step than no SD on a 1.5B target), which one overhead
+      for every path spreads over no SD too.
     Returns a ``FitResult`` with R² per component and a residual table."""
     from .traces import validate_steps
 
@@ -543,8 +548,22 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
             record(f"draft:{method}", idx[drafted], y[drafted], Xd @ coef)
 
     to = df["t_other"].to_numpy(float) + (df["t_reject"].to_numpy(float) if include_reject else 0.0)
-    overhead = float(to.mean())
-    record("overhead", df.index.to_numpy(), to, np.full_like(to, overhead))
+    if path_overhead:
+        base = (df["method"] == "none").to_numpy()
+        if base.sum() < min_steps:
+            raise CostModelError(f"fit: path_overhead needs at least {min_steps} no-SD steps (method 'none'), "
+                                 f"the steps have {int(base.sum())}")
+        overhead = float(to[base].mean())
+        pred = np.full_like(to, overhead)
+        for method, dr in drafters.items():
+            on = (df["method"] == method).to_numpy()
+            extra = max(0.0, float(to[on].mean()) - overhead)
+            drafters[method] = replace(dr, c_step=dr.c_step + extra)
+            pred[on] += extra
+        record("overhead", df.index.to_numpy(), to, pred)
+    else:
+        overhead = float(to.mean())
+        record("overhead", df.index.to_numpy(), to, np.full_like(to, overhead))
 
     resid = pd.concat(res, ignore_index=True)
     fit_stats = {"n_steps": counts, "r2": {k: (None if np.isnan(v) else round(v, 6)) for k, v in r2.items()},
@@ -572,7 +591,9 @@ LIVE_SOURCE = (
     "== 'decode') of the code-edit runs (run_id starting with 'code-edit', batch sizes 1, 8, 32, 64) of the specs "
     "hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram only; target = the uniform steps (every "
     "request verified k + 1 tokens: vLLM's full CUDA graph), target.ragged = the ragged ones (n-gram steps where "
-    "some request had no or a shorter match); EAGLE per drafted token, n-gram a fraction of F. The hybrid specs "
+    "some request had no or a shorter match); EAGLE per drafted token, n-gram a fraction of F; overhead = no SD's "
+    "steps' t_other + t_reject, each method's own steps' excess over it its c_step (path_overhead: vLLM's EAGLE "
+    "path pays ~2 ms of host work per step more than no SD). The hybrid specs "
     "(hybrid-default-pr24344[-skip]) and the draft-model agreement runs were left out so that they can be "
     "predicted out of sample. Regenerate: python -m spec_repro.costmodel fit-live")
 
@@ -602,7 +623,8 @@ def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path 
     res = fit(live_steps(steps), name="qwen2.5-coder-1.5b-h200",
               hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, V1 runner, default engine (async scheduling for "
                        "EAGLE / no SD, sync for n-gram), CUDA graphs, bf16, real weights",
-              target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct", source=LIVE_SOURCE, kinds=LIVE_KINDS, ragged=True)
+              target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct", source=LIVE_SOURCE, kinds=LIVE_KINDS, ragged=True,
+              path_overhead=True)
     if out is not None:
         res.to_json(out)
     return res

@@ -262,6 +262,7 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
                 D1 += dr.fraction * (cm.c_kv * bc(x, mu) + cm.c_tok * bc(inp, mu) + R.c_kv * bc(x, mr)
                                      + R.c_tok * bc(inp, mr))
                 D0 += dr.fraction * (cm.c0 * bc(one, mu) + R.c0 * bc(one, mr))
+            D0 += dr.c_step * bc(one, m)            # the path's own host work per step it drafts (0 unless fitted)
         else:
             m = active
             D1 += dr.c_kv * bc(prop * x, m) + dr.c_tok * bc(prop, m)
@@ -361,7 +362,7 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
                 if kind[c] == 0:
                     t = dk[c] * kv + dt[c] * inp[j] + d0[c]
                 elif kind[c] == 1:
-                    t = frac[c] * F if (always[c] or proposal[c, j] > 0) else 0.0
+                    t = frac[c] * F + cstep[c] if (always[c] or proposal[c, j] > 0) else 0.0
                 else:
                     t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c]) + (cstep[c] if proposal[c, j] > 0 else 0.0)
                 if t > dmax[c]:

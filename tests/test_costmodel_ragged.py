@@ -444,3 +444,37 @@ def test_live_preset_regenerates_from_the_committed_steps(tmp_path):
     sse_one = float((one.residuals.query("component == 'target'")["residual"] ** 2).sum())
     assert sse_two < 0.6 * sse_one
     assert C.main(["fit-live", "--steps", str(LIVE), "--out", str(C.LIVE_PRESET), "--check"]) == 0
+
+
+def test_path_overhead_puts_each_engine_paths_host_work_on_its_drafter():
+    """fit(path_overhead=True): the overhead is no SD's; each method's excess per step goes to its drafter's
+    c_step, charged where it drafts (per_token and fraction alike), so no SD is no longer priced at the mean of
+    every path's host work."""
+    steps = synthetic_steps(noise=0.0)
+    extra = {"ngram": 0.002, "eagle": 0.003, "draft_model": 0.0}
+    add = steps["method"].map(lambda m: extra.get(m, 0.0))
+    steps["t_other"] += add
+    steps["t_total"] += add
+    plain = fit(steps, ragged=False).model
+    m = fit(steps, ragged=False, path_overhead=True).model
+    base = float(steps.loc[steps["method"] == "none", "t_other"].mean())
+    assert m.overhead == pytest.approx(base) and plain.overhead > base + 0.001
+    for q, e in extra.items():
+        assert m.drafter(q).c_step - plain.drafter(q).c_step == pytest.approx(e, abs=1e-12)
+    # charged once per step where the drafter drafts, for a fraction drafter too
+    fr = m.drafter("ngram")
+    assert fr.kind == "fraction"
+    t = fr.time(np.array([100.0, 100.0]), 4, np.array([0.01, 0.01]), 1, np.array([3, 0]))
+    assert t.tolist() == pytest.approx([fr.fraction * 0.01 + fr.c_step, 0.0])
+    assert CostModel.from_dict(m.to_dict()).drafter("ngram").c_step == fr.c_step
+    with pytest.raises(CostModelError, match="no-SD steps"):
+        fit(steps[steps["method"] != "none"], ragged=False, path_overhead=True)
+
+
+def test_the_live_preset_prices_no_sd_at_its_own_host_work():
+    m = load_cost_model("qwen2.5-coder-1.5b-h200")
+    steps = C.live_steps(LIVE) if LIVE.exists() else None
+    assert m.drafter("eagle").c_step > 0.0015 and m.drafter("ngram").c_step > 0.0015     # ~2 ms each path
+    if steps is not None:
+        none = steps[steps["spec"] == "hybrid-default-none"]
+        assert m.overhead == pytest.approx(float((none["t_other"] + none["t_reject"]).mean()))
