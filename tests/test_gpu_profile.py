@@ -169,3 +169,26 @@ def test_runs_outside_data_gpu_name_their_own_machine_and_date(tmp_path):
     assert table is not None and len(table)
     assert "Some Other GPU" in src and "torch 9.9" in src and "per engine" not in src
     assert "per engine" in M.gpu_speedups()[1]          # the committed runs keep their manifest's line
+
+
+def test_deadline_zero_runs_the_notebooks_on_a_copied_gpu_folder_without_a_gpu(tmp_path):
+    """A GPU profile's folder copied to a CPU machine (here: the committed H200 run's live tables and traces):
+    --gpu-deadline 0 starts nothing, needs no GPU, keeps the copied tables, and the notebooks read them."""
+    import shutil
+
+    from spec_repro.reproduce import reproduce
+
+    src = ROOT / "data" / "gpu" / "reproduce"
+    gpu = tmp_path / "out" / "gpu"
+    shutil.copytree(src / "live", gpu / "live")
+    shutil.copytree(src / "traces", gpu / "traces")
+    before = (gpu / "live" / "runs.csv").read_bytes()
+    res, table = reproduce("gpu", tmp_path / "out", notebooks=["01_proposers_vs_batch"], gpu_deadline_s=0,
+                           progress=False, parameters={"batch_sizes": [1, 8], "also_h200_fit": False})
+    assert res[0].ok, res[0].error
+    assert (gpu / "live" / "runs.csv").read_bytes() == before and not (gpu / "raw").exists()
+    log = json.loads((gpu / "gpu_profile.json").read_text().splitlines()[-1])
+    assert log["stages"]["qwen"] == "not started (deadline 0)"
+    src_col = " ".join(table["source"])
+    assert "pr24344-skip-pad" in " ".join(table["quantity"]) or "pr24344-skip-pad" in " ".join(table["this_run"])
+    assert "2026-12-01T23:21:58" in src_col          # the H200 run's own date, from its copied tables

@@ -96,7 +96,9 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
         timeout_s: float = 600, progress=print) -> dict:
     """Run the grid's unfinished stages into ``out``; returns :func:`status` after. ``deadline_s``: seconds from
     now after which no stage starts (an engine spec needs 120 s left, the traces stage ``TRACES_S``), keeping
-    ``NOTEBOOK_RESERVE_S`` for the notebooks; what did not run is named in the log and ``out/gpu_profile.json``."""
+    ``NOTEBOOK_RESERVE_S`` for the notebooks; what did not run is named in the log and ``out/gpu_profile.json``.
+    ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a GPU
+    run's folder copied to a laptop)."""
     from ... import models
     from .jobs import run_specs
     from .live import QWEN, default_head, summarize
@@ -110,18 +112,22 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
         return None if t_end is None else t_end - time.time()
 
     before = status(out)
-    if not all(before[s] for s in ("qwen", "traces", "llama")):
+    starts = deadline_s is None or deadline_s > NOTEBOOK_RESERVE_S    # else nothing can start: no GPU needed
+    if starts and not all(before[s] for s in ("qwen", "traces", "llama")):
         _need_gpu()
         if not (head / "model.safetensors").exists():
             raise SystemExit(f"error: no EAGLE head at {head} (spec-repro train eagle, or --head DIR)")
     log = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "deadline_s": deadline_s, "stages": {}}
-    model_dir = models.convert(QWEN) if not before["qwen"] else models.converted_dir(QWEN)
+    model_dir = models.convert(QWEN) if starts and not before["qwen"] else models.converted_dir(QWEN)
     specs = grid_specs(head, model_dir)
     for stage in STAGES:
         t0 = time.time()
         if before.get(stage) and stage != "tables":
             log["stages"][stage] = "finished before"
             progress(f"[gpu profile] {stage}: finished before, skipped")
+            continue
+        if not starts and stage != "tables":
+            log["stages"][stage] = "not started (deadline 0)"
             continue
         if stage in ("qwen", "llama"):
             sub = out / "raw" / (QWEN_DIR if stage == "qwen" else LLAMA_DIR)
@@ -140,10 +146,10 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
                     proposers=["ngram", "eagle"], eagle_head=str(head), engine="vllm", device="cuda",
                     k_max=TRACE_K_MAX, out=out / "traces", quiet=False)
             log["stages"][stage] = {"seconds": round(time.time() - t0)}
-        else:
-            if (out / "raw").exists():
-                summarize(out / "raw", out / "live", command="spec-repro reproduce --profile gpu")
-                log["stages"][stage] = {"seconds": round(time.time() - t0)}
+        elif any('"kind": "run"' in line for f in (out / "raw").rglob("results*.jsonl") for line in open(f)):
+            # the tables of what the raw outputs hold (a copied folder without its raw outputs keeps its tables)
+            summarize(out / "raw", out / "live", command="spec-repro reproduce --profile gpu")
+            log["stages"][stage] = {"seconds": round(time.time() - t0)}
         progress(f"[gpu profile] {stage}: {log['stages'].get(stage)}")
     log["status"] = status(out, head, model_dir)
     with open(out / "gpu_profile.json", "a") as f:
