@@ -168,7 +168,8 @@ def _add_reproduce(sub):
                         "repeat for several. With parameters, the committed notebooks are not rewritten")
     p.add_argument("--gpu-deadline", type=float, default=None, metavar="SECONDS",
                    help="--profile gpu: start no new engine run after this many seconds from now (keeping time for "
-                        "the notebooks); what did not run is resumed by the next run into the same --out")
+                        "the notebooks); what did not run is resumed by the next run into the same --out. 0: start "
+                        "nothing, no GPU needed (the notebooks on a GPU run's --out copied here)")
     p.add_argument("--head", default=None, metavar="DIR",
                    help="--profile gpu: the EAGLE head for Qwen2.5-Coder-1.5B (default: the package's, in the cache)")
     p.set_defaults(func=_run_reproduce)
