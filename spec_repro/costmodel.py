@@ -342,7 +342,8 @@ class CostModel:
                             f"steps where some request verifies other than k + 1 tokens)")
         for k, dr in self.drafters.items():
             if dr.kind == "fraction":
-                lines.append(f"  drafting {k:<14} = {dr.fraction:.6g} * F (0 when nothing is proposed)")
+                d0 = f"{dr.c_step:.6g} + " if dr.c_step else ""
+                lines.append(f"  drafting {k:<14} = {d0}{dr.fraction:.6g} * F (0 when nothing is proposed)")
             elif dr.kind == "linear":
                 lines.append(f"  drafting {k:<14} = {dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*n + {dr.c0:.6g} s per step")
             else:
