@@ -110,7 +110,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; n) echo rep/gpu/raw/qwen2 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
