@@ -45,7 +45,7 @@ import pandas as pd
 
 __all__ = [
     "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
-    "read_steps", "validate_steps", "dataset_from_path",
+    "read_steps", "read_step_records", "validate_steps", "dataset_from_path",
 ]
 
 ACC_COLUMNS: dict[str, str] = {
@@ -372,23 +372,30 @@ def validate_steps(df: pd.DataFrame, where: str = "steps") -> pd.DataFrame:
 def read_steps(path: str | Path) -> pd.DataFrame:
     """Read step timings written as JSON lines (one step per line) or parquet."""
     p = Path(path)
+    if p.suffix == ".parquet":
+        if not p.exists():
+            raise TraceError(f"{p}: no such step-timing file")
+        return validate_steps(pd.read_parquet(p), str(p))
+    return read_step_records(p)[0]
+
+
+def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
+    """A JSON-lines step log read once: (the validated step table, the raw records in the same order, for the
+    fields a writer logs beyond the table's, e.g. the vLLM plugin's ``hybrid`` counts)."""
+    p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such step-timing file")
-    if p.suffix == ".parquet":
-        df = pd.read_parquet(p)
-    else:
-        recs = []
-        with open(p) as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        recs.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
-        if not recs:
-            raise TraceError(f"{p}: empty step-timing file")
-        df = pd.DataFrame(recs)
-    return validate_steps(df, str(p))
+    recs = []
+    with open(p) as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
+    if not recs:
+        raise TraceError(f"{p}: empty step-timing file")
+    return validate_steps(pd.DataFrame(recs), str(p)), recs
 
 
 # ---- helpers --------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def load(raw: str | Path):
     """(runs, steps, engines) from a raw folder (searched recursively)."""
     import pandas as pd
 
-    from ...traces import read_steps
+    from ...traces import read_step_records
 
     raw = Path(raw)
     recs = [json.loads(x) for f in sorted(raw.rglob("results*.jsonl")) for x in open(f) if x.strip()]
@@ -90,8 +90,7 @@ def load(raw: str | Path):
     parts = []
     for f in sorted(raw.rglob("steps_*.jsonl")):
         spec = f.stem[len("steps_"):]
-        df = read_steps(f)
-        extra = [json.loads(x) for x in open(f) if x.strip()]
+        df, extra = read_step_records(f)
         df["t_sched"] = [x.get("t_sched", 0.0) for x in extra]
         df["outputs_known"] = [x.get("outputs_known", True) for x in extra]
         for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):

@@ -58,7 +58,7 @@ def load_raw(raw):
     whose acceptance was imposed (``steps_secondary``)."""
     import pandas as pd
 
-    from ...traces import read_steps
+    from ...traces import read_step_records
 
     meta = sessions()
     superseded, secondary, plugin = meta["superseded"], set(meta["steps_secondary"]), meta["plugin_sessions"]
@@ -91,9 +91,8 @@ def load_raw(raw):
     parts = []
     for f in _raw_files(raws, "steps_*.jsonl"):
         spec = f.stem[len("steps_"):]
-        df = read_steps(f)
-        extra = pd.DataFrame([json.loads(x) for x in open(f) if x.strip()])
-        df["t_sched"] = extra["t_sched"].to_numpy()
+        df, extra = read_step_records(f)
+        df["t_sched"] = [x.get("t_sched", float("nan")) for x in extra]
         df["spec"], df["session"] = spec, session.get(spec, _session(spec))
         df["primary"] = primary(spec) and spec not in secondary
         parts.append(df)
