@@ -28,6 +28,8 @@ import json
 import time
 from pathlib import Path
 
+from .jobs import done_specs
+
 __all__ = ["STAGES", "TRACE_WORKLOADS", "grid_specs", "run", "notebook_parameters", "status"]
 
 STAGES = ("qwen", "traces", "llama", "tables")
@@ -61,12 +63,6 @@ def grid_specs(head: str | Path, model_dir: str | Path) -> dict[str, list[dict]]
             "llama": llama_specs()}
 
 
-def _done(results: Path) -> set[str]:
-    if not results.exists():
-        return set()
-    return {json.loads(x).get("spec") for x in open(results) if '"kind": "done"' in x}
-
-
 def status(out: str | Path, head: str | Path = "HEAD", model_dir: str | Path = "MODEL") -> dict[str, bool]:
     """Which stages have finished under ``out`` (no vLLM needed)."""
     out = Path(out)
@@ -74,9 +70,9 @@ def status(out: str | Path, head: str | Path = "HEAD", model_dir: str | Path = "
     from ...collect import trace_path
     from .live import QWEN
 
-    return {"qwen": {s["name"] for s in g["qwen"]} <= _done(out / "raw" / QWEN_DIR / "results.jsonl"),
+    return {"qwen": {s["name"] for s in g["qwen"]} <= done_specs(out / "raw" / QWEN_DIR / "results.jsonl"),
             "traces": all(trace_path(out / "traces", QWEN, w).exists() for w in TRACE_WORKLOADS),
-            "llama": {s["name"] for s in g["llama"]} <= _done(out / "raw" / LLAMA_DIR / "results.jsonl"),
+            "llama": {s["name"] for s in g["llama"]} <= done_specs(out / "raw" / LLAMA_DIR / "results.jsonl"),
             "tables": (out / "live" / "runs.csv").exists()}
 
 
@@ -169,7 +165,7 @@ def notebook_parameters(out: str | Path) -> dict:
     if (out / "live" / "runs.csv").exists():
         p["live_dir"] = str(out / "live")
     res = out / "raw" / LLAMA_DIR / "results.jsonl"
-    if res.exists() and _done(res):
+    if done_specs(res):
         p["vllm_results"] = str(res)
     traces = [trace_path(out / "traces", QWEN, w) for w in TRACE_WORKLOADS]
     if any(t.exists() for t in traces):

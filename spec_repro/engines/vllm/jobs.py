@@ -420,15 +420,21 @@ def _end_group(p: subprocess.Popen, sig: int, grace_s: float = 20) -> None:
     p.poll()
 
 
+def done_specs(results: str | Path) -> set[str]:
+    """The engine specs that finished in a ``results.jsonl`` (their ``done`` records; none when it is missing)."""
+    res = Path(results)
+    if not res.exists():
+        return set()
+    return {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x}
+
+
 def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: bool = False,
               only: list[str] | None = None, deadline_s: float | None = None, min_spec_s: float = 120) -> int:
     """``run_job`` on a list of specs."""
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    done = set()
     res = out / "results.jsonl"
-    if res.exists():
-        done = {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x}
+    done = done_specs(res)
     failures = 0
     for spec in specs:
         if only and spec["name"] not in only:
@@ -536,8 +542,7 @@ def main(argv=None) -> int:
                              methods=methods, cost_model=a.cost_model, engine_config=a.engine_config,
                              instrumented=not a.no_instrument)
         if a.plan:
-            res = Path(a.out) / "results.jsonl"
-            done = {json.loads(x).get("spec") for x in open(res) if '"kind": "done"' in x} if res.exists() else set()
+            done = done_specs(Path(a.out) / "results.jsonl")
             rows = hybrid_plan(specs, done)
             for row in rows:
                 print(json.dumps(row))
