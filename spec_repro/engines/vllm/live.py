@@ -170,11 +170,12 @@ def _dims(model: str) -> dict:
 
 
 def step_floor_s(model: str, batch: int, context: float) -> float:
-    """HBM floor of one decode step: streamed weights + the batch's KV cache read, over 4.8 TB/s."""
-    from .steps import H200_HBM_BYTES_PER_S
+    """HBM floor of one decode step: streamed weights + the batch's KV cache read, over 4.8 TB/s (the floor
+    ``steps.add_physical_limits`` puts beside every logged step, at a step of ``batch`` requests)."""
+    from .steps import H200_HBM_BYTES_PER_S, streamed_bytes
 
     d = _dims(model)
-    return (d["streamed_weight_bytes"] + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
+    return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
 
 
 def throughput(runs=None, out: str | Path = OUT):
