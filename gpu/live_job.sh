@@ -99,6 +99,21 @@
 # Here first: NB_WHEELS=1 WORKLOADS="code-edit sharegpt" HEADS=<sha> bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
 # Calls: vllm c1..c5, c6+c7; piece p00..p18 (carry [".carry/pNN"]); restore the tree; setup (carry [".stage/run",
 # ".carry/extra"]); LEFT=<budget_left_s> bash gpu/live_job.sh start3; polls (sleep 190; status); pack r; give_back.
+# FOURTH SESSION (2026-12-02): the device-side hybrid (spec_repro/engines/vllm/gpu_hybrid.py: PR #24344's rule with
+# no host round trip) and the idle hybrid's overhead, part k. This machine's cache came without the Qwen head (103 MB,
+# never committed), so the run trains one first, shorter than issue 17's (no sharegpt-turns, 7,000 ShareGPT
+# prompts, 512 new tokens, 520 s in all). Planned device seconds:
+#   stage      calls  seconds  what
+#   vllm         6    ~120     machine start + .stage/c1..c7
+#   piece      ~18    ~95      .carry/pNN: Qwen 1.5B + code-edit, sharegpt, py-functions, py-write + the eval sets
+#   setup        1    ~165     install vLLM, reassemble + verify the cache, convert the 1.5B, plugin entry point
+#   run   1 + polls   ~1,100   detached (start4): train ~520; profile the committed no-SD outputs with the new head
+#                               on the GPU ~60; part k ~540 (EAGLE, gpu-pr24344, idle, gpu-eagle-only, no SD, each
+#                               ~107: code-edit, bs 1/8/32/64, k 5, 3 repeats), lossless
+#   pack         2    ~30
+#   In all ~1,510 of 1,800.
+# Calls: vllm c1..c5, c6+c7; piece p00..pNN; restore the tree; setup (carry [".stage/run", ".carry/extra"]);
+# LEFT=<budget_left_s> bash gpu/live_job.sh start4; polls (sleep 190; status); pack k; give_back.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -110,7 +125,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
@@ -121,7 +136,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -177,6 +192,32 @@ case "$1" in
     touch $R/done_r
     part n $(pdir n)
     echo PIPE_FINISHED ;;
+  start4)     # the fourth session: train a head (the cache holds none), profile the committed outputs with it,
+              # then part k (the device-side hybrid). LEFT=S: the lease's budget_left_s now
+    mkdir -p $R
+    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))
+    echo $END > $R/end_epoch
+    setsid nohup env END=$END bash gpu/live_job.sh run4 > $R/pipeline.log 2>&1 < /dev/null &
+    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+  run4)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    mkdir -p $R/qwen4; H4=$R/qwen4/head
+    if [ ! -f $H4/TRAINING.json ]; then
+      $PY -m spec_repro.cli train eagle --engine vllm --target $Q --out $H4 --workloads ${TRAIN_WL:-sharegpt py-functions py-write} \
+        --train-n ${TRAIN_N:-7000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-512} --steps 100000 \
+        --time-budget ${TRAIN_BUDGET:-520} --lr ${LR:-8e-4} --tokens-per-batch 16384 --ttt-depth 5 --depth-decay 1.0 \
+        --device cuda > $R/log_t.txt 2>&1
+      echo "train rc=$?" >> $R/log_t.txt
+    fi
+    [ -f $H4/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
+    sha256sum $H4/model.safetensors > $R/qwen4/head.sha256
+    if [ ! -f $R/done_p ]; then   # the committed no-SD outputs (first live session) profiled with this head, on the GPU
+      $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $H4 --device cuda \
+        --out $R/qwen4/hybrid_trace_s4.jsonl > $R/log_p.txt 2>&1 && touch $R/done_p
+      echo "profile rc=$?" >> $R/log_p.txt
+    fi
+    HEAD=$H4 part k qwen4
+    echo PIPE_FINISHED ;;
   status)
     for f in $R/pipeline.log $R/log_[a-z].txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
@@ -186,7 +227,7 @@ case "$1" in
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   pack)       # pack a|...|i|all: that part's results folder (pdir) as one file
     case $2 in [a-z]) d=$(pdir $2) ;; *) d=. ;; esac
-    tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' $d $([ $d = . ] || (cd $R && ls log_*.txt pipeline.log 2>/dev/null))
+    tar czf $OUT/res_$2.tgz -C $R --exclude='*.lock' --exclude='model.safetensors' --exclude='*.pt' $d $([ $d = . ] || (cd $R && ls log_*.txt pipeline.log 2>/dev/null))
     if [ $(stat -c %s $OUT/res_$2.tgz) -ge 15000000 ]; then     # a call brings back files of 16 MiB at most
       split -b 15M -d -a 1 $OUT/res_$2.tgz $OUT/res_$2.tgz.part && rm $OUT/res_$2.tgz; fi
     ls -la $OUT ;;

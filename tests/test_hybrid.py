@@ -105,7 +105,7 @@ def replay(policy, reqs, toks, rows, B=None, eagle_as_array=True, futures=None):
             p[r] += g
 
 
-@pytest.mark.parametrize("name", H.POLICIES)
+@pytest.mark.parametrize("name", H.HOST_POLICIES)
 def test_lossless_whatever_the_policy(name, smol, cm):
     """Greedy verification of whatever the policy proposes, in a batch, emits exactly each request's output ids;
     every proposal is a prefix of the proposer's own; the state's accepted count is the verification's."""
@@ -177,7 +177,7 @@ def test_adaptive_rule_live_equals_the_simulator(trace, cost, kmax, B, cm, reque
     assert len(set(sim.verified.tolist())) >= 2
 
 
-@pytest.mark.parametrize("name", H.POLICIES)
+@pytest.mark.parametrize("name", H.HOST_POLICIES)
 def test_no_decision_reads_the_future(name, smol, cm):
     """Replace each request's output after a cut with another request's output ids: every decision at a step
     that starts at or before the cut (needs EAGLE, source, k) is unchanged, although EAGLE's proposals there and

@@ -134,7 +134,7 @@ def engine(policy, reqs, toks, rows, *, async_form, max_batch=8, prefill_steps=2
     return emitted, got, want
 
 
-@pytest.mark.parametrize("name", H.POLICIES)
+@pytest.mark.parametrize("name", H.HOST_POLICIES)
 @pytest.mark.parametrize("async_form", [False, True])
 def test_live_steps_are_lossless_and_agree_with_select(name, async_form, smol, request):
     """Through the engine-step pieces, in either draft form, every request emits exactly its committed output

@@ -35,6 +35,10 @@ Policies
 ``idle``           the hybrid loaded with nothing to decide: every request on EAGLE, and the plugin hands each
                    step to vLLM's own EAGLE untouched (:data:`PASSTHROUGH`: no lookups, no host reads), so its cost
                    is the plugin's alone (what ``eagle-only`` pays beyond it is the machinery's).
+``gpu-pr24344``    PR #24344's rule on the device, no host round trip (:mod:`.gpu_hybrid`): n-gram's tokens where it
+                   matched, EAGLE's at every other position; every request k tokens. Both run every step.
+``gpu-eagle-only`` the device-side machinery (token buffer, n-gram lookup, the mix) with every request on EAGLE:
+                   its cost, loaded but idle. These two are not :class:`HybridPolicy` ones (``HOST_POLICIES``).
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
                    (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
                    (proposer, k), through the per-decision functions the simulator's walk uses
@@ -116,11 +120,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FILLERS", "PASSTHROUGH", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid",
+from .gpu_hybrid import GPU_POLICIES
+
+__all__ = ["FILLERS", "GPU_POLICIES", "HOST_POLICIES", "PASSTHROUGH", "POLICIES", "PROPOSERS", "Choice", "HybridError", "HybridPolicy", "LiveHybrid",
            "RequestState", "mix", "pack", "pad_draft", "passthrough_summary", "policy_needs_eagle", "select",
            "trim_scheduled", "unpack", "valid_tokens"]
 
-POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only", "idle")
+HOST_POLICIES = ("pr24344", "pr24344-skip", "adaptive-rule", "ngram-only", "eagle-only", "idle")  # LiveHybrid's
+POLICIES = HOST_POLICIES + GPU_POLICIES    # every live policy: the host's and the device's (gpu_hybrid)
 PASSTHROUGH = ("idle",)    # policies whose every step is vLLM's own EAGLE step: the plugin does not wrap them
 FILLERS = ("eagle", "ngram", "cycle", "lookup", "repeat")   # pad_draft's fillers, in the order it tries them
 PROPOSERS = ("ngram", "eagle")   # row order of the adaptive state's arrays
@@ -184,8 +191,9 @@ class HybridPolicy:
     ``CostModel``) with drafters for ``ngram`` and ``eagle``; ``params``: its ``adaptive.RuleParams``."""
 
     def __init__(self, name: str, kmax: int, cost_model: Any = None, params: Any = None):
-        if name not in POLICIES:
-            raise HybridError(f"unknown hybrid policy {name!r}; expected one of {', '.join(POLICIES)}")
+        if name not in HOST_POLICIES:
+            where = " (a device-side policy: gpu_hybrid, not LiveHybrid)" if name in GPU_POLICIES else ""
+            raise HybridError(f"unknown hybrid policy {name!r}{where}; expected one of {', '.join(HOST_POLICIES)}")
         if int(kmax) < 1:
             raise HybridError(f"kmax must be >= 1 (vLLM's num_speculative_tokens), got {kmax!r}")
         self.name, self.kmax = name, int(kmax)

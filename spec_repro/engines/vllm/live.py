@@ -249,12 +249,15 @@ LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
 K = 5
 
 
-def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.jsonl", head: str | Path | None = None,
-                        workload: str = "code-edit", n: int = 64, k_max: int = 8, max_tokens: int = 256,
-                        max_model_len: int = 4096, progress=print) -> Path:
+def profile_hybrid_task(raw: str | Path | None, out: str | Path = OUT / "hybrid_trace.jsonl",
+                        head: str | Path | None = None, workload: str = "code-edit", n: int = 64, k_max: int = 8,
+                        max_tokens: int = 256, max_model_len: int = 4096, progress=print,
+                        trace: str | Path | None = None, device: str = "cpu") -> Path:
     """The hybrid task's ``workload`` requests (as ``jobs._hybrid_task`` loads them: the first ``n`` by the
-    workload's seeded order, Qwen's chat template) profiled with n-gram and the EAGLE head (torch float32 on the
-    CPU) on no SD's outputs (bs 64, repeat 0): one JSON line per request, appended (a killed run resumes)."""
+    workload's seeded order, Qwen's chat template) profiled with n-gram and the EAGLE head (torch, float32 on the
+    CPU; ``device="cuda"`` on a GPU host) on no SD's outputs (bs 64, repeat 0, from the raw folder ``raw``; or
+    ``trace=``: the outputs of an earlier ``hybrid_trace.jsonl``, e.g. to profile them with another head): one
+    JSON line per request, appended (a killed run resumes)."""
     import time
 
     import torch
@@ -266,14 +269,16 @@ def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.j
     from .session import profile_outputs
 
     outs = {}
-    for f in sorted(Path(raw).rglob("results*.jsonl")):
+    if trace is not None:
+        outs = {d["key"]: d["output"] for d in load_profiles(trace)}
+    for f in (sorted(Path(raw).rglob("results*.jsonl")) if raw is not None else []):
         for line in open(f):
             d = json.loads(line)
             if (d.get("task") == "hybrid" and d.get("spec", "").endswith("-none") and d.get("repeat") == 0
                     and d.get("workload") == workload and d.get("batch_size") == n):
                 outs.update(zip(d["keys"], d["outputs"]))
     if not outs:
-        raise SystemExit(f"live profile: no no-SD hybrid run at bs {n} on {workload} under {raw}")
+        raise SystemExit(f"live profile: no no-SD hybrid run at bs {n} on {workload} under {raw or trace}")
     out = Path(out)
     done = {json.loads(x)["key"] for x in open(out) if x.strip()} if out.exists() else set()
     tok = AutoTokenizer.from_pretrained(models.converted_dir(QWEN))
@@ -282,14 +287,14 @@ def profile_hybrid_task(raw: str | Path, out: str | Path = OUT / "hybrid_trace.j
     if not todo:
         return out
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    target, _ = models.load(QWEN, device="cpu")
+    target, _ = models.load(QWEN, device=device)
     props = build_proposers(["ngram", "eagle"], target, eagle_head=str(head or default_head()))
     for r in todo:
         t0 = time.time()
         prof = profile_outputs({r.id: list(r.prompt_token_ids)}, {r.id: outs[r.id]}, props, k_max=k_max)
         rec = {"key": r.id, "prompt_len": len(r.prompt_token_ids), "output": list(map(int, outs[r.id])),
                "acc": {m: prof[m][r.id][0] for m in props}, "draft_len": {m: prof[m][r.id][1] for m in props},
-               "seconds": time.time() - t0}
+               "seconds": time.time() - t0, "device": device}
         with open(out, "a") as f:
             f.write(json.dumps(rec) + "\n")
         progress(f"{r.id} {rec['seconds']:.1f}s")
@@ -374,7 +379,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]
     if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
-        eag = np.where(hy["config"].isin(("pr24344", "pr24344-pad", "eagle-only")) | (hy["hybrid_eagle"].fillna(0) > 0),
+        eag = np.where(hy["config"].isin(("pr24344", "pr24344-pad", "eagle-only")) | hy["config"].str.startswith("gpu-")
+                       | (hy["hybrid_eagle"].fillna(0) > 0),
                        1.0, 0.0)                                                                   # EAGLE ran
         extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
         m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra, grp(hy))
@@ -395,8 +401,9 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     steps = ragged_steps = 0
     path = config if config in ("none", "ngram") else "eagle"
     ov = model[f"overhead_{path}"]
-    pad = config.endswith("-pad")                      # every draft padded to k: uniform batches
-    base = config.removesuffix("-pad")
+    gpu = config.startswith("gpu-")                    # the device-side hybrid: k tokens per request, uniform
+    pad = config.endswith("-pad") or gpu               # every draft padded to k: uniform batches
+    base = config.removesuffix("-pad").removeprefix("gpu-")
     hov = model.get("hybrid_overhead") if base.startswith("pr24344") or base == "eagle-only" else None
     while (p < max_tokens).any():
         act = p < max_tokens
@@ -421,10 +428,10 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
         step = F[0] * kv + F[1] * T + F[2] + ov[0] + ov[1] * n_act
-        if base in ("eagle", "pr24344", "eagle-only") or (base == "pr24344-skip" and eagle_for):
+        if base in ("eagle", "pr24344", "eagle-only", "idle") or (base == "pr24344-skip" and eagle_for):
             m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
             step += k * (model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
-        if base in ("ngram", "pr24344", "pr24344-skip"):
+        if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
             step += model["ngram_draft"][0] * n_act
         if hov is not None:
             step += hov[0] + hov[1] * n_act
@@ -480,7 +487,8 @@ def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
     return res.rename(columns={"predicted_ragged_share": "ragged_share"}).reset_index(drop=True)
 
 
-def predicted_padded(out: str | Path, profiles_path=None):
+def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
+                     hybrids=("pr24344-pad", "pr24344-skip-pad")):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
@@ -490,14 +498,14 @@ def predicted_padded(out: str | Path, profiles_path=None):
     t = throughput(out=out)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
     m0 = fit_step_model(out, configs=("none", "eagle"), ragged=False)
-    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=("eagle-only",))
+    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,))
     import pandas as pd
 
     p = pd.concat([predict(prof, m0, configs=("none", "eagle")),
-                   predict(prof, m1, configs=("eagle-only", "pr24344-pad", "pr24344-skip-pad"))], ignore_index=True)
+                   predict(prof, m1, configs=(idle, *hybrids))], ignore_index=True)
     res = res.merge(p[["config", "batch_size", "predicted_tok_s", "predicted_steps"]], on=["config", "batch_size"])
     res["ratio"] = res["tok_s"] / res["predicted_tok_s"]
-    res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", "eagle-only") else
+    res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else
                                          "out of sample")
     return res.reset_index(drop=True)
 
@@ -509,9 +517,11 @@ def main(argv=None) -> int:
     s.add_argument("--raw", required=True)
     s.add_argument("--out", default=str(OUT))
     pf = sub.add_parser("profile")
-    pf.add_argument("--raw", required=True)
+    pf.add_argument("--raw", help="a raw device folder (its no-SD outputs at bs 64)")
+    pf.add_argument("--trace", help="or an earlier hybrid_trace.jsonl (its outputs)")
     pf.add_argument("--out", default=str(OUT / "hybrid_trace.jsonl"))
     pf.add_argument("--head")
+    pf.add_argument("--device", default="cpu")
     t = sub.add_parser("tables")
     t.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
@@ -522,7 +532,10 @@ def main(argv=None) -> int:
         print(summarize(a.raw, a.out, command=" ".join(["python -m spec_repro.engines.vllm.live", *sys.argv[1:]])))
         return 0
     if a.cmd == "profile":
-        print(profile_hybrid_task(a.raw, a.out, a.head))
+        if not (a.raw or a.trace):
+            print("live profile: give --raw DIR or --trace FILE (the no-SD outputs to profile)", file=sys.stderr)
+            return 2
+        print(profile_hybrid_task(a.raw, a.out, a.head, trace=a.trace, device=a.device))
         return 0
     import pandas as pd
 

@@ -342,6 +342,8 @@ def patch_hybrid(cls) -> bool:
         hy = _live_hybrid(self, name)
         if hy is None:
             return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        if isinstance(hy, _DeviceHybrid):       # gpu-*: the rule on the device, no host round trip
+            return _gpu_hybrid_step(self, hy, orig_propose, scheduler_output, sampled_token_ids, args, kwargs)
         if hy.policy.name in H.PASSTHROUGH:     # nothing to decide: vLLM's own EAGLE step, only counted
             out = orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
             rec = _REC[1]
@@ -416,6 +418,12 @@ def _live_hybrid(runner, name: str):
         if sc is None or sc.method != "eagle":
             _hybrid_off(f"the hybrid needs method 'eagle', vLLM runs {getattr(sc, 'method', None)!r}")
             return None
+        if name in H.GPU_POLICIES:
+            from .gpu_hybrid import DeviceHistory
+
+            runner._spec_repro_hybrid = _DeviceHybrid(
+                name, DeviceHistory(runner.max_num_reqs, runner.max_model_len, runner.device))
+            return runner._spec_repro_hybrid
         pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)
         runner._spec_repro_hybrid = H.LiveHybrid(pol, pad=_pad_on())
     except Exception as e:
@@ -478,6 +486,67 @@ def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     ids, counts = H.pack(drafts, width)
     runner._spec_repro_valid = dict(zip(req_ids, counts.tolist()))
     return torch.from_numpy(ids).to(runner.device)
+
+
+class _DeviceHybrid:
+    """A runner's device-side hybrid (``gpu_hybrid``): the policy's name and its token buffer."""
+
+    def __init__(self, name: str, history):
+        self.name, self.history, self.steps = name, history, 0
+
+
+class _DeviceCounts:
+    """A step's ``hybrid`` entry, copied to pinned host memory without a wait and read when the row is built
+    (after the step's last event: the copy, queued before it on the same stream, is done by then)."""
+
+    __slots__ = ("buf", "n", "k")
+
+    def __init__(self, buf, n: int, k: int):
+        self.buf, self.n, self.k = buf, n, k
+
+    def resolve(self) -> dict:
+        from .gpu_hybrid import summary_row
+
+        return summary_row(self.buf.tolist(), self.n, self.k)
+
+
+def _gpu_hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
+    """One step of the device-side hybrid: vLLM's EAGLE drafts (its own code, unchanged), this step's tokens into
+    the device buffer, the n-gram lookup there, the choice by ``torch.where``; nothing is read back to the host
+    (the step log's counts ride a non-blocking copy). Needs the padded drafter path (a tensor of sampled tokens:
+    vLLM's default for EAGLE); elsewhere the hybrid goes off with one message and vLLM runs plain EAGLE."""
+    import torch
+
+    from . import gpu_hybrid as G
+
+    out = orig(runner, so, sampled, *args, **kwargs)
+    if not (torch.is_tensor(sampled) and torch.is_tensor(out)):
+        _hybrid_off("the device-side hybrid needs vLLM's padded drafter batch (disable_padded_drafter_batch "
+                    "off): it reads the sampled tokens as a tensor")
+        runner._spec_repro_hybrid = None
+        return out
+    gh = hy.history
+    gh.forget(getattr(so, "finished_req_ids", ()))
+    ib = runner.input_batch
+    req_ids = list(ib.req_ids)
+    B = len(req_ids)
+    rows = gh.rows(req_ids, lambda r: runner.requests[r].prompt_token_ids or [])
+    gh.append(rows, sampled[:B], ~runner.discard_request_mask.gpu[:B], ib.vocab_size)
+    k = int(out.shape[1])
+    ng, nv = gh.propose(rows, k)
+    draft, chose = G.mix(out[:B], ng, nv, use_ngram=hy.name == "gpu-pr24344")
+    hy.steps += 1
+    rec = _REC[1]
+    if rec is not None and rec.cur is not None:
+        buf = torch.empty(2, dtype=torch.int64, pin_memory=True)
+        buf.copy_(G.step_summary(chose, nv, k), non_blocking=True)
+        rec.cur.hybrid = _DeviceCounts(buf, B, k)
+    runner._draft_probs = runner._draft_prob_req_ids = None
+    if out.shape[0] > B:
+        out = out.clone()
+        out[:B] = draft
+        return out
+    return draft
 
 
 def instrument(on: bool) -> bool:
@@ -739,7 +808,7 @@ class StepRecorder:
         meta["step"] = st.index
         st.so = None
         if st.hybrid is not None:
-            meta["hybrid"] = st.hybrid
+            meta["hybrid"] = st.hybrid.resolve() if isinstance(st.hybrid, _DeviceCounts) else st.hybrid
         return build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
 
 

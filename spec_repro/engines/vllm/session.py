@@ -133,6 +133,8 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         return _s2(hybrid_specs(head, methods=("idle",), **kw))
     if part == "n":         # the third session: e's padded n-gram alone, after `reproduce --profile gpu`
         return _s2(hybrid_specs(head, methods=("ngram-pad",), **kw))
+    if part == "k":         # the fourth session: the device-side hybrid (gpu_hybrid), no host round trip
+        return [{**s, "name": s["name"] + S4} for s in hybrid_specs(head, methods=GPU_HYBRID_ENGINES, **kw)]
     raise ValueError(f"unknown part {part!r}")
 
 
@@ -169,7 +171,11 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "h": "EAGLE drafting time: the Qwen head at k = 1, 3, 8, 12, bs 1/8/32/64",
            "i": "idle-hybrid overhead: hybrid loaded, every request on EAGLE (eagle-only) vs EAGLE alone",
            "j": "the idle hybrid as a pass-through (idle: vLLM's own EAGLE step, counted) beside i's EAGLE alone",
-           "n": "padded n-gram alone (ngram-pad; part e's last engine), run after `reproduce --profile gpu`"}
+           "n": "padded n-gram alone (ngram-pad; part e's last engine), run after `reproduce --profile gpu`",
+           "k": "the device-side hybrid (gpu-pr24344; gpu-eagle-only: its machinery idle) beside EAGLE alone, the "
+                "pass-through idle hybrid and no SD (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless"}
+S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
+GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "gpu-eagle-only", "none")   # part k, in priority order
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
 SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h")}
