@@ -110,3 +110,13 @@ def test_gpu_policies_are_hybrid_policies():
 def test_host_policy_class_refuses_device_policies():
     with pytest.raises(H.HybridError, match="device-side"):
         H.HybridPolicy("gpu-pr24344", 5)
+
+
+def test_a_full_buffer_frees_the_rows_of_requests_not_in_the_batch():
+    """Requests that finished without the buffer being told (a batch-final step vLLM runs without drafting) must
+    not exhaust it: a new request takes the row of one that is not in this step's batch."""
+    gh = G.DeviceHistory(max_reqs=2, max_len=16)
+    gh.rows(["a", "b"], lambda r: [1, 2, 3])
+    rows = gh.rows(["a", "c"], lambda r: [7, 8])
+    assert set(gh.row_of) == {"a", "c"} and gh.context("c") == [7, 8] and gh.context("a") == [1, 2, 3]
+    assert rows.tolist() == [gh.row_of["a"], gh.row_of["c"]]

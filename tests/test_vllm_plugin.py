@@ -410,3 +410,52 @@ def test_hybrid_step_pads_every_draft_to_the_scheduled_width(monkeypatch, pad, a
     if pad:
         assert s["pad_tokens"] == (2 + k if async_sched else 2)
         assert s["pad_by"] == ({"ngram": 2, "lookup": k} if async_sched else {"eagle": 2})
+
+
+def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_drafting(monkeypatch):
+    """The device-side hybrid through the patched runner (CPU tensors): n-gram's tokens for the request whose
+    context repeats, EAGLE's for the other, draft probabilities cleared; then requests that finished are told in a
+    step with no drafting (vLLM's batch-final step: execute_model, no propose), and a new batch as large as
+    max_num_seqs still gets rows (the H200 run of 2026-12-02 died on 'more than 64 requests at once' before
+    execute_model freed them)."""
+    import types
+
+    import torch
+
+    k = 4
+    eagle = torch.tensor([[9, 9, 9, 9], [4, 4, 4, 4]])
+
+    class Runner:
+        def propose_draft_token_ids(self, scheduler_output, sampled_token_ids):
+            return eagle[: len(self.input_batch.req_ids)]
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            return None
+
+        def _update_states(self, scheduler_output):
+            return None
+
+    monkeypatch.setenv(vp.ENV_HYBRID, "gpu-pr24344")
+    monkeypatch.setitem(vp._state, "hybrid", None)
+    monkeypatch.setitem(vp._state, "hybrid_error", None)
+    assert vp.patch_hybrid(Runner)
+    prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
+    fake, _ = _fake_runner(True, prompts, k)
+    run = Runner()
+    run.__dict__.update(vars(fake))
+    run.max_num_reqs, run.max_model_len = 2, 64
+    run.discard_request_mask = types.SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool))
+    run._draft_probs = "stale"
+    so = types.SimpleNamespace(finished_req_ids=set(), num_spec_tokens_to_schedule=k)
+    sampled = torch.tensor([[8] + [-1] * k, [1] + [-1] * k])
+    out = run.propose_draft_token_ids(so, sampled)
+    assert out.tolist() == [[5, 6, 7, 8], [4, 4, 4, 4]] and run._draft_probs is None
+    hy = run._spec_repro_hybrid
+    assert isinstance(hy, vp._DeviceHybrid) and hy.history.context("a") == prompts["a"] + [8]
+    run.execute_model(types.SimpleNamespace(finished_req_ids={"a", "b"}))      # told without a drafting step
+    assert hy.history.row_of == {}
+    run.input_batch.req_ids = ["c", "d"]
+    run.requests.update({r: types.SimpleNamespace(prompt_token_ids=[2, 3, 4, 2, 3]) for r in "cd"})
+    out = run.propose_draft_token_ids(so, torch.tensor([[4] + [-1] * k, [1] + [-1] * k]))
+    assert out.tolist() == [[2, 3, 4, 9], [4, 4, 4, 4]]   # c: "2 3 4" recurs, its 3 tokens then EAGLE's; d: none
+    assert set(hy.history.row_of) == {"c", "d"}

@@ -142,6 +142,8 @@ class DeviceHistory:
             return self._last_rows
         for r in ids:
             if r not in self.row_of:
+                if not self._free:     # requests that finished unseen: free the rows of those not in this batch
+                    self.forget([x for x in list(self.row_of) if x not in set(ids)])
                 if not self._free:
                     raise RuntimeError(f"DeviceHistory: more than {self.max_reqs} requests at once")
                 row = self._free.pop()

@@ -362,6 +362,9 @@ def patch_hybrid(cls) -> bool:
         # to k, takes back the same (gpu_model_runner.py:1317-1343, 1496-1509). The in-process executor hands
         # the scheduler's own object to the runner (uniproc_executor.py:79-121), so cutting it in place would
         # make the scheduler take back only j - accepted and drift by k - j per cut step.
+        hy = getattr(self, "_spec_repro_hybrid", None)
+        if isinstance(hy, _DeviceHybrid):   # every step: finished requests are often told in a step with no
+            hy.history.forget(getattr(scheduler_output, "finished_req_ids", ()))   # drafting (a batch's last)
         valid = getattr(self, "_spec_repro_valid", None)
         self._spec_repro_valid, self._spec_repro_before = None, {}
         if valid:
