@@ -113,7 +113,17 @@
 #   pack         2    ~30
 #   In all ~1,510 of 1,800.
 # Calls: vllm c1..c5, c6+c7; piece p00..pNN; restore the tree; setup (carry [".stage/run", ".carry/extra"]);
-# LEFT=<budget_left_s> bash gpu/live_job.sh start4; polls (sleep 190; status); pack k; give_back.
+# LEFT=<budget_left_s> bash gpu/live_job.sh start4; polls (sleep 170; status k: each brings part k's results
+# back); give_back. run4 is resumable (a head with TRAINING.json, done_p and finished engines are skipped):
+# `bash gpu/live_job.sh stop` then start4 again restarts it where it was.
+# USED (2026-12-02): machine start + vllm 73, 18 pieces 106, setup 186 (held 365 at its end); run: train 532 (9,569
+# prompts decoded at ~20.8k tok/s, 726 optimizer steps, held-out walked tokens/step 1.55 / 2.02 / 2.20 at
+# k = 1 / 3 / 5), profile (64 requests, ~0.1 s each), part k: EAGLE (finished), gpu-pr24344 89 (died at bs 32:
+# the device buffer's rows of finished requests were never freed, vLLM tells them in a step without drafting;
+# fixed, commit 808087f), idle 89, gpu-eagle-only 94, then (stopped and restarted, gpu-pr24344 first) gpu-pr24344 72, no SD 104, lossless. LOST: the
+# machine went back before the pack call (a reply came later than the 30 s a machine stays warm), with every
+# result on it; only the console tails the calls printed survived (CHANGELOG, "fourth GPU session"). Hence
+# `status PART` (each poll brings the part's results back).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -218,7 +228,13 @@ case "$1" in
     fi
     HEAD=$H4 part k qwen4
     echo PIPE_FINISHED ;;
-  status)
+  stop)       # the detached pipeline and every engine it started (a run that must restart in another order)
+    pkill -f "live_job.sh run"; pkill -f "spec_repro.engines.vllm"; sleep 3
+    pkill -9 -f "spec_repro.engines.vllm"; pkill -9 -f EngineCore; sleep 2
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
+  status)     # status [PART]: the logs' tails; with PART also that part's results so far into $OUT (every poll
+              # brings them back: a machine lost between calls loses at most what ran since the last poll)
+    [ -n "${2:-}" ] && bash gpu/live_job.sh pack $2 > /dev/null
     for f in $R/pipeline.log $R/log_[a-z].txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
     done
