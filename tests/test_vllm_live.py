@@ -101,6 +101,16 @@ def test_walk_counts_steps_and_ragged_batches_by_hand():
     assert ng["ragged_steps"] == ng["steps"] == L - 1 and ng["seconds"] == 10.0 * (L - 1)
     hy = live._walk([a, b], "pr24344", model)      # a on EAGLE (5 drafted), b on n-gram (5): uniform
     assert hy["ragged_steps"] == 0 and hy["steps"] == -(-(L - 1) // 3)
+    # the device-side rule: the same choices, every batch uniform, EAGLE every step; its n-gram lookup is inside
+    # the hybrid's own term (hybrid_overhead), not the host lookup's per-request cost
+    priced = {**model, "eagle_draft": [0, 0.5], "ngram_draft": [100.0], "hybrid_overhead": [0.25, 0]}
+    dev = live._walk([a, b], "gpu-pr24344", priced)
+    host = live._walk([a, b], "pr24344", priced)
+    assert dev["steps"] == host["steps"] and dev["ragged_steps"] == 0
+    assert dev["seconds"] == dev["steps"] * (1.0 + 5 * 0.5 + 0.25)
+    assert host["seconds"] > dev["seconds"] + 100 * host["steps"]
+    idle = live._walk([a], "gpu-eagle-only", priced)          # EAGLE's steps, its drafting and the term
+    assert idle["steps"] == eagle["steps"] and idle["seconds"] == idle["steps"] * (1.0 + 2.5 + 0.25)
 
 
 def test_predicted_table_is_what_the_committed_data_give():
