@@ -57,6 +57,12 @@ EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (
 on also per request). A wrong method or layout disables the hybrid with one message (vLLM then runs plain EAGLE,
 and the status says so).
 
+The device-side policies (``gpu_hybrid.GPU_POLICIES``: ``gpu-pr24344``, ``gpu-eagle-only``) take another path,
+``_gpu_hybrid_step``: vLLM's EAGLE drafts as it would, then the step's tokens go into a device buffer, the n-gram
+lookup and the choice run there, and the ``[B, k]`` result goes back to vLLM with nothing read to the host (the step
+log's counts ride a non-blocking copy, ``_DeviceCounts``); finished requests' rows are freed in every
+``execute_model`` (vLLM tells them in steps without drafting). They need the padded drafter batch (vLLM's default).
+
 Padding, only when ``SPEC_REPRO_HYBRID_PAD=1`` is set beside ``SPEC_REPRO_HYBRID`` (engine option
 ``hybrid_pad=True``; status ``hybrid_pad``): every request that emitted tokens gets exactly
 ``num_spec_tokens_to_schedule`` draft tokens, its policy's draft followed by a filler (``hybrid.pad_draft``:
