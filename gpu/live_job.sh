@@ -137,6 +137,14 @@ left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run dead
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
          r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
+detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
+            # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
+  mkdir -p $R
+  END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))
+  echo $END > $R/end_epoch
+  setsid nohup env END=$END bash gpu/live_job.sh $1 > $R/pipeline.log 2>&1 < /dev/null &
+  sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s"
+}
 part() {  # part NAME: its engines (resumable), then its post-steps; a marker when all of it finished
   local p=$1 out=$R/$2 rc
   [ -f $R/done_$p ] && { echo "part $p done before"; return 0; }
@@ -173,11 +181,7 @@ case "$1" in
     tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/ $HEAD ;;
   start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now; PARTS="e i f":
               # those parts (inherited by the detached run), unset: a-d
-    mkdir -p $R
-    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))  # RESERVE: the last pack call + margin
-    echo $END > $R/end_epoch
-    setsid nohup env END=$END bash gpu/live_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
-    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+    detach run ;;   # RESERVE (default 60 s): the last pack call + margin
   run)       # in the foreground (start runs it detached); END: epoch seconds of the deadline (default 1,100 s on)
     # PARTS="e i f": those parts in that order (the second session's: `plan --session 2`); unset: the first's a-d
     END=${END:-$(( $(date +%s) + 1100 ))}
@@ -190,11 +194,7 @@ case "$1" in
     echo PIPE_FINISHED ;;
   start3)     # the third session: `spec-repro reproduce --profile gpu` (its grid, then the notebooks), then part n
               # with the time left. LEFT=S: the lease's budget_left_s now
-    mkdir -p $R
-    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))
-    echo $END > $R/end_epoch
-    setsid nohup env END=$END bash gpu/live_job.sh run3 > $R/pipeline.log 2>&1 < /dev/null &
-    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+    detach run3 ;;
   run3)
     END=${END:-$(( $(date +%s) + 1100 ))}
     $PY -m spec_repro.cli reproduce --profile gpu --out $R/rep --head $HEAD --gpu-deadline $(left) \
@@ -204,11 +204,7 @@ case "$1" in
     echo PIPE_FINISHED ;;
   start4)     # the fourth session: train a head (the cache holds none), profile the committed outputs with it,
               # then part k (the device-side hybrid). LEFT=S: the lease's budget_left_s now
-    mkdir -p $R
-    END=$(( $(date +%s) + ${LEFT:-1150} - ${RESERVE:-60} ))
-    echo $END > $R/end_epoch
-    setsid nohup env END=$END bash gpu/live_job.sh run4 > $R/pipeline.log 2>&1 < /dev/null &
-    sleep 2; echo "started; deadline in $(( END - $(date +%s) )) s" ;;
+    detach run4 ;;
   run4)
     END=${END:-$(( $(date +%s) + 1100 ))}
     mkdir -p $R/qwen4; H4=$R/qwen4/head
