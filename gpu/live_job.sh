@@ -245,5 +245,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run start3 run3 status pack send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 stop status pack send"; exit 2 ;;
 esac
