@@ -228,9 +228,10 @@ case "$1" in
     pkill -f "live_job.sh run"; pkill -f "spec_repro.engines.vllm"; sleep 3
     pkill -9 -f "spec_repro.engines.vllm"; pkill -9 -f EngineCore; sleep 2
     nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
-  status)     # status [PART]: the logs' tails; with PART also that part's results so far into $OUT (every poll
+  status)     # status [PART [A-B]]: the logs' tails; with PART also that part's results so far into $OUT (every poll
               # brings them back: a machine lost between calls loses at most what ran since the last poll)
     [ -n "${2:-}" ] && bash gpu/live_job.sh pack $2 > /dev/null
+    [ -n "${3:-}" ] && bash gpu/live_job.sh headback $3 > /dev/null     # status k 0-2: also head pieces 0..2
     for f in $R/pipeline.log $R/log_[a-z].txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
     done
@@ -243,7 +244,16 @@ case "$1" in
     if [ $(stat -c %s $OUT/res_$2.tgz) -ge 15000000 ]; then     # a call brings back files of 16 MiB at most
       split -b 15M -d -a 1 $OUT/res_$2.tgz $OUT/res_$2.tgz.part && rm $OUT/res_$2.tgz; fi
     ls -la $OUT ;;
+  headback)   # headback A-B: pieces A..B (15 MiB each, 0-6) of the head run4 trained, into $OUT; here (this
+              # machine's cache keeps it for the next session: saves the ~530 s retraining):
+              #   cat head.tar.part* | tar xf - -C /tmp/h && mv /tmp/h/head ~/.cache/spec_repro/heads/<sha256>
+    H4=$R/qwen4/head; [ -f $H4/TRAINING.json ] || { echo "no head yet"; exit 0; }
+    mkdir -p $R/headparts
+    [ -f $R/headparts/done ] || { tar cf - -C $R/qwen4 head | split -b 15M -d -a 1 - $R/headparts/head.tar.part \
+      && touch $R/headparts/done; }
+    for i in $(seq ${2%-*} ${2#*-}); do [ -f $R/headparts/head.tar.part$i ] && cp $R/headparts/head.tar.part$i $OUT/; done
+    ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 stop status pack send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 stop status pack headback send"; exit 2 ;;
 esac

@@ -175,7 +175,9 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "k": "the device-side hybrid (gpu-pr24344; gpu-eagle-only: its machinery idle) beside EAGLE alone, the "
                 "pass-through idle hybrid and no SD (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
-GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "gpu-eagle-only", "none")   # part k, in priority order
+GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", "ngram")   # part k, in priority
+# order: the Must shows first (the hybrid vs EAGLE, idle vs EAGLE, the predictor's no SD and its hybrid term), vLLM's
+# n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
 SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h")}
