@@ -127,3 +127,30 @@ def test_predicted_table_is_what_the_committed_data_give():
     # the package's one-forward form misses no SD by ~1.5-1.9x: the ragged-batch cost is what it lacks
     none = got[got["config"] == "none"]
     assert (none["ratio_one_F"] > 1.4).all() and ((none["ratio_ragged"] - 1).abs() < 0.2).all()
+
+
+LIVE4 = data_dir() / "gpu" / "live4"
+
+
+def test_device_hybrid_table_is_what_the_committed_part_k_gives():
+    """Part k (the fourth session's H200 run, data/gpu/live4): the table recomputed from its runs, steps and trace
+    equals the committed one; the profile of the same requests predicts the hybrid's decode steps within 4% (the
+    acceptance half of a prediction), and every ratio is against the faster single proposer at that batch size."""
+    import pandas as pd
+
+    got = live.device_hybrid_table(LIVE4)
+    want = pd.read_csv(LIVE4 / "device_hybrid.csv")
+    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
+    for c in ("tok_s", "predicted_tok_s", "vs_best_single", "vs_eagle", "steps"):
+        a, b = got[c].to_numpy(), want[c].to_numpy()
+        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    hy = got[got["config"] == "gpu-pr24344"]
+    assert len(hy) == 4 and ((hy["steps_over_predicted"] - 1).abs() < 0.04).all()
+    singles = got[got["config"].isin(live.SINGLES)]
+    assert (singles.groupby("batch_size")["vs_best_single"].max() == 1.0).all()
+
+
+def test_tables_run_on_a_session_without_llama_rows(capsys):
+    assert live.main(["tables", "--out", str(LIVE4)]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-pr24344" in out and "vs_best_single" in out and "llama31-8b" not in out

@@ -24,7 +24,7 @@ from ...paths import data_dir
 
 __all__ = ["FILE_DOCS", "ENGINE_NOTES", "load", "summarize", "throughput", "llama_baseline", "step_split",
            "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted",
-           "predicted_padded", "main"]
+           "predicted_padded", "device_hybrid_table", "main"]
 
 OUT = data_dir() / "gpu" / "live"
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
@@ -40,6 +40,14 @@ FILE_DOCS = {
                           "torch float32 on the CPU, `live profile`): the predictor's input",
     "predicted.csv": "measured tok/s of each live configuration beside three predictions over hybrid_trace.jsonl "
                      "(cost models fitted on this session's steps; measured_vs_predicted)",
+    "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
+                             "this session trained (n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
+    "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
+                         "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
+                         "(device_hybrid_table)",
+    "head.sha256": "sha256 of the EAGLE head part k ran (trained in the run: `gpu/live_job.sh run4`)",
+    "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
+    "head_config.json": "that head's config.json",
 }
 ENGINE_NOTES = {
     "default": "vLLM's defaults as a user runs them: async scheduling on where vLLM allows it (off for n-gram and the "
@@ -135,6 +143,8 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
+    if (out / "hybrid_trace_s4.jsonl").exists():  # part k's (copied from the raw qwen4/: made on the GPU)
+        write_via(device_hybrid_table(out).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
     # where the numbers were measured (the device), not where this summary ran (summarized_on)
@@ -510,6 +520,39 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     return res.reset_index(drop=True)
 
 
+SINGLES = ("eagle", "ngram")       # the single proposers a hybrid is held against
+
+
+def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
+                        idle: str = "gpu-eagle-only"):
+    """Part k's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``) per
+    configuration and batch size: measured tok/s (mean, min, max of the repeats), ``vs_best_single`` (over the
+    faster of EAGLE and n-gram at that batch size: the Must show's 0.98x), ``vs_eagle`` (for ``idle``: the plugin's
+    overhead), ``predicted_padded``'s prediction and ratio, and ``steps`` / ``predicted_steps``: decode steps per
+    repeat, measured (the step log) over predicted (the profile of the same requests), which separates the
+    acceptance half of a prediction from the cost half."""
+    import pandas as pd
+
+    profiles_path = profiles_path or Path(out) / "hybrid_trace_s4.jsonl"
+    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,))
+    t = throughput(out=out)
+    t = t[t["model"] == QWEN]
+    extra = t[~t["config"].isin(res["config"])][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max",
+                                                  "acceptance_length"]]
+    res = pd.concat([res, extra.assign(fitted_on="not predicted")], ignore_index=True)
+    best = res[res["config"].isin(SINGLES)].groupby("batch_size")["tok_s"].max()
+    eagle = res[res["config"] == "eagle"].set_index("batch_size")["tok_s"]
+    res["vs_best_single"] = res["tok_s"] / res["batch_size"].map(best)
+    res["vs_eagle"] = res["tok_s"] / res["batch_size"].map(eagle)
+    s = pd.read_parquet(Path(out) / "steps.parquet", columns=["config", "batch_size", "phase", "run_id"])
+    s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
+    reps = s["run_id"].str.extract(r"-r(\d+)$")[0].groupby([s["config"], s["batch_size"]]).nunique()
+    res["steps"] = [len(s[(s["config"] == c) & (s["batch_size"] == b)]) / reps.get((c, b), float("nan"))
+                    for c, b in zip(res["config"], res["batch_size"])]
+    res["steps_over_predicted"] = res["steps"] / res["predicted_steps"]
+    return res.sort_values(["batch_size", "config"]).reset_index(drop=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.live", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -541,10 +584,13 @@ def main(argv=None) -> int:
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(throughput(out=a.out).round(3).to_string(index=False))
-        print(llama_baseline(a.out).round(3).to_string(index=False))
+        if (throughput(out=a.out)["model"] == "llama31-8b").any():      # sessions without Llama runs: no baseline
+            print(llama_baseline(a.out).round(3).to_string(index=False))
         print(step_split(a.out).round(2).to_string(index=False))
         if (Path(a.out) / "hybrid_trace.jsonl").exists():
             print(measured_vs_predicted(a.out).round(3).to_string(index=False))
+        if (Path(a.out) / "hybrid_trace_s4.jsonl").exists():                # part k: the device-side hybrid
+            print(device_hybrid_table(a.out).round(3).to_string(index=False))
     return 0
 
 
