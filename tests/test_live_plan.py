@@ -204,3 +204,63 @@ def test_live_job_runs_the_chosen_parts(tmp_path):
     assert done == ["done_e", "done_g"]
     got, done = calls("")
     assert [c[1] for c in got if c[0] == "run"] == ["a", "b", "c", "d"] and done == [f"done_{p}" for p in "abcd"]
+
+
+def test_a_rotated_engine_runs_every_policy_in_a_latin_square_and_names_it_on_every_run(tmp_path):
+    """``jobs.rotated_spec`` / ``_rotated_runs`` on a fake engine: per shape one untimed warm-up per policy, then
+    the timed runs in ``rotated_order`` (each policy once in each position over its 4 repeats), each run recorded
+    with the single-policy configuration it stands for, so ``live.load`` (runs) and ``live.step_configs`` (step
+    rows, by run id) file it under that policy: ``eagle`` for off, the policy otherwise."""
+    import types
+
+    from spec_repro.engines.vllm import jobs as J
+    from spec_repro.engines.vllm import live
+    from spec_repro.engines.vllm.engine import VLLMConfig
+
+    spec = J.rotated_spec("H", model_dir="M")
+    pols = J.ROTATE_POLICIES
+    assert spec["name"] == "hybrid-default-rotate" and spec["config"]["hybrid_rotate"] == list(pols)
+    task = spec["tasks"][0]
+    assert task["repeats"] == len(pols)
+    one = J.hybrid_specs("H", model_dir="M", methods=("eagle",), repeats=4)[0]
+    assert abs((J.estimate_seconds(spec) - 70) - len(pols) * (J.estimate_seconds(one) - 70)) < 1e-6
+    order = J.rotated_order(pols, 4)
+    for i in range(len(pols)):              # position i of the repeats: every policy once
+        assert sorted(p for r, p in order if order.index((r, p)) % len(pols) == i) == sorted(pols)
+
+    calls, recs = [], []
+
+    class Eng:
+        cfg = VLLMConfig(**spec["config"], step_log=str(tmp_path / "s.jsonl"))
+
+        def set_hybrid(self, p):
+            calls.append(("switch", p))
+
+        def run_prompts(self, prompts, max_tokens, *, run_id, record=True, keep_outputs=False, label=""):
+            calls.append(("run", run_id, record))
+            return types.SimpleNamespace(batch_size=len(prompts), run_id=run_id)
+
+    chunks = [[types.SimpleNamespace(prompt_token_ids=[1, 2], id=f"q{i}")] for i in range(2)]
+    J._rotated_runs(Eng(), task, lambda r, **kw: recs.append((r.run_id, kw)), "code-edit", 1, chunks, list(pols))
+    warm = calls[:2 * len(pols)]
+    assert warm == [x for p in pols for x in (("switch", p), ("run", f"code-edit-b1-c0@{p}-r-1", False))]
+    timed = [c for c in calls[2 * len(pols):] if c[0] == "switch"]
+    assert [p for _s, p in timed] == [p for _r, p in order]
+    assert len(recs) == len(order) * len(chunks)
+    labels = {rid: J.config_label(kw["config"]) for rid, kw in recs}
+    assert labels["code-edit-b1-c1@off-r0"] == "eagle" and labels["code-edit-b1-c0@idle-r3"] == "idle"
+    assert all(kw["hybrid_now"] in rid and kw["config"]["rotated"] == list(pols) for rid, kw in recs)
+    ids = [rid for rid, _ in recs]
+    assert list(live.step_configs(ids, spec["config"])) == [labels[r] for r in ids]
+    assert set(live.step_configs(["x"], {"method": "eagle"}, "s")) == {"eagle"}
+
+    res = tmp_path / "raw" / "qwen5"
+    res.mkdir(parents=True)
+    with open(res / "results.jsonl", "w") as f:
+        f.write(json.dumps({"kind": "engine", "spec": spec["name"], "config": spec["config"]}) + "\n")
+        for rid, kw in recs:
+            f.write(json.dumps({"kind": "run", "spec": spec["name"], "run_id": rid, "batch_size": 1, **{
+                k: v for k, v in kw.items() if k != "keys"}}) + "\n")
+    runs, _steps, _e = live.load(tmp_path / "raw")
+    assert sorted(set(runs["config"])) == sorted({"eagle", *pols[1:]})
+    assert (runs.groupby("config").size() == 4 * len(chunks)).all()

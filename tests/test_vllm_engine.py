@@ -202,3 +202,17 @@ def test_the_vllm_package_re_exports_its_engine_and_imports_no_vllm():
             "assert V.SUPPORTED_VLLM == E.SUPPORTED_VLLM; assert 'vllm' not in sys.modules, 'vllm imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_rotated_engine_installs_its_first_policy_and_refuses_what_it_cannot_switch():
+    env = V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", step_log="s.jsonl",
+                                    hybrid_rotate=["off", "idle", "gpu-pr24344"]))
+    assert env["SPEC_REPRO_HYBRID"] == "idle"          # installed at start; "off" is not a policy to install
+    for kw, msg in [(dict(hybrid_rotate=["off", "gpu-pr2434"], step_log="s"), "hybrid_rotate= takes"),
+                    (dict(hybrid_rotate=["off"], step_log="s"), "at least one policy"),
+                    (dict(hybrid_rotate=["off", "idle"]), "step_log=None"),
+                    (dict(hybrid_rotate=["idle"], hybrid="pr24344", step_log="s"), "hybrid_rotate= takes")]:
+        with pytest.raises(V.VLLMEngineError, match=msg):
+            V.engine_env(V.VLLMConfig(model="dir", method="eagle", draft="d", **kw))
+    with pytest.raises(V.VLLMEngineError, match="needs method='eagle'"):
+        V.engine_env(V.VLLMConfig(model="dir", method="ngram", hybrid_rotate=["idle"], step_log="s"))

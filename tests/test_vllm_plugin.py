@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from spec_repro.engines.vllm import hybrid as H
 from spec_repro.engines.vllm import plugin as vp
 from spec_repro.engines.vllm.agreement import ngram_propose, predict_ngram_steps
 from spec_repro.traces import TraceError, validate_steps
@@ -459,3 +460,63 @@ def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_d
     out = run.propose_draft_token_ids(so, torch.tensor([[4] + [-1] * k, [1] + [-1] * k]))
     assert out.tolist() == [[2, 3, 4, 9], [4, 4, 4, 4]]   # c: "2 3 4" recurs, its 3 tokens then EAGLE's; d: none
     assert set(hy.history.row_of) == {"c", "d"}
+
+
+def test_one_engine_switches_between_eagle_alone_idle_and_the_device_hybrids(monkeypatch):
+    """``op="hybrid"`` (``set_hybrid``) on the fake runner: ``off`` is vLLM's EAGLE step untouched and uncounted,
+    ``gpu-eagle-only`` EAGLE's tokens through the hybrid's machinery, ``gpu-pr24344`` n-gram's where the context
+    repeats, ``idle`` vLLM's step counted; each policy keeps its own hybrid, and every device hybrid built frees
+    the rows of finished requests whether active or not. Unknown names and a switch with no hybrid installed are
+    refused."""
+    import types
+
+    import torch
+
+    k = 4
+    eagle = torch.tensor([[9, 9, 9, 9], [4, 4, 4, 4]])
+
+    class Runner:
+        def propose_draft_token_ids(self, scheduler_output, sampled_token_ids):
+            return eagle[: len(self.input_batch.req_ids)]
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            return None
+
+        def _update_states(self, scheduler_output):
+            return None
+
+    monkeypatch.setitem(vp._state, "hybrid", None)
+    monkeypatch.setitem(vp._state, "hybrid_now", None)
+    with pytest.raises(ValueError, match="no hybrid installed"):
+        vp.set_hybrid("idle")
+    monkeypatch.setenv(vp.ENV_HYBRID, "gpu-pr24344")
+    monkeypatch.setitem(vp._state, "hybrid_error", None)
+    assert vp.patch_hybrid(Runner)
+    with pytest.raises(ValueError, match="hybrid policy 'gpu-pr2434'"):
+        vp.set_hybrid("gpu-pr2434")
+    prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
+    fake, _ = _fake_runner(True, prompts, k)
+    run = Runner()
+    run.__dict__.update(vars(fake))
+    run.max_num_reqs, run.max_model_len = 2, 64
+    run.discard_request_mask = types.SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool))
+    so = types.SimpleNamespace(finished_req_ids=set(), num_spec_tokens_to_schedule=k)
+    sampled = torch.tensor([[8] + [-1] * k, [1] + [-1] * k])
+    got = {}
+    for pol in ("off", "gpu-eagle-only", "gpu-pr24344", "idle"):
+        vp.set_hybrid(pol)
+        assert vp.status()["hybrid_now"] == pol
+        got[pol] = run.propose_draft_token_ids(so, sampled)
+    assert got["off"] is not None and got["off"].tolist() == eagle.tolist()
+    assert got["gpu-eagle-only"].tolist() == eagle.tolist()
+    assert got["gpu-pr24344"].tolist() == [[5, 6, 7, 8], [4, 4, 4, 4]]
+    assert got["idle"].tolist() == eagle.tolist()
+    built = run._spec_repro_hybrids
+    assert set(built) == {"gpu-eagle-only", "gpu-pr24344", "idle"}           # "off" builds nothing
+    assert isinstance(built["idle"], H.LiveHybrid) and run._spec_repro_hybrid is built["idle"]
+    dev = [built["gpu-eagle-only"], built["gpu-pr24344"]]
+    assert all(set(h.history.row_of) == {"a", "b"} for h in dev)
+    run.execute_model(types.SimpleNamespace(finished_req_ids={"a", "b"}))     # idle active: both still freed
+    assert all(h.history.row_of == {} for h in dev)
+    vp.set_hybrid(None)                                    # back to the installed one
+    assert vp.status()["hybrid_now"] == "gpu-pr24344"

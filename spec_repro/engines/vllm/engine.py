@@ -69,6 +69,8 @@ class VLLMConfig:
     hybrid: str | None = None                   # method eagle: a hybrid.POLICIES name, the live n-gram + EAGLE
     hybrid_cost_model: str | None = None        # hybrid "adaptive-rule": its cost model (preset name or file)
     hybrid_pad: bool = False                    # hybrid: pad every draft to k (uniform 1 + k decode batches)
+    hybrid_rotate: list | None = None           # method eagle: policies one engine switches between runs
+                                                # (set_hybrid; "off": vLLM's EAGLE alone), e.g. off, idle, gpu-*
     seed: int = 0
     name: str | None = None                     # label for results; defaults to the model dir's name
     extra: dict = field(default_factory=dict)   # passed to vllm.LLM as is
@@ -137,18 +139,31 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
             raise VLLMEngineError("draft_cudagraphs=True is for method='draft_model' (vLLM already replays "
                                   f"EAGLE/MTP drafters' graphs), not {cfg.method!r}")
         env["SPEC_REPRO_DRAFT_CUDAGRAPHS"] = "1"
-    if cfg.hybrid:
+    hybrid = cfg.hybrid
+    if cfg.hybrid_rotate:
+        from .hybrid import POLICIES
+        from .plugin import HYBRID_OFF
+
+        bad = [p for p in cfg.hybrid_rotate if p != HYBRID_OFF and p not in POLICIES]
+        on = [p for p in cfg.hybrid_rotate if p != HYBRID_OFF]
+        if bad or not on or not cfg.step_log or (hybrid and hybrid not in cfg.hybrid_rotate):
+            raise VLLMEngineError(f"hybrid_rotate= takes {HYBRID_OFF!r} and hybrid policies ({', '.join(POLICIES)}),"
+                                  f" at least one policy, and a step log (the switch is the plugin's RPC); got "
+                                  f"{list(cfg.hybrid_rotate)!r}" + (f", step_log={cfg.step_log!r}" if not
+                                                                     cfg.step_log else ""))
+        hybrid = hybrid or on[0]               # installed at start; set_hybrid switches between runs
+    if hybrid:
         from .hybrid import POLICIES
 
-        if cfg.method != "eagle" or cfg.hybrid not in POLICIES:
+        if cfg.method != "eagle" or hybrid not in POLICIES:
             raise VLLMEngineError(f"hybrid= needs method='eagle' (got {cfg.method!r}) and one of "
-                                  f"{', '.join(POLICIES)} (got {cfg.hybrid!r})")
-        if cfg.hybrid == "adaptive-rule" and not cfg.hybrid_cost_model:
+                                  f"{', '.join(POLICIES)} (got {hybrid!r})")
+        if "adaptive-rule" in (hybrid, *(cfg.hybrid_rotate or ())) and not cfg.hybrid_cost_model:
             raise VLLMEngineError("hybrid='adaptive-rule' prices proposals with a cost model: set "
                                   "hybrid_cost_model= (a preset name or file)")
         if cfg.model_runner != "v1":
             raise VLLMEngineError("hybrid= wraps the V1 model runner: keep model_runner='v1'")
-        env["SPEC_REPRO_HYBRID"] = cfg.hybrid
+        env["SPEC_REPRO_HYBRID"] = hybrid
         if cfg.hybrid_cost_model:
             env["SPEC_REPRO_HYBRID_COST"] = str(cfg.hybrid_cost_model)
         if cfg.hybrid_pad:
@@ -324,6 +339,14 @@ class VLLMEngine:
             return self.llm.collective_rpc("spec_repro_steps", kwargs={"op": op, **kw})
         except Exception as e:  # plugin not loaded (not installed as an entry point, or disabled)
             return [{"error": f"{type(e).__name__}: {e}", "patched": False}]
+
+    def set_hybrid(self, policy: str) -> None:
+        """Switch the engine's hybrid to ``policy`` (one of ``cfg.hybrid_rotate``) for the runs that follow."""
+        if policy not in (self.cfg.hybrid_rotate or ()):
+            raise VLLMEngineError(f"set_hybrid({policy!r}): this engine rotates {self.cfg.hybrid_rotate!r}")
+        st = self.steps("hybrid", policy=policy)
+        if not st or st[0].get("hybrid_now") != policy:
+            raise VLLMEngineError(f"the plugin did not switch the hybrid to {policy!r}: {st}")
 
     def _sampling(self, max_tokens: int, ignore_eos: bool = True, stop_token_ids=None):
         from vllm import SamplingParams

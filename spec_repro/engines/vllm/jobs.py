@@ -202,7 +202,8 @@ HYBRID_MODEL = "qwen2.5-coder-1.5b"
 HYBRID_WORKLOADS = ("code-edit", "sharegpt")
 HYBRID_BATCH_SIZES = (1, 8, 32, 64)
 HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
-PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
+PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")
+ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids   # the hybrid with every draft padded to k
 # engine configuration -> VLLMConfig fields. "default": vLLM's default scheduling (async for EAGLE) on the V1 runner
 # the plugin hooks; "study-like": synchronous, V1; "vllm-default": what a user runs, vLLM 0.25's own choice of
 # runner too (the V2 runner for EAGLE and no SD on Qwen2, config/vllm.py:518-555; V1 for n-gram, :2068-2071),
@@ -233,6 +234,8 @@ def config_label(cfg: dict) -> str:
     """The ``hybrid_specs`` method an engine config runs (the inverse of :func:`hybrid_method`): vLLM's method, the
     hybrid's policy, ``<policy>-pad`` or ``ngram-pad``."""
     pol = cfg.get("hybrid")
+    if cfg.get("hybrid_rotate"):
+        return "rotate"          # the engine; each of its runs names the policy it ran (rotated_run_config)
     if not pol:
         return cfg.get("method")
     if cfg.get("hybrid_pad"):
@@ -296,13 +299,14 @@ def estimate_seconds(spec: dict, start_s: float = 70.0, step_s: float = 0.006, p
     ``step_s + B * per_seq_s`` (defaults: a 1.5B target on an H200, ~2 tokens per step with SD, 1 without)."""
     t = start_s
     tps = tokens_per_step or (1.0 if spec["config"]["method"] == "none" else 2.0)
+    pols = len(spec["config"].get("hybrid_rotate") or ()) or 1      # a rotated engine runs the task per policy
     for task in spec["tasks"]:
         if task["type"] != "hybrid":     # other tasks: priced by their caller (session.spec_seconds)
             continue
         for b in task["batch_sizes"]:
             chunks = -(-max(b, task["prompts_per_bs"]) // b)
             run = chunks * task["max_tokens"] / tps * (step_s + b * per_seq_s)
-            t += len(task["workloads"]) * (task["repeats"] + 1) * run    # + 1: the warm-up pass
+            t += pols * len(task["workloads"]) * (task["repeats"] + 1) * run    # + 1: the warm-up pass
     return t
 
 
@@ -311,26 +315,61 @@ def hybrid_plan(specs: list[dict], done: set | None = None) -> list[dict]:
     rows = []
     for s in specs:
         t = next(x for x in s["tasks"] if x["type"] == "hybrid")
-        rows.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
+        rows.append({"spec": s["name"], "method": s["config"]["method"],
+                     "hybrid": s["config"].get("hybrid") or s["config"].get("hybrid_rotate"),
                      "pad": bool(s["config"].get("hybrid_pad")), "instrumented": s.get("instrumented", True),
                      "runs": len(t["workloads"]) * len(t["batch_sizes"]) * t["repeats"],
                      "seconds": round(estimate_seconds(s)), "done": s["name"] in (done or set())})
     return rows
 
 
+def rotated_spec(head: str, policies=ROTATE_POLICIES, **kw) -> dict:
+    """One EAGLE engine that runs every policy of ``policies`` (``off``: vLLM's EAGLE alone; ``idle``; the
+    device-side hybrids) on the same task, switched between runs (``VLLMEngine.set_hybrid``) in a Latin-square
+    order (``rotated_order``): engine-to-engine host noise, which the fourth GPU session found larger than the
+    effects measured (same code, two engines: 0.75x and 1.15x), falls on every policy alike. Spec name
+    ``hybrid-<engine_config>-rotate``; ``kw`` as :func:`hybrid_specs` (repeats default 4: one per order)."""
+    spec = hybrid_specs(head, methods=("eagle",), **{"repeats": len(policies), **kw})[0]
+    spec["config"]["hybrid_rotate"] = list(policies)
+    spec["name"] = spec["name"].replace("-eagle", "-rotate")
+    return spec
+
+
+def rotated_order(policies, repeats: int) -> list[tuple[int, str]]:
+    """(repeat, policy) in run order: repeat r starts at policy r mod n, so over n repeats every policy runs once
+    in every position (drift within the engine, warm-up effects after a switch, fall on all alike)."""
+    n = len(policies)
+    return [(r, policies[(r + i) % n]) for r in range(repeats) for i in range(n)]
+
+
+def rotated_run_config(cfg: dict, policy: str) -> dict:
+    """A rotated engine's run, configured as the single-policy engine it stands for (``config_label`` gives
+    ``eagle`` for ``off``, else the policy), with the rotation it was part of."""
+    from .plugin import HYBRID_OFF
+
+    return {**cfg, "hybrid": None if policy == HYBRID_OFF else policy, "hybrid_rotate": None,
+            "rotated": list(cfg["hybrid_rotate"])}
+
+
 def _hybrid_task(eng, task: dict, record) -> None:
-    """Every workload x batch size x repeat on one engine (a warm-up pass per shape first, not recorded)."""
+    """Every workload x batch size x repeat on one engine (a warm-up pass per shape first, not recorded); a
+    rotated engine (``cfg.hybrid_rotate``) runs each policy in turn (``rotated_order``; run ids
+    ``<w>-b<B>-c<chunk>@<policy>-r<repeat>``), its warm-up one chunk per shape and policy."""
     from transformers import AutoTokenizer
 
     from ... import workloads as W
 
     tok = AutoTokenizer.from_pretrained(eng.cfg.model)
+    rot = list(eng.cfg.hybrid_rotate or ())
     for w in task["workloads"]:
         reqs = W.load(w, n=max(task["batch_sizes"] + [task["prompts_per_bs"]]), seed=0, tokenizer=tok,
                       max_prompt_tokens=eng.cfg.max_model_len - task["max_tokens"])
         for b in task["batch_sizes"]:
             part = reqs[:max(b, task["prompts_per_bs"])]
             chunks = [part[i:i + b] for i in range(0, len(part), b)]
+            if rot:
+                _rotated_runs(eng, task, record, w, b, chunks, rot)
+                continue
             for rep in range(-1, task["repeats"]):
                 for c, ch in enumerate(chunks):
                     r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
@@ -340,6 +379,22 @@ def _hybrid_task(eng, task: dict, record) -> None:
                         r.batch_size = b
                         record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch],
                                with_outputs=True)
+
+
+def _rotated_runs(eng, task, record, w, b, chunks, rot) -> None:
+    cfg = vars(eng.cfg)
+    for p in rot:                                   # warm-up: this shape under each policy, untimed
+        eng.set_hybrid(p)
+        eng.run_prompts([q.prompt_token_ids for q in chunks[0]], task["max_tokens"], run_id=f"{w}-b{b}-c0@{p}-r-1",
+                        record=False, label="warmup")
+    for rep, p in rotated_order(rot, task["repeats"]):
+        eng.set_hybrid(p)
+        for c, ch in enumerate(chunks):
+            r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"], run_id=f"{w}-b{b}-c{c}@{p}-r{rep}",
+                                keep_outputs=True, label="hybrid")
+            r.batch_size = b
+            record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch], with_outputs=True,
+                   hybrid_now=p, config=rotated_run_config(cfg, p))
 
 
 def lossless_report(records: list[dict], baseline_method: str = "none") -> list[dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from ...io import write_via
 from ...paths import data_dir
 
-__all__ = ["FILE_DOCS", "ENGINE_NOTES", "load", "summarize", "throughput", "llama_baseline", "step_split",
+__all__ = ["FILE_DOCS", "ENGINE_NOTES", "step_configs", "load", "summarize", "throughput", "llama_baseline", "step_split",
            "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted",
            "predicted_padded", "device_hybrid_table", "main"]
 
@@ -75,6 +75,20 @@ def _cfg_fields(cfg: dict, engine: dict) -> dict:
             "instrumented": bool(engine.get("instrumented")), "max_num_seqs": cfg.get("max_num_seqs")}
 
 
+def step_configs(run_ids, ecfg: dict, spec: str = ""):
+    """The configuration of each step row of an engine (``ecfg``: its config): the engine's, or for a rotated
+    engine (``hybrid_rotate``) the policy its run id names (``<w>-b<B>-c<chunk>@<policy>-r<repeat>``)."""
+    import pandas as pd
+
+    run_ids = pd.Series(run_ids)
+    if not ecfg.get("hybrid_rotate"):
+        return pd.Series([_config(ecfg) or spec] * len(run_ids), index=run_ids.index)
+    from .jobs import rotated_run_config
+
+    pol = run_ids.str.extract(r"@(.+)-r-?\d+$")[0]
+    return pol.map({p: _config(rotated_run_config(ecfg, p)) for p in ecfg["hybrid_rotate"]})
+
+
 def load(raw: str | Path):
     """(runs, steps, engines) from a raw folder (searched recursively)."""
     import pandas as pd
@@ -90,7 +104,7 @@ def load(raw: str | Path):
             continue
         e = engines.get(d["spec"], {})
         row = {k: v for k, v in d.items() if k not in ("outputs", "keys", "config", "kind")}
-        row.update(_cfg_fields(e.get("config") or {}, e))
+        row.update(_cfg_fields(d.get("config") or e.get("config") or {}, e))   # a rotated engine's run: its policy's
         row["engine_config"] = d.get("engine_config") or e.get("engine_config")
         for c in ("per_position_rate", "accepted_per_pos"):
             row[c] = json.dumps(row.get(c))
@@ -104,7 +118,7 @@ def load(raw: str | Path):
         for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):
             df[f"hybrid_{key}"] = [(x.get("hybrid") or {}).get(key) for x in extra]
         df["spec"] = spec
-        df["config"] = _config(engines.get(spec, {}).get("config") or {}) or spec
+        df["config"] = step_configs(df["run_id"], engines.get(spec, {}).get("config") or {}, spec)
         df["engine_config"] = engines.get(spec, {}).get("engine_config")
         parts.append(df)
     steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

@@ -127,7 +127,9 @@ GPU checks for the hybrid (what was read in vLLM 0.25's source, not run; file:li
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
 ``op="instrument"`` with ``on=False`` restores vLLM's original methods (for overhead measurements),
-``op="flush"`` writes pending rows and returns how many rows were written so far.
+``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="hybrid"`` with
+``policy=`` switches the installed hybrid between runs (``set_hybrid``: one engine measures EAGLE alone, the idle
+hybrid and the hybrids interleaved, so engine-to-engine host noise cancels).
 """
 from __future__ import annotations
 
@@ -150,6 +152,7 @@ ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported 
 ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CUDA graphs (vLLM PR #47460)
 ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
 ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
+HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
 ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (uniform decode batches)
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
@@ -165,7 +168,7 @@ RUNNER_METHODS = {
 }
 
 _state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False,
-          "hybrid": None, "hybrid_error": None, "hybrid_pad": False}
+          "hybrid": None, "hybrid_error": None, "hybrid_pad": False, "hybrid_now": None}
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()
 
@@ -231,7 +234,8 @@ def status() -> dict:
     return {"registered": _state["registered"], "patched": _state["patched"], "version": PLUGIN_VERSION,
             "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH),
             "draft_cudagraphs": _state["draft_cudagraphs"], "hybrid": _state["hybrid"],
-            "hybrid_error": _state["hybrid_error"], "hybrid_pad": _state["hybrid_pad"]}
+            "hybrid_error": _state["hybrid_error"], "hybrid_pad": _state["hybrid_pad"],
+            "hybrid_now": _state["hybrid_now"] or _state["hybrid"]}
 
 
 def _disable(why: str) -> None:
@@ -345,7 +349,10 @@ def patch_hybrid(cls) -> bool:
     orig_propose, orig_exec, orig_update = cls.propose_draft_token_ids, cls.execute_model, cls._update_states
 
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
-        hy = _live_hybrid(self, name)
+        now = _state["hybrid_now"] or name         # switched between runs by op="hybrid" (one engine, A/B)
+        if now == HYBRID_OFF:                       # vLLM's own EAGLE step, not counted: EAGLE alone
+            return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        hy = _live_hybrid(self, now)
         if hy is None:
             return orig_propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         if isinstance(hy, _DeviceHybrid):       # gpu-*: the rule on the device, no host round trip
@@ -368,9 +375,9 @@ def patch_hybrid(cls) -> bool:
         # to k, takes back the same (gpu_model_runner.py:1317-1343, 1496-1509). The in-process executor hands
         # the scheduler's own object to the runner (uniproc_executor.py:79-121), so cutting it in place would
         # make the scheduler take back only j - accepted and drift by k - j per cut step.
-        hy = getattr(self, "_spec_repro_hybrid", None)
-        if isinstance(hy, _DeviceHybrid):   # every step: finished requests are often told in a step with no
-            hy.history.forget(getattr(scheduler_output, "finished_req_ids", ()))   # drafting (a batch's last)
+        for hy in (getattr(self, "_spec_repro_hybrids", None) or {}).values():   # every device hybrid built,
+            if isinstance(hy, _DeviceHybrid):   # active or not, every step: finished requests are often told in
+                hy.history.forget(getattr(scheduler_output, "finished_req_ids", ()))   # a step with no drafting
         valid = getattr(self, "_spec_repro_valid", None)
         self._spec_repro_valid, self._spec_repro_before = None, {}
         if valid:
@@ -407,6 +414,21 @@ def _pad_on() -> bool:
     return os.environ.get(ENV_HYBRID_PAD) == "1"
 
 
+def set_hybrid(policy: str | None) -> None:
+    """Switch the installed hybrid to ``policy`` (a ``hybrid.POLICIES`` name; ``HYBRID_OFF``: vLLM's own EAGLE,
+    uncounted; None: back to ``SPEC_REPRO_HYBRID``'s) for the steps that follow: between runs, when no request is
+    in flight (a request's device rows start from its prompt under the policy that first drafts for it). Refused
+    (ValueError) for an unknown name or when no hybrid is installed."""
+    from . import hybrid as H
+
+    if policy is not None and policy != HYBRID_OFF and policy not in H.POLICIES:
+        raise ValueError(f"hybrid policy {policy!r}: one of {HYBRID_OFF}, {', '.join(H.POLICIES)}")
+    if policy is not None and not _state["hybrid"]:
+        raise ValueError(f"no hybrid installed (start the engine with {ENV_HYBRID}=<policy>): cannot switch to "
+                         f"{policy!r}")
+    _state["hybrid_now"] = policy
+
+
 def _hybrid_off(why: str) -> None:
     _state["hybrid"], _state["hybrid_error"] = None, why
     msg = f"spec_repro hybrid OFF (vLLM runs its own drafter): {why}"
@@ -415,10 +437,17 @@ def _hybrid_off(why: str) -> None:
 
 
 def _live_hybrid(runner, name: str):
-    """The runner's LiveHybrid (built at its first drafting step), or None where the hybrid cannot run."""
-    hy = getattr(runner, "_spec_repro_hybrid", False)
-    if hy is not False:
-        return hy
+    """The runner's hybrid for policy ``name`` (built at its first drafting step under that policy, then kept:
+    an engine switched between policies keeps one per policy), or None where the hybrid cannot run. The active
+    one is also ``runner._spec_repro_hybrid``."""
+    built = runner.__dict__.setdefault("_spec_repro_hybrids", {})
+    if name not in built:
+        built[name] = _build_hybrid(runner, name)
+    runner._spec_repro_hybrid = built[name]
+    return built[name]
+
+
+def _build_hybrid(runner, name: str):
     runner._spec_repro_hybrid = None
     try:
         from . import hybrid as H
@@ -430,14 +459,12 @@ def _live_hybrid(runner, name: str):
         if name in H.GPU_POLICIES:
             from .gpu_hybrid import DeviceHistory
 
-            runner._spec_repro_hybrid = _DeviceHybrid(
-                name, DeviceHistory(runner.max_num_reqs, runner.max_model_len, runner.device))
-            return runner._spec_repro_hybrid
+            return _DeviceHybrid(name, DeviceHistory(runner.max_num_reqs, runner.max_model_len, runner.device))
         pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)
-        runner._spec_repro_hybrid = H.LiveHybrid(pol, pad=_pad_on())
+        return H.LiveHybrid(pol, pad=_pad_on())
     except Exception as e:
         _hybrid_off(f"{type(e).__name__}: {e}")
-    return runner._spec_repro_hybrid
+    return None
 
 
 def _hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
@@ -532,7 +559,7 @@ def _gpu_hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     if not (torch.is_tensor(sampled) and torch.is_tensor(out)):
         _hybrid_off("the device-side hybrid needs vLLM's padded drafter batch (disable_padded_drafter_batch "
                     "off): it reads the sampled tokens as a tensor")
-        runner._spec_repro_hybrid = None
+        runner._spec_repro_hybrid = runner._spec_repro_hybrids[hy.name] = None
         return out
     gh = hy.history
     gh.forget(getattr(so, "finished_req_ids", ()))
@@ -670,6 +697,8 @@ def _worker_rpc(self, op: str = "status", **kw):
         rec.set_context(**kw)
     elif op == "instrument":
         instrument(bool(kw.get("on", True)))
+    elif op == "hybrid":
+        set_hybrid(kw.get("policy"))
     return {**status(), "rows": rec.rows_written, "pid": os.getpid(), "context": dict(rec.ctx)}
 
 
