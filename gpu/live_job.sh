@@ -99,7 +99,7 @@
 # Here first: NB_WHEELS=1 WORKLOADS="code-edit sharegpt" HEADS=<sha> bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
 # Calls: vllm c1..c5, c6+c7; piece p00..p18 (carry [".carry/pNN"]); restore the tree; setup (carry [".stage/run",
 # ".carry/extra"]); LEFT=<budget_left_s> bash gpu/live_job.sh start3; polls (sleep 190; status); pack r; give_back.
-# FOURTH SESSION (2026-12-02): the device-side hybrid (spec_repro/engines/vllm/gpu_hybrid.py: PR #24344's rule with
+# FOURTH SESSION (2026-12-02; run in the fifth: see below): the device-side hybrid (spec_repro/engines/vllm/gpu_hybrid.py: PR #24344's rule with
 # no host round trip) and the idle hybrid's overhead, part k. This machine's cache came without the Qwen head (103 MB,
 # never committed), so the run trains one first, shorter than issue 17's (no sharegpt-turns, 7,000 ShareGPT
 # prompts, 512 new tokens, 520 s in all). Planned device seconds:
@@ -124,6 +124,29 @@
 # machine went back before the pack call (a reply came later than the 30 s a machine stays warm), with every
 # result on it; only the console tails the calls printed survived (CHANGELOG, "fourth GPU session"). Hence
 # `status PART` (each poll brings the part's results back).
+# FIFTH SESSION (2026-12-02 run, this file's part k): USED 1,685 of 1,800 device s: machine start + vllm c1..c7
+# ~110, 18 pieces ~90, setup 179 (held 386 at its end), train 532 + profile ~15, part k 699 (EAGLE 147,
+# gpu-pr24344 96, idle 103, no SD 102, gpu-eagle-only 120, n-gram 131), the head back in 7 pieces on the polls
+# (no device time of its own). Results: data/gpu/live4/. What it showed: the same code in two engines (EAGLE alone
+# and idle: vLLM's own EAGLE step either way) measured 0.99 / 0.75 / 1.11 / 1.15x at bs 1 / 8 / 32 / 64: the host
+# phases (drafting, the rest) differ by up to 1.7 ms a step between engines and between repeats of one, in both
+# directions, more than the effects to be measured (3%, 0.98x). Hence the SIXTH session's design:
+# SIXTH SESSION (PREPARED, NOT YET RUN): parts m (code-edit) then s (sharegpt), session.py: ONE EAGLE engine
+# rotating EAGLE alone ("off"), idle, gpu-pr24344, gpu-eagle-only between runs (jobs.rotated_spec: plugin op
+# "hybrid", a Latin square over 4 repeats), beside no SD and vLLM's n-gram (4 repeats each). The head is the
+# fourth session's (sha 2dce8ecc..., in this machine's cache since its pieces came back): no training. Estimated:
+#   stage      calls  seconds  what
+#   vllm         6    ~110     machine start + .stage/c1..c7
+#   piece      ~20    ~110     Qwen 1.5B + the head + code-edit, sharegpt
+#   setup        1    ~180
+#   run   1 + polls   ~1,200   detached (start5): part m ~600 (rotate ~320, none ~140, n-gram ~150), lossless;
+#                               part s the same on sharegpt (the deadline cuts what does not fit)
+#   In all ~1,600 of 1,800. Here first:
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt" HEADS=2dce8ecc35f50edfdf9290a5300d9b9eb53f93c2a83ae47a3f71f23c6ba8f87b \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
+# Calls: vllm c1..c5, c6+c7; piece p00..pNN (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s>
+# RESERVE=45 bash gpu/live_job.sh start5; polls `sleep 200; bash gpu/live_job.sh status m` (then `status s`), each
+# reply's files copied here at once; give_back. Then `live summarize --raw DIR --out data/gpu/live5`, `live tables`.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -135,7 +158,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) echo qwen5 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -154,7 +177,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g|k) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k|m|s) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -224,6 +247,17 @@ case "$1" in
     fi
     HEAD=$H4 part k qwen4
     echo PIPE_FINISHED ;;
+  start5)     # the fifth session: parts m (code-edit) then s (sharegpt): ONE EAGLE engine rotating EAGLE alone,
+              # idle and the device-side hybrids, beside no SD and n-gram; the fourth session's head, staged from
+              # the cache (HEADS=2dce8ecc...). LEFT=S: the lease's budget_left_s now
+    detach run5 ;;
+  run5)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    HEAD=/root/cache/heads/${HEAD5:-2dce8ecc35f50edfdf9290a5300d9b9eb53f93c2a83ae47a3f71f23c6ba8f87b}
+    [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
+    mkdir -p $R/qwen5; sha256sum $HEAD/model.safetensors > $R/qwen5/head.sha256
+    for p in ${PARTS:-m s}; do part $p qwen5; done
+    echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)
     pkill -f "live_job.sh run"; pkill -f "spec_repro.engines.vllm"; sleep 3
     pkill -9 -f "spec_repro.engines.vllm"; pkill -9 -f EngineCore; sleep 2
@@ -255,5 +289,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 start5 run5 stop status pack headback send"; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """Issue 18's GPU session (gpu/live_job.sh, engines.vllm.session): its plan fits the budget, every engine runs once
 and in priority order; the agreement path (profiled acceptance -> per-step prediction) on the committed SmolLM2 run."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -264,3 +265,23 @@ def test_a_rotated_engine_runs_every_policy_in_a_latin_square_and_names_it_on_ev
     runs, _steps, _e = live.load(tmp_path / "raw")
     assert sorted(set(runs["config"])) == sorted({"eagle", *pols[1:]})
     assert (runs.groupby("config").size() == 4 * len(chunks)).all()
+
+
+def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_one_folder(tmp_path):
+    """Parts m and s (``gpu/live_job.sh run5``): the rotated EAGLE engine first (what the Must shows need), then
+    no SD and n-gram, every name distinct across the two parts; the script's pdir files both under qwen5 and runs
+    the lossless check after each."""
+    m, s = S.part_specs("m", "H", "M"), S.part_specs("s", "H", "M")
+    assert [x["name"] for x in m] == ["hybrid-default-rotate-s5", "hybrid-default-none-s5", "hybrid-default-ngram-s5"]
+    assert len({x["name"] for x in m + s}) == 6
+    assert m[0]["config"]["hybrid_rotate"] == ["off", "idle", "gpu-pr24344", "gpu-eagle-only"]
+    assert {x["tasks"][0]["workloads"][0] for x in m} == {"code-edit"} and s[0]["tasks"][0]["workloads"] == ["sharegpt"]
+    assert all(x["tasks"][0]["repeats"] == S.ROTATED_REPEATS for x in m + s)
+    env = {**os.environ, "RES": str(tmp_path)}
+    for p in "ms":
+        r = subprocess.run(["bash", "-c", f"source <(sed -n '/^pdir()/,/^detach()/p' gpu/live_job.sh | head -n -1); "
+                            f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert r.stdout.strip() == "qwen5", r.stderr
+    run = (ROOT / "gpu/live_job.sh").read_text()
+    assert "b|e|f|g|k|m|s) $PY -m spec_repro.engines.vllm.jobs lossless" in run
+    assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run

@@ -36,7 +36,8 @@ import json
 import sys
 from pathlib import Path
 
-from .jobs import LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, run_specs
+from .jobs import (LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, rotated_spec,
+                   run_specs)
 
 __all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "MEASURED_S", "AGREEMENT_PROMPTS",
            "part_specs", "plan", "best_padded", "prepare_prompts", "predictor_from_acc", "agreement_report"]
@@ -135,6 +136,11 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         return _s2(hybrid_specs(head, methods=("ngram-pad",), **kw))
     if part == "k":         # the fourth session: the device-side hybrid (gpu_hybrid), no host round trip
         return [{**s, "name": s["name"] + S4} for s in hybrid_specs(head, methods=GPU_HYBRID_ENGINES, **kw)]
+    if part in ("m", "s"):  # the fifth session: EAGLE alone, idle and the device-side hybrids in ONE engine
+        wl = ("code-edit",) if part == "m" else ("sharegpt",)
+        kw = {**kw, "workloads": wl, "repeats": ROTATED_REPEATS}
+        specs = [rotated_spec(head, **kw)] + hybrid_specs(head, methods=("none", "ngram"), **kw)
+        return [{**s, "name": s["name"] + ("" if part == "m" else "-sharegpt") + S5} for s in specs]
     raise ValueError(f"unknown part {part!r}")
 
 
@@ -173,8 +179,13 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "j": "the idle hybrid as a pass-through (idle: vLLM's own EAGLE step, counted) beside i's EAGLE alone",
            "n": "padded n-gram alone (ngram-pad; part e's last engine), run after `reproduce --profile gpu`",
            "k": "the device-side hybrid (gpu-pr24344; gpu-eagle-only: its machinery idle) beside EAGLE alone, the "
-                "pass-through idle hybrid and no SD (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless"}
+                "pass-through idle hybrid, no SD and vLLM's n-gram (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless",
+           "m": "ONE EAGLE engine rotating EAGLE alone (off), idle, gpu-pr24344, gpu-eagle-only (Latin square, "
+                "4 repeats), beside no SD and vLLM's n-gram (code-edit, bs 1/8/32/64, k 5); lossless",
+           "s": "part m on sharegpt"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
+S5 = "-s5"     # the fifth's (parts m, s: the rotated engine, with the fourth session's head from the cache)
+ROTATED_REPEATS = 4       # one per position of the Latin square over jobs.ROTATE_POLICIES
 GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", "ngram")   # part k, in priority
 # order: the Must shows first (the hybrid vs EAGLE, idle vs EAGLE, the predictor's no SD and its hybrid term), vLLM's
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
