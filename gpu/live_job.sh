@@ -137,7 +137,7 @@
 # fourth session's (sha 2dce8ecc..., in this machine's cache since its pieces came back): no training. Estimated:
 #   stage      calls  seconds  what
 #   vllm         6    ~110     machine start + .stage/c1..c7
-#   piece      ~20    ~110     Qwen 1.5B + the head + code-edit, sharegpt
+#   piece       19    ~110     Qwen 1.5B + the head + code-edit, sharegpt (p00..p18, staged 2026-12-02)
 #   setup        1    ~180
 #   run   1 + polls   ~1,200   detached (start5): part m ~600 (rotate ~320, none ~140, n-gram ~150), lossless;
 #                               part s the same on sharegpt (the deadline cuts what does not fit)
@@ -256,6 +256,9 @@ case "$1" in
     HEAD=/root/cache/heads/${HEAD5:-2dce8ecc35f50edfdf9290a5300d9b9eb53f93c2a83ae47a3f71f23c6ba8f87b}
     [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
     mkdir -p $R/qwen5; sha256sum $HEAD/model.safetensors > $R/qwen5/head.sha256
+    # the host, for the step-time spread the fifth session found (host phases bimodal between repeats)
+    { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
+      > $R/qwen5/host.txt 2>&1
     for p in ${PARTS:-m s}; do part $p qwen5; done
     echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)
