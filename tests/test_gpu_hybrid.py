@@ -120,3 +120,84 @@ def test_a_full_buffer_frees_the_rows_of_requests_not_in_the_batch():
     rows = gh.rows(["a", "c"], lambda r: [7, 8])
     assert set(gh.row_of) == {"a", "c"} and gh.context("c") == [7, 8] and gh.context("a") == [1, 2, 3]
     assert rows.tolist() == [gh.row_of["a"], gh.row_of["c"]]
+
+
+def _graph_like_capture(fn):
+    """A stand-in for CUDA-graph capture with a graph's semantics on the CPU: replay runs the same ops on the same
+    static input buffers and writes the outputs captured at capture time in place."""
+    out = fn()
+
+    def replay():
+        for o, n in zip(out, fn()):
+            o.copy_(n)
+    return replay, out
+
+
+def _decode(step_fn, gh, seed=11, steps=30):
+    """A decode as in the test above (rejections, a discarded row, ids past the vocabulary, a request finishing,
+    a batch shrinking to two and growing back): each step's (draft, counts) and every request's context."""
+    rng = np.random.default_rng(seed)
+    k, V = 4, 5
+    prompts = {f"r{i}": rng.integers(0, V, size=int(rng.integers(3, 30))).tolist() for i in range(5)}
+    active, seen = ["r0", "r1", "r2"], []
+    for step in range(steps):
+        if step == 10:
+            gh.forget(["r1"])
+            active = ["r0", "r2"]
+        if step == 20:
+            active = ["r0", "r3", "r2"]
+        rows = gh.rows(active, lambda r: prompts[r])
+        sampled = torch.full((len(active), k + 1), -1, dtype=torch.int64)
+        for b in range(len(active)):
+            n = int(rng.integers(1, k + 2))
+            sampled[b, :n] = torch.tensor(rng.integers(0, V + 2, size=n))
+        keep = torch.tensor([not (r == "r2" and step % 7 == 3) for r in active] + [True])   # one spare, as vLLM's
+        eagle = torch.tensor(rng.integers(0, V, size=(len(active), k)))
+        draft, counts = step_fn(rows, sampled, keep, eagle, V)
+        seen.append((draft.tolist(), counts.tolist(), {r: gh.context(r) for r in active}))
+    return seen
+
+
+@pytest.mark.parametrize("use_ngram", [True, False])
+def test_graph_replays_are_the_eager_steps(use_ngram):
+    """``DeviceStep`` with graphs (the stand-in capture) against the eager step, step by step through the same
+    decode: the same drafts, counts and contexts; graphs per batch shape (3 rows, then 2, then 3 again), each
+    checked on its first two replays, then replayed."""
+    eager = G.DeviceStep(G.DeviceHistory(3, 128), use_ngram, graphs=False)
+    want = _decode(eager, eager.h)
+    graphed = G.DeviceStep(G.DeviceHistory(3, 128), use_ngram, graphs=True, capture=_graph_like_capture)
+    got = _decode(graphed, graphed.h)
+    assert got == want
+    assert graphed.off_reason is None and len(graphed._g) == 2 and graphed.replays == 30 - 2 * 2
+    assert eager.replays == 0 and not eager.last_graph and graphed.last_graph
+    assert G.DeviceStep(G.DeviceHistory(2, 16), True).graphs is False       # on the CPU: eager by default
+
+
+def test_a_graph_that_differs_or_fails_turns_graphs_off_and_the_eager_step_goes_on(capsys):
+    eager = G.DeviceStep(G.DeviceHistory(3, 128), True, graphs=False)
+    want = _decode(eager, eager.h)
+
+    def wrong(fn):                      # a replay whose draft is off by one
+        replay, out = _graph_like_capture(fn)
+
+        def bad():
+            replay()
+            out[0].add_(1)
+        return bad, out
+
+    def broken(fn):
+        raise RuntimeError("capture failed")
+
+    for capture, why in ((wrong, "differed from the eager step"), (broken, "RuntimeError: capture failed")):
+        st = G.DeviceStep(G.DeviceHistory(3, 128), True, graphs=True, capture=capture)
+        assert _decode(st, st.h) == want
+        assert not st.graphs and why in st.off_reason and st.replays == 0
+        assert capsys.readouterr().err.count("CUDA graphs OFF") == 1
+
+
+def test_shapes_past_max_graphs_run_eager():
+    eager = G.DeviceStep(G.DeviceHistory(3, 128), True, graphs=False)
+    want = _decode(eager, eager.h)
+    st = G.DeviceStep(G.DeviceHistory(3, 128), True, graphs=True, capture=_graph_like_capture, max_graphs=1)
+    assert _decode(st, st.h) == want
+    assert len(st._g) == 1 and st.graphs and st.replays == 20 - 2      # B = 3 replayed, B = 2 eager

@@ -18,6 +18,11 @@ Policies (both proposers run every step: the rule cannot skip EAGLE's drafting w
 
 Lossless by construction: only the draft tokens change; greedy verification keeps the target's output.
 
+Launches. Eager, a step is ~40 small kernels launched from Python; in part k (H200, 2026-12-02) the machinery
+idle (``gpu-eagle-only``) took 0.5-1.4 ms more drafting time a step than vLLM's own EAGLE step. :class:`DeviceStep`
+replays the step as one CUDA graph per batch shape (checked against the eager step on its first replays; eager
+where capture fails, on the CPU, or with ``SPEC_REPRO_HYBRID_GRAPHS=0``).
+
 Pure torch (no vLLM import), device-agnostic: the CPU tests run every function here on CPU tensors and check
 them against the host-side hybrid and :func:`ngram_lookup`. The vLLM side (``plugin._gpu_hybrid_step``) hands
 it the sampler's ``[B, k+1]`` output, the runner's discard mask and EAGLE's ``[B, k]`` drafts.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["GPU_POLICIES", "DeviceHistory", "mix", "ngram_propose", "step_summary"]
+__all__ = ["GPU_POLICIES", "DeviceHistory", "DeviceStep", "mix", "ngram_propose", "step_summary"]
 
 GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only")
 
@@ -86,13 +91,130 @@ def step_summary(chose, ng_valid, k: int):
     return torch.stack([chose.sum(), torch.where(chose, ng_valid.clamp_max(k), 0).sum()]).to(torch.int64)
 
 
-def summary_row(counts: Sequence[int], n_reqs: int, k: int) -> dict:
+def summary_row(counts: Sequence[int], n_reqs: int, k: int, graph: bool = False) -> dict:
     """The step log's ``hybrid`` entry (``LiveHybrid.summary``'s keys) from :func:`step_summary`'s counts: every
-    request has ``k`` tokens, n-gram's where it matched and EAGLE's at every other position."""
+    request has ``k`` tokens, n-gram's where it matched and EAGLE's at every other position; ``graph``: the step
+    was a CUDA-graph replay (:class:`DeviceStep`)."""
     ng, ngt = int(counts[0]), int(counts[1])
     return {"ngram": ng, "eagle": int(n_reqs) - ng, "none": 0, "ngram_tokens": ngt,
             "eagle_tokens": int(n_reqs) * int(k) - ngt, "eagle_needed": n_reqs > 0, "pad_tokens": 0,
-            "gpu": True}
+            "gpu": True, "graph": bool(graph)}
+
+
+def _cuda_capture(fn, warmups: int = 2):
+    """``fn`` captured as a CUDA graph (the usual recipe: warm-up runs on a side stream, then the capture):
+    returns (replay, fn's outputs, written in place by every replay)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    # thread_local: only this thread's calls are checked during the capture; vLLM's own threads (the async
+    # output copies) go on as they are
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        out = fn()
+    return g.replay, out
+
+
+class DeviceStep:
+    """One step of the device-side hybrid for a batch: this step's tokens into the history, n-gram's lookup, the
+    mix with EAGLE's drafts, the step's counts; ``(draft [B, k], counts [2])``.
+
+    Eager (:meth:`eager`: ~40 kernels launched from Python, ~0.5-1.4 ms of host time a step on the H200, part k), or
+    on a CUDA device one graph replay per batch shape (``graphs``, default: on where the device is CUDA): the
+    host's work is then four input copies and a replay. A shape's graph is captured at its first step, its warm-up
+    and capture pointed at the history's scratch row (no request's tokens move), and checked against the eager path
+    from the same state on its first ``checks`` replays (history, draft and counts equal); a capture that fails or
+    a check that differs turns graphs off for good, says why once (``off_reason``), and the eager path goes on.
+    ``capture``: how to capture (tests pass a stand-in with a graph's semantics: the same static buffers, outputs
+    written in place). At most ``max_graphs`` shapes get a graph (the rest run eager)."""
+
+    def __init__(self, history: "DeviceHistory", use_ngram: bool, graphs: bool | None = None, checks: int = 2,
+                 capture=None, max_graphs: int = 16):
+        self.h, self.use_ngram = history, bool(use_ngram)
+        self.graphs = history.device.type == "cuda" if graphs is None else bool(graphs)
+        self.checks, self._capture, self.max_graphs = int(checks), capture or _cuda_capture, int(max_graphs)
+        self._g: dict = {}
+        self.off_reason: str | None = None
+        self.replays = 0
+        self.last_graph = False
+
+    def eager(self, rows, sampled, keep, eagle, vocab_size=None):
+        h, k = self.h, int(eagle.shape[1])
+        h.append(rows, sampled, keep, vocab_size)
+        ng, nv = h.propose(rows, k)
+        draft, chose = mix(eagle, ng, nv, use_ngram=self.use_ngram)
+        return draft, step_summary(chose, nv, k)
+
+    def __call__(self, rows, sampled, keep, eagle, vocab_size=None):
+        self.last_graph = False
+        if not self.graphs:
+            return self.eager(rows, sampled, keep, eagle, vocab_size)
+        torch = self.h.torch
+        key = (int(rows.shape[0]), int(sampled.shape[1]), int(eagle.shape[1]), sampled.dtype, eagle.dtype,
+               vocab_size)
+        if key not in self._g and len(self._g) >= self.max_graphs:   # a ragged tail of batch sizes: eager
+            return self.eager(rows, sampled, keep, eagle, vocab_size)
+        try:
+            g = self._g.get(key) or self._build(key, rows, sampled, eagle, vocab_size)
+            g["rows"].copy_(rows)
+            g["sampled"].copy_(sampled)
+            if keep is None:
+                g["keep"].fill_(True)
+            else:
+                g["keep"].copy_(keep[: rows.shape[0]].to(torch.bool))
+            g["eagle"].copy_(eagle)
+            if g["checks"] > 0:
+                return self._checked(g, rows, sampled, keep, eagle, vocab_size)
+            g["replay"]()
+        except Exception as e:              # never break the engine for a faster path
+            self._off(f"{type(e).__name__}: {e}")
+            return self.eager(rows, sampled, keep, eagle, vocab_size)
+        self.replays += 1
+        self.last_graph = True
+        return g["out"][0].clone(), g["out"][1].clone()
+
+    def _build(self, key, rows, sampled, eagle, vocab_size):
+        torch, h = self.h.torch, self.h
+        g = {"rows": torch.full_like(rows, h.max_reqs), "sampled": torch.zeros_like(sampled),
+             "keep": torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device),
+             "eagle": torch.zeros_like(eagle), "checks": self.checks}
+        scratch_len = h.len[h.max_reqs].clone()
+        g["replay"], g["out"] = self._capture(
+            lambda: self.eager(g["rows"], g["sampled"], g["keep"], g["eagle"], vocab_size))
+        h.len[h.max_reqs] = scratch_len     # the warm-up and capture wrote only the scratch row
+        self._g[key] = g
+        return g
+
+    def _off(self, why: str) -> None:
+        import sys
+
+        self.graphs, self._g = False, {}
+        if self.off_reason is None:
+            self.off_reason = why
+            print(f"[spec_repro] device-side hybrid: CUDA graphs OFF (eager steps go on): {why}", file=sys.stderr,
+                  flush=True)
+
+    def _checked(self, g, rows, sampled, keep, eagle, vocab_size):
+        torch, h = self.h.torch, self.h
+        tok0, len0 = h.tok.clone(), h.len.clone()
+        g["replay"]()
+        got = (h.tok.clone(), h.len.clone(), g["out"][0].clone(), g["out"][1].clone())
+        h.tok.copy_(tok0)
+        h.len.copy_(len0)
+        want = self.eager(rows, sampled, keep, eagle, vocab_size)
+        sc = h.max_reqs           # the scratch row takes rejected writes: its contents are not compared
+        same = (torch.equal(got[0][:sc], h.tok[:sc]) and torch.equal(got[1][:sc], h.len[:sc])
+                and torch.equal(got[2], want[0]) and torch.equal(got[3], want[1]))
+        if not same:
+            self._off("a graph replay differed from the eager step (history, draft or counts)")
+            return want
+        g["checks"] -= 1
+        return want
 
 
 class DeviceHistory:

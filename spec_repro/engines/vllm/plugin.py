@@ -153,7 +153,8 @@ ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CU
 ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
 ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
 HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
-ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (uniform decode batches)
+ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"
+ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)    # "1": pad every hybrid draft to k (uniform decode batches)
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -528,32 +529,35 @@ class _DeviceHybrid:
     """A runner's device-side hybrid (``gpu_hybrid``): the policy's name and its token buffer."""
 
     def __init__(self, name: str, history):
+        from .gpu_hybrid import DeviceStep
+
         self.name, self.history, self.steps = name, history, 0
+        graphs = None if os.environ.get(ENV_HYBRID_GRAPHS, "1") != "0" else False   # None: on where CUDA
+        self.step = DeviceStep(history, use_ngram=name == "gpu-pr24344", graphs=graphs)
 
 
 class _DeviceCounts:
     """A step's ``hybrid`` entry, copied to pinned host memory without a wait and read when the row is built
     (after the step's last event: the copy, queued before it on the same stream, is done by then)."""
 
-    __slots__ = ("buf", "n", "k")
+    __slots__ = ("buf", "n", "k", "graph")
 
-    def __init__(self, buf, n: int, k: int):
-        self.buf, self.n, self.k = buf, n, k
+    def __init__(self, buf, n: int, k: int, graph: bool = False):
+        self.buf, self.n, self.k, self.graph = buf, n, k, graph
 
     def resolve(self) -> dict:
         from .gpu_hybrid import summary_row
 
-        return summary_row(self.buf.tolist(), self.n, self.k)
+        return summary_row(self.buf.tolist(), self.n, self.k, self.graph)
 
 
 def _gpu_hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     """One step of the device-side hybrid: vLLM's EAGLE drafts (its own code, unchanged), this step's tokens into
-    the device buffer, the n-gram lookup there, the choice by ``torch.where``; nothing is read back to the host
-    (the step log's counts ride a non-blocking copy). Needs the padded drafter path (a tensor of sampled tokens:
+    the device buffer, the n-gram lookup there, the choice by ``torch.where`` (``gpu_hybrid.DeviceStep``: one
+    CUDA-graph replay per batch shape, ``SPEC_REPRO_HYBRID_GRAPHS=0`` for eager steps); nothing is read back to the
+    host (the step log's counts ride a non-blocking copy). Needs the padded drafter path (a tensor of sampled tokens:
     vLLM's default for EAGLE); elsewhere the hybrid goes off with one message and vLLM runs plain EAGLE."""
     import torch
-
-    from . import gpu_hybrid as G
 
     out = orig(runner, so, sampled, *args, **kwargs)
     if not (torch.is_tensor(sampled) and torch.is_tensor(out)):
@@ -567,16 +571,14 @@ def _gpu_hybrid_step(runner, hy, orig, so, sampled, args, kwargs):
     req_ids = list(ib.req_ids)
     B = len(req_ids)
     rows = gh.rows(req_ids, lambda r: runner.requests[r].prompt_token_ids or [])
-    gh.append(rows, sampled[:B], ~runner.discard_request_mask.gpu[:B], ib.vocab_size)
     k = int(out.shape[1])
-    ng, nv = gh.propose(rows, k)
-    draft, chose = G.mix(out[:B], ng, nv, use_ngram=hy.name == "gpu-pr24344")
+    draft, counts = hy.step(rows, sampled[:B], ~runner.discard_request_mask.gpu[:B], out[:B], ib.vocab_size)
     hy.steps += 1
     rec = _REC[1]
     if rec is not None and rec.cur is not None:
-        buf = torch.empty(2, dtype=torch.int64, pin_memory=True)
-        buf.copy_(G.step_summary(chose, nv, k), non_blocking=True)
-        rec.cur.hybrid = _DeviceCounts(buf, B, k)
+        buf = torch.empty(2, dtype=torch.int64, pin_memory=torch.cuda.is_available())
+        buf.copy_(counts, non_blocking=True)
+        rec.cur.hybrid = _DeviceCounts(buf, B, k, hy.step.last_graph)
     runner._draft_probs = runner._draft_prob_req_ids = None
     if out.shape[0] > B:
         out = out.clone()
