@@ -413,14 +413,9 @@ def test_hybrid_step_pads_every_draft_to_the_scheduled_width(monkeypatch, pad, a
         assert s["pad_by"] == ({"ngram": 2, "lookup": k} if async_sched else {"eagle": 2})
 
 
-def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_drafting(monkeypatch):
-    """The device-side hybrid through the patched runner (CPU tensors): n-gram's tokens for the request whose
-    context repeats, EAGLE's for the other, draft probabilities cleared; then requests that finished are told in a
-    step with no drafting (vLLM's batch-final step: execute_model, no propose), and a new batch as large as
-    max_num_seqs still gets rows (the H200 run of 2026-12-02 died on 'more than 64 requests at once' before
-    execute_model freed them)."""
-    import types
-
+def _device_hybrid_runner(monkeypatch, installed="gpu-pr24344"):
+    """A fake V1 runner class patched with the hybrid (``installed``), EAGLE drafting [[9]*4, [4]*4]; requests
+    a (its context repeats "5 6 7") and b; returns (k, EAGLE's drafts, prompts, the runner)."""
     import torch
 
     k = 4
@@ -436,8 +431,9 @@ def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_d
         def _update_states(self, scheduler_output):
             return None
 
-    monkeypatch.setenv(vp.ENV_HYBRID, "gpu-pr24344")
+    monkeypatch.setenv(vp.ENV_HYBRID, installed)
     monkeypatch.setitem(vp._state, "hybrid", None)
+    monkeypatch.setitem(vp._state, "hybrid_now", None)
     monkeypatch.setitem(vp._state, "hybrid_error", None)
     assert vp.patch_hybrid(Runner)
     prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
@@ -446,6 +442,20 @@ def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_d
     run.__dict__.update(vars(fake))
     run.max_num_reqs, run.max_model_len = 2, 64
     run.discard_request_mask = types.SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool))
+    return k, eagle, prompts, run
+
+
+def test_device_hybrid_step_on_a_fake_runner_frees_rows_told_in_a_step_without_drafting(monkeypatch):
+    """The device-side hybrid through the patched runner (CPU tensors): n-gram's tokens for the request whose
+    context repeats, EAGLE's for the other, draft probabilities cleared; then requests that finished are told in a
+    step with no drafting (vLLM's batch-final step: execute_model, no propose), and a new batch as large as
+    max_num_seqs still gets rows (the H200 run of 2026-12-02 died on 'more than 64 requests at once' before
+    execute_model freed them)."""
+    import types
+
+    import torch
+
+    k, eagle, prompts, run = _device_hybrid_runner(monkeypatch)
     run._draft_probs = "stale"
     so = types.SimpleNamespace(finished_req_ids=set(), num_spec_tokens_to_schedule=k)
     sampled = torch.tensor([[8] + [-1] * k, [1] + [-1] * k])
@@ -472,34 +482,13 @@ def test_one_engine_switches_between_eagle_alone_idle_and_the_device_hybrids(mon
 
     import torch
 
-    k = 4
-    eagle = torch.tensor([[9, 9, 9, 9], [4, 4, 4, 4]])
-
-    class Runner:
-        def propose_draft_token_ids(self, scheduler_output, sampled_token_ids):
-            return eagle[: len(self.input_batch.req_ids)]
-
-        def execute_model(self, scheduler_output, intermediate_tensors=None):
-            return None
-
-        def _update_states(self, scheduler_output):
-            return None
-
     monkeypatch.setitem(vp._state, "hybrid", None)
     monkeypatch.setitem(vp._state, "hybrid_now", None)
     with pytest.raises(ValueError, match="no hybrid installed"):
         vp.set_hybrid("idle")
-    monkeypatch.setenv(vp.ENV_HYBRID, "gpu-pr24344")
-    monkeypatch.setitem(vp._state, "hybrid_error", None)
-    assert vp.patch_hybrid(Runner)
+    k, eagle, prompts, run = _device_hybrid_runner(monkeypatch)
     with pytest.raises(ValueError, match="hybrid policy 'gpu-pr2434'"):
         vp.set_hybrid("gpu-pr2434")
-    prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
-    fake, _ = _fake_runner(True, prompts, k)
-    run = Runner()
-    run.__dict__.update(vars(fake))
-    run.max_num_reqs, run.max_model_len = 2, 64
-    run.discard_request_mask = types.SimpleNamespace(gpu=torch.zeros(2, dtype=torch.bool))
     so = types.SimpleNamespace(finished_req_ids=set(), num_spec_tokens_to_schedule=k)
     sampled = torch.tensor([[8] + [-1] * k, [1] + [-1] * k])
     got = {}
