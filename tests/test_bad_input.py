@@ -447,24 +447,27 @@ def test_console_no_traceback(tmp_path, case):
 
 
 # ---- collect: partial files, locks, kills ----------------------------------------------------------------------
-MODEL, WL = "smollm2-135m", "code-edit"
+# mt-bench, 4 new tokens: the collections below decode mt-bench's short questions (52 to 243 prompt tokens) in half
+# the time 8 tokens of code-edit's prompts take; what a kill, a lock or a resume does depends on no prompt and no
+# output length (each request is one line of the partial file whatever its length)
+MODEL, WL = "smollm2-135m", "mt-bench"
 
 
 def _settings_header(**over):
     from spec_repro.collect import _resume_settings
 
-    s = _resume_settings(MODEL, WL, n=3, max_new_tokens=8, k_max=16, seed=0, proposers=["early-exit", "ngram"],
+    s = _resume_settings(MODEL, WL, n=3, max_new_tokens=4, k_max=16, seed=0, proposers=["early-exit", "ngram"],
                          draft_model=None, early_exit_layers=None, min_n=3, max_n=7, max_prompt_tokens=1024,
                          batch_size=1, device="cpu")
     s.update(over)
     return json.dumps({"spec_repro_partial": 1, "settings": s}) + "\n"
 
 
-COLLECT = ["collect", "--workloads", WL, "-n", "3", "--max-new-tokens", "8", "--batch-size", "1", "--threads", "1"]
+COLLECT = ["collect", "--workloads", WL, "-n", "3", "--max-new-tokens", "4", "--batch-size", "1", "--threads", "1"]
 
 
 @pytest.mark.parametrize("name,content,pattern", [
-    ("other-max-new-tokens", _settings_header(max_new_tokens=16), r"other settings \(max_new_tokens 16 -> 8"),
+    ("other-max-new-tokens", _settings_header(max_new_tokens=16), r"other settings \(max_new_tokens 16 -> 4"),
     ("other-k-max", _settings_header(k_max=4), r"other settings \(k_max 4 -> 16"),
     ("no-settings-header", json.dumps({"request_id": "x"}) + "\n", r"records no settings"),
     ("corrupt-middle-line", _settings_header() + "{cut\n" + json.dumps({"request_id": "x"}) + "\n",
@@ -532,7 +535,7 @@ def _same_trace(a, b):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted tiny collection (3 requests, 8 new tokens, batches of 1)."""
+    """An uninterrupted tiny collection (3 requests, 4 new tokens, batches of 1)."""
     out = tmp_path_factory.mktemp("ref")
     assert run(COLLECT + ["--out", out])[0] == 0
     return out / f"{MODEL}__{WL}.parquet"

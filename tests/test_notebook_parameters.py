@@ -1,6 +1,7 @@
 """Every parameter a notebook declares acts: each notebook is run with each of its parameters changed, one at a
 time, and some output (printed text, displayed values, figures, the summary rows, files written) differs from the
-run without the change.
+run without the change. ``figures_dir`` and ``summary_path`` act only by writing files, each its own: they share
+one run per notebook, and each is checked by the files it wrote.
 
 The notebooks run in this process (IPython's shell, the Agg backend), not in a kernel per run: the same code cells
 as papermill runs, with papermill's rule for parameters (the values are assigned after the parameters cell), on
@@ -31,7 +32,9 @@ TRACE = "smollm2-135m__code-edit.parquet"
 BASE = {"model": "smollm2", "datasets": ["code-edit"], "batch_sizes": [1, 8], "max_fixed_k": 4,
         "also_h200_fit": False}
 # A live baseline for the parameters that act only on a live run.
-LIVE = {"backend": "torch", "model": "smollm2-135m", "datasets": ["code-edit"], "proposers": ["ngram", "early-exit"],
+# (mt-bench: short prompts, so a live run decodes in about half the time code-edit's prompts take; what a live
+# parameter changes does not depend on the workload)
+LIVE = {"backend": "torch", "model": "smollm2-135m", "datasets": ["mt-bench"], "proposers": ["ngram", "early-exit"],
         "live_requests": 1, "live_max_new_tokens": 6, "batch_sizes": [1, 8], "max_fixed_k": 4,
         "also_h200_fit": False, "other_proposer": "early-exit"}
 LIVE_ONLY = {"backend", "live_requests", "live_max_new_tokens"}
@@ -144,7 +147,8 @@ def run_notebook(name: str, params: dict, tmp_path) -> str:
             from pathlib import Path
 
             files = sorted(Path(p).rglob("*.png")) if Path(p).is_dir() else [Path(p)] if Path(p).exists() else []
-            out.append(json.dumps([f.name for f in files]))
+            if files:   # nothing written adds nothing (an empty list would make any run differ from the base)
+                out.append(json.dumps([f.name for f in files]))
     return hashlib.sha256("\n".join(out).encode()).hexdigest()
 
 
@@ -192,16 +196,47 @@ def shared_tmp(tmp_path_factory):
     return tmp_path_factory.mktemp("params")
 
 
+@pytest.fixture(scope="module")
+def changed_values(shared_tmp):
+    """``_changed`` once for the module (it reads and writes the changed inputs: traces, steps, vLLM results)."""
+    return _changed(shared_tmp)
+
+
+FILE_PARAMS = ("figures_dir", "summary_path")   # they act by writing files, nothing else: one run checks both
+
+
+@functools.lru_cache(maxsize=None)
+def _files_run(name: str, tmp: str) -> dict:
+    """Notebook ``name`` run once on its base with both ``figures_dir`` and ``summary_path`` set (each under its
+    own folder): what each one wrote, by parameter."""
+    from pathlib import Path
+
+    d = Path(tmp) / "files" / name
+    where = {"figures_dir": d / "figures_dir", "summary_path": d / "summary_path" / "summary.json"}
+    run_notebook(name, {**_base(name, False), **{k: str(v) for k, v in where.items()}}, d)
+    figs = where["figures_dir"]
+    return {"figures_dir": sorted(f.name for f in figs.rglob("*.png")) if figs.is_dir() else [],
+            "summary_path": where["summary_path"]}
+
+
 @pytest.mark.parametrize("name,param", CASES)
-def test_parameter_acts(name, param, shared_tmp, tmp_path):
-    changed = {**_changed(shared_tmp), **CHANGED_FOR.get(name, {})}
+def test_parameter_acts(name, param, shared_tmp, changed_values, tmp_path):
+    if param in FILE_PARAMS:
+        # separable: each parameter's own files, written in one run with both set (the base run, without them,
+        # writes none)
+        wrote = _files_run(name, str(shared_tmp))[param]
+        if param == "figures_dir":
+            assert wrote, f"{name}: changing figures_dir writes no figure"
+        else:
+            assert wrote.exists(), f"{name}: changing summary_path writes no summary"
+            assert isinstance(json.loads(wrote.read_text()), list)
+        return
+    changed = {**changed_values, **CHANGED_FOR.get(name, {})}
     live = param in LIVE_ONLY
     base = _base(name, live)
     params = {**base, param: changed[param]}
     if param == "live_requests":
         params[param] = base[param] + 1
-    if param in ("figures_dir", "summary_path"):
-        params[param] = str(tmp_path / param)
     if (name, param) in BASE_FOR:
         base = {**base, **BASE_FOR[name, param]}
         params = {**base, param: changed[param]}
@@ -210,4 +245,11 @@ def test_parameter_acts(name, param, shared_tmp, tmp_path):
         base_digest = run_notebook(name, {**base, "backend": "embedded"}, tmp_path)
     else:
         base_digest = _base_digest(name, live, str(shared_tmp))
-    assert run_notebook(name, params, tmp_path) != base_digest, f"{name}: changing {param} changes no output"
+    if param == "backend":
+        # the changed run is the live base itself (its backend is the changed value): its digest, made once for
+        # this case and the live_* cases
+        assert params == _base(name, True) and params["backend"] == changed["backend"]
+        got = _base_digest(name, True, str(shared_tmp))
+    else:
+        got = run_notebook(name, params, tmp_path)
+    assert got != base_digest, f"{name}: changing {param} changes no output"

@@ -9,6 +9,11 @@ import spec_repro.collect as collect_mod
 from spec_repro import models
 from spec_repro.tracefiles import read_trace
 
+# the collections below take code-edit's requests of at most 128 prompt tokens (the first two: 118 and 125 tokens,
+# where the first two without a limit have 349 and 402): nothing checked here depends on a prompt's length, and a
+# CPU decodes the short ones in far less time
+SHORT = 128
+
 
 @pytest.mark.slow
 def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
@@ -22,7 +27,8 @@ def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # killed after the first finished request
 
     monkeypatch.setattr(collect_mod, "profile_requests", interrupted)
-    kw = dict(n=2, max_new_tokens=16, proposers=("ngram", "early-exit"), out=tmp_path, batch_size=1, quiet=True)
+    kw = dict(n=2, max_new_tokens=16, proposers=("ngram", "early-exit"), out=tmp_path, batch_size=1, quiet=True,
+              max_prompt_tokens=SHORT)
     with pytest.raises(KeyboardInterrupt):
         collect_mod.collect("smollm2-135m", ["code-edit"], **kw)
     part = collect_mod.partial_path(tmp_path, "smollm2-135m", "code-edit")
@@ -61,7 +67,10 @@ def test_collect_errors_before_loading_anything(tmp_path):
 def test_live_engine_step_timings_follow_the_schema():
     from spec_repro.traces import validate_steps
 
-    df = validate_steps(collect_mod.engine_step_timings(n=1, max_new_tokens=6, batch_sizes=(1, 2), quiet=True))
+    # gsm-symbolic: its first request has 83 prompt tokens (code-edit's, the default workload's, 349); the schema
+    # does not depend on the prompt
+    df = validate_steps(collect_mod.engine_step_timings(workload="gsm-symbolic", n=1, max_new_tokens=6,
+                                                        batch_sizes=(1, 2), quiet=True))
     assert set(df.method) == {"none", "ngram", "early_exit"} and set(df.batch_size) == {1, 2}
     dec = df[df.phase == "decode"]
     assert (dec.t_verify > 0).all() and (dec[dec.method == "none"].num_draft_tokens == 0).all()
@@ -72,7 +81,7 @@ def test_live_engine_step_timings_follow_the_schema():
 def test_live_adding_a_proposer_to_a_trace_matches_the_decode_readout(tmp_path):
     """A trace collected with n-gram only, then given early-exit from its stored tokens (teacher-forced pass),
     holds the same early-exit arrays as a collection that read them out during the decode."""
-    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True)
+    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True, max_prompt_tokens=SHORT)
     (both,) = collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), **kw)
     want = read_trace(both).arrays("early-exit")
     both.unlink()
@@ -90,7 +99,7 @@ def test_live_adding_a_proposer_to_a_trace_matches_the_decode_readout(tmp_path):
 def test_reprofile_replaces_a_proposer_from_stored_ids_without_loading_what_it_does_not_need(tmp_path, monkeypatch):
     """--reprofile early-exit on a finished trace profiles it again (its rows replaced, not doubled, equal to a
     fresh profile: the same model) and loads no draft model, since 'draft' is not profiled again."""
-    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True)
+    kw = dict(n=2, max_new_tokens=16, out=tmp_path, batch_size=2, quiet=True, max_prompt_tokens=SHORT)
     (path,) = collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("ngram", "early-exit"), **kw)
     before = read_trace(path)
     from spec_repro import models

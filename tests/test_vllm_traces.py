@@ -19,6 +19,47 @@ QWEN = sorted((ROOT / "data" / "traces").glob("qwen2.5-coder-1.5b__*.parquet"))
 
 
 # ---- splits by source -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _records_read_once():
+    """Each workload's records read from the cache (and their sha256 checked) once for this module, not once per
+    ``load``: the splits below load the evaluation sets once per workload and sharegpt-turns (156 MB) three times.
+    Reading the cache is tested in test_workloads.py and test_bad_input.py; here only what is done with the
+    records is (each call gets its own list of the same records, as from a fresh read)."""
+    cache = {}
+    real = wl.records
+
+    def once(name):
+        if name not in cache:
+            cache[name] = real(name)
+        return list(cache[name])
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(wl, "records", once)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _eval_requests_once():
+    """The evaluation requests (1,144 prompts, tokenized) made once per set of arguments for this module:
+    ``split_by_source`` makes them again at every call (ten calls below), always the same requests for the same
+    arguments (the first call runs the real function, ``held`` below included); each call gets its own list."""
+    from spec_repro import train
+
+    cache = {}
+    real = train.eval_requests
+
+    def once(*, tokenizer, eval_sets=None, seed=0, max_prompt_tokens=1024):
+        key = (id(tokenizer), json.dumps(eval_sets, sort_keys=True), seed, max_prompt_tokens)
+        if key not in cache:
+            cache[key] = (tokenizer, real(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed,
+                                          max_prompt_tokens=max_prompt_tokens))
+        return list(cache[key][1])
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(train, "eval_requests", once)
+        yield
+
+
 @pytest.fixture(scope="module")
 def tok():
     from spec_repro import models
