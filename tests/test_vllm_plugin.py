@@ -434,6 +434,7 @@ def _device_hybrid_runner(monkeypatch, installed="gpu-pr24344"):
     monkeypatch.setenv(vp.ENV_HYBRID, installed)
     monkeypatch.setitem(vp._state, "hybrid", None)
     monkeypatch.setitem(vp._state, "hybrid_now", None)
+    monkeypatch.setitem(vp._state, "hybrid_installed", False)
     monkeypatch.setitem(vp._state, "hybrid_error", None)
     assert vp.patch_hybrid(Runner)
     prompts = {"a": [5, 6, 7, 8, 5, 6, 7], "b": [1, 2, 3]}
@@ -482,7 +483,7 @@ def test_one_engine_switches_between_eagle_alone_idle_and_the_device_hybrids(mon
 
     import torch
 
-    monkeypatch.setitem(vp._state, "hybrid", None)
+    monkeypatch.setitem(vp._state, "hybrid_installed", False)
     monkeypatch.setitem(vp._state, "hybrid_now", None)
     with pytest.raises(ValueError, match="no hybrid installed"):
         vp.set_hybrid("idle")
@@ -509,3 +510,6 @@ def test_one_engine_switches_between_eagle_alone_idle_and_the_device_hybrids(mon
     assert all(h.history.row_of == {} for h in dev)
     vp.set_hybrid(None)                                    # back to the installed one
     assert vp.status()["hybrid_now"] == "gpu-pr24344"
+    vp._hybrid_off("a policy failed")                      # one policy off: the others stay switchable
+    vp.set_hybrid("off")
+    assert vp.status()["hybrid_now"] == "off" and vp.status()["hybrid_error"] == "a policy failed"

@@ -340,13 +340,15 @@ class VLLMEngine:
         except Exception as e:  # plugin not loaded (not installed as an entry point, or disabled)
             return [{"error": f"{type(e).__name__}: {e}", "patched": False}]
 
-    def set_hybrid(self, policy: str) -> None:
-        """Switch the engine's hybrid to ``policy`` (one of ``cfg.hybrid_rotate``) for the runs that follow."""
+    def set_hybrid(self, policy: str) -> dict:
+        """Switch the engine's hybrid to ``policy`` (one of ``cfg.hybrid_rotate``) for the runs that follow; returns
+        the plugin's status (its ``hybrid_error``: a policy that went off, vLLM's EAGLE running in its place)."""
         if policy not in (self.cfg.hybrid_rotate or ()):
             raise VLLMEngineError(f"set_hybrid({policy!r}): this engine rotates {self.cfg.hybrid_rotate!r}")
         st = self.steps("hybrid", policy=policy)
         if not st or st[0].get("hybrid_now") != policy:
             raise VLLMEngineError(f"the plugin did not switch the hybrid to {policy!r}: {st}")
+        return st[0]
 
     def _sampling(self, max_tokens: int, ignore_eos: bool = True, stop_token_ids=None):
         from vllm import SamplingParams

@@ -388,13 +388,13 @@ def _rotated_runs(eng, task, record, w, b, chunks, rot) -> None:
         eng.run_prompts([q.prompt_token_ids for q in chunks[0]], task["max_tokens"], run_id=f"{w}-b{b}-c0@{p}-r-1",
                         record=False, label="warmup")
     for rep, p in rotated_order(rot, task["repeats"]):
-        eng.set_hybrid(p)
+        err = (eng.set_hybrid(p) or {}).get("hybrid_error")   # an earlier failure of some policy, kept with each run
         for c, ch in enumerate(chunks):
             r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"], run_id=f"{w}-b{b}-c{c}@{p}-r{rep}",
                                 keep_outputs=True, label="hybrid")
             r.batch_size = b
             record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch], with_outputs=True,
-                   hybrid_now=p, config=rotated_run_config(cfg, p))
+                   hybrid_now=p, config=rotated_run_config(cfg, p), **({"hybrid_error": err} if err else {}))
 
 
 def lossless_report(records: list[dict], baseline_method: str = "none") -> list[dict]:

@@ -153,8 +153,8 @@ ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CU
 ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
 ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
 HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
-ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"
-ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)    # "1": pad every hybrid draft to k (uniform decode batches)
+ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (uniform decode batches)
+ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -169,7 +169,7 @@ RUNNER_METHODS = {
 }
 
 _state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False,
-          "hybrid": None, "hybrid_error": None, "hybrid_pad": False, "hybrid_now": None}
+          "hybrid": None, "hybrid_error": None, "hybrid_pad": False, "hybrid_now": None, "hybrid_installed": False}
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()
 
@@ -408,6 +408,7 @@ def patch_hybrid(cls) -> bool:
     cls._update_states = _update_states
     _state["hybrid"] = name
     _state["hybrid_pad"] = _pad_on()
+    _state["hybrid_installed"] = True
     return True
 
 
@@ -419,12 +420,13 @@ def set_hybrid(policy: str | None) -> None:
     """Switch the installed hybrid to ``policy`` (a ``hybrid.POLICIES`` name; ``HYBRID_OFF``: vLLM's own EAGLE,
     uncounted; None: back to ``SPEC_REPRO_HYBRID``'s) for the steps that follow: between runs, when no request is
     in flight (a request's device rows start from its prompt under the policy that first drafts for it). Refused
-    (ValueError) for an unknown name or when no hybrid is installed."""
+    (ValueError) for an unknown name or when no hybrid is installed; a policy that went off (``hybrid_error``)
+    leaves the others switchable."""
     from . import hybrid as H
 
     if policy is not None and policy != HYBRID_OFF and policy not in H.POLICIES:
         raise ValueError(f"hybrid policy {policy!r}: one of {HYBRID_OFF}, {', '.join(H.POLICIES)}")
-    if policy is not None and not _state["hybrid"]:
+    if policy is not None and not _state["hybrid_installed"]:
         raise ValueError(f"no hybrid installed (start the engine with {ENV_HYBRID}=<policy>): cannot switch to "
                          f"{policy!r}")
     _state["hybrid_now"] = policy
