@@ -99,7 +99,7 @@
 # Here first: NB_WHEELS=1 WORKLOADS="code-edit sharegpt" HEADS=<sha> bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b
 # Calls: vllm c1..c5, c6+c7; piece p00..p18 (carry [".carry/pNN"]); restore the tree; setup (carry [".stage/run",
 # ".carry/extra"]); LEFT=<budget_left_s> bash gpu/live_job.sh start3; polls (sleep 190; status); pack r; give_back.
-# FOURTH SESSION (2026-12-02; run in the fifth: see below): the device-side hybrid (spec_repro/engines/vllm/gpu_hybrid.py: PR #24344's rule with
+# FOURTH SESSION (2026-12-02; its results lost, run again: see below): the device-side hybrid (spec_repro/engines/vllm/gpu_hybrid.py: PR #24344's rule with
 # no host round trip) and the idle hybrid's overhead, part k. This machine's cache came without the Qwen head (103 MB,
 # never committed), so the run trains one first, shorter than issue 17's (no sharegpt-turns, 7,000 ShareGPT
 # prompts, 512 new tokens, 520 s in all). Planned device seconds:
@@ -124,14 +124,14 @@
 # machine went back before the pack call (a reply came later than the 30 s a machine stays warm), with every
 # result on it; only the console tails the calls printed survived (CHANGELOG, "fourth GPU session"). Hence
 # `status PART` (each poll brings the part's results back).
-# FIFTH SESSION (2026-12-02 run, this file's part k): USED 1,685 of 1,800 device s: machine start + vllm c1..c7
+# THE FOURTH SESSION'S PLAN, RUN AGAIN (2026-12-02, issue 18's fourth GPU session): USED 1,685 of 1,800 device s: machine start + vllm c1..c7
 # ~110, 18 pieces ~90, setup 179 (held 386 at its end), train 532 + profile ~15, part k 699 (EAGLE 147,
 # gpu-pr24344 96, idle 103, no SD 102, gpu-eagle-only 120, n-gram 131), the head back in 7 pieces on the polls
 # (no device time of its own). Results: data/gpu/live4/. What it showed: the same code in two engines (EAGLE alone
 # and idle: vLLM's own EAGLE step either way) measured 0.99 / 0.75 / 1.11 / 1.15x at bs 1 / 8 / 32 / 64: the host
 # phases (drafting, the rest) differ by up to 1.7 ms a step between engines and between repeats of one, in both
-# directions, more than the effects to be measured (3%, 0.98x). Hence the SIXTH session's design:
-# SIXTH SESSION (PREPARED, NOT YET RUN): parts m (code-edit) then s (sharegpt), session.py: ONE EAGLE engine
+# directions, more than the effects to be measured (3%, 0.98x). Hence the FIFTH session's design:
+# FIFTH SESSION (PREPARED, NOT YET RUN): parts m (code-edit) then s (sharegpt), session.py: ONE EAGLE engine
 # rotating EAGLE alone ("off"), idle, gpu-pr24344, gpu-eagle-only between runs (jobs.rotated_spec: plugin op
 # "hybrid", a Latin square over 4 repeats), beside no SD and vLLM's n-gram (4 repeats each). The head is the
 # fourth session's (sha 2dce8ecc..., in this machine's cache since its pieces came back): no training. Estimated:

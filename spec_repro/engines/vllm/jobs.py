@@ -202,8 +202,8 @@ HYBRID_MODEL = "qwen2.5-coder-1.5b"
 HYBRID_WORKLOADS = ("code-edit", "sharegpt")
 HYBRID_BATCH_SIZES = (1, 8, 32, 64)
 HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
-PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")
-ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids   # the hybrid with every draft padded to k
+PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
+ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids
 # engine configuration -> VLLMConfig fields. "default": vLLM's default scheduling (async for EAGLE) on the V1 runner
 # the plugin hooks; "study-like": synchronous, V1; "vllm-default": what a user runs, vLLM 0.25's own choice of
 # runner too (the V2 runner for EAGLE and no SD on Qwen2, config/vllm.py:518-555; V1 for n-gram, :2068-2071),
