@@ -208,8 +208,11 @@ class DeviceStep:
         h.len.copy_(len0)
         want = self.eager(rows, sampled, keep, eagle, vocab_size)
         sc = h.max_reqs           # the scratch row takes rejected writes: its contents are not compared
-        same = (torch.equal(got[0][:sc], h.tok[:sc]) and torch.equal(got[1][:sc], h.len[:sc])
-                and torch.equal(got[2], want[0]) and torch.equal(got[3], want[1]))
+        try:                      # the eager step has run: whatever happens now, its result stands
+            same = (torch.equal(got[0][:sc], h.tok[:sc]) and torch.equal(got[1][:sc], h.len[:sc])
+                    and torch.equal(got[2], want[0]) and torch.equal(got[3], want[1]))
+        except Exception:
+            same = False
         if not same:
             self._off("a graph replay differed from the eager step (history, draft or counts)")
             return want

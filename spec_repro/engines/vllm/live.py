@@ -560,9 +560,9 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     res["vs_eagle"] = res["tok_s"] / res["batch_size"].map(eagle)
     s = pd.read_parquet(Path(out) / "steps.parquet", columns=["config", "batch_size", "phase", "run_id"])
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
-    reps = s["run_id"].str.extract(r"-r(\d+)$")[0].groupby([s["config"], s["batch_size"]]).nunique()
-    res["steps"] = [len(s[(s["config"] == c) & (s["batch_size"] == b)]) / reps.get((c, b), float("nan"))
-                    for c, b in zip(res["config"], res["batch_size"])]
+    by = [s["config"], s["batch_size"]]
+    per_rep = s.groupby(by).size() / s["run_id"].str.extract(r"-r(\d+)$")[0].groupby(by).nunique()
+    res["steps"] = [per_rep.get((c, b), float("nan")) for c, b in zip(res["config"], res["batch_size"])]
     res["steps_over_predicted"] = res["steps"] / res["predicted_steps"]
     return res.sort_values(["batch_size", "config"]).reset_index(drop=True)
 
@@ -597,8 +597,9 @@ def main(argv=None) -> int:
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(throughput(out=a.out).round(3).to_string(index=False))
-        if (throughput(out=a.out)["model"] == "llama31-8b").any():      # sessions without Llama runs: no baseline
+        t = throughput(out=a.out)
+        print(t.round(3).to_string(index=False))
+        if (t["model"] == "llama31-8b").any():      # sessions without Llama runs: no baseline
             print(llama_baseline(a.out).round(3).to_string(index=False))
         print(step_split(a.out).round(2).to_string(index=False))
         if (Path(a.out) / "hybrid_trace.jsonl").exists():
