@@ -184,6 +184,14 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   # a part that ran out of time is not marked: `start` again (next session) resumes its unfinished engines
   [ $rc = 0 ] && ! grep -q 'not started' $R/log_$p.txt && touch $R/done_$p
 }
+train_head() {  # train_head DIR: an EAGLE head for Qwen 1.5B (the fourth session's recipe; skipped when DIR has one)
+  [ -f $1/TRAINING.json ] && return 0
+  $PY -m spec_repro.cli train eagle --engine vllm --target $Q --out $1 --workloads ${TRAIN_WL:-sharegpt py-functions py-write} \
+    --train-n ${TRAIN_N:-7000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-512} --steps 100000 \
+    --time-budget ${TRAIN_BUDGET:-520} --lr ${LR:-8e-4} --tokens-per-batch 16384 --ttt-depth 5 --depth-decay 1.0 \
+    --device cuda > $R/log_t.txt 2>&1
+  echo "train rc=$?" >> $R/log_t.txt
+}
 case "$1" in
   plan)       # CPU, no vLLM: the stages, engines, seconds and total; rc 1 when over the plan limit
     ses plan "${@:2}" ;;        # here: PY=/work/main/.venv/bin/python bash gpu/live_job.sh plan
@@ -231,13 +239,7 @@ case "$1" in
   run4)
     END=${END:-$(( $(date +%s) + 1100 ))}
     mkdir -p $R/qwen4; H4=$R/qwen4/head
-    if [ ! -f $H4/TRAINING.json ]; then
-      $PY -m spec_repro.cli train eagle --engine vllm --target $Q --out $H4 --workloads ${TRAIN_WL:-sharegpt py-functions py-write} \
-        --train-n ${TRAIN_N:-7000} --val-n 64 --max-new-tokens ${TRAIN_NEW:-512} --steps 100000 \
-        --time-budget ${TRAIN_BUDGET:-520} --lr ${LR:-8e-4} --tokens-per-batch 16384 --ttt-depth 5 --depth-decay 1.0 \
-        --device cuda > $R/log_t.txt 2>&1
-      echo "train rc=$?" >> $R/log_t.txt
-    fi
+    train_head $H4
     [ -f $H4/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     sha256sum $H4/model.safetensors > $R/qwen4/head.sha256
     if [ ! -f $R/done_p ]; then   # the committed no-SD outputs (first live session) profiled with this head, on the GPU
@@ -246,6 +248,32 @@ case "$1" in
       echo "profile rc=$?" >> $R/log_p.txt
     fi
     HEAD=$H4 part k qwen4
+    echo PIPE_FINISHED ;;
+  start6)     # the sixth session: the fifth's parts m, s on a machine whose cache holds no head (none survived): train
+              # one first (run4's recipe), profile the committed code-edit outputs with it, then m (code-edit) and s
+              # (sharegpt; the deadline cuts what does not fit), then sharegpt's no-SD outputs profiled with the head.
+              # LEFT=S: the lease's budget_left_s now
+    detach run6 ;;
+  run6)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    mkdir -p $R/qwen5; H5=$R/qwen5/head
+    { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
+      > $R/qwen5/host.txt 2>&1
+    train_head $H5
+    [ -f $H5/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
+    sha256sum $H5/model.safetensors > $R/qwen5/head.sha256
+    cp $H5/TRAINING.json $R/qwen5/head_TRAINING.json
+    if [ ! -f $R/done_p ]; then   # the committed code-edit no-SD outputs profiled with this head (the predictor's input)
+      $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $H5 --device cuda \
+        --out $R/qwen5/hybrid_trace_s5.jsonl > $R/log_p.txt 2>&1 && touch $R/done_p
+      echo "profile rc=$?" >> $R/log_p.txt
+    fi
+    for p in ${PARTS:-m s}; do HEAD=$H5 part $p qwen5; done
+    if [ $(left) -gt 20 ] && [ ! -f $R/done_q ]; then   # sharegpt's no-SD outputs (part s, bs 64) with the head
+      $PY -m spec_repro.engines.vllm.live profile --raw $R/qwen5 --workload sharegpt --head $H5 --device cuda \
+        --out $R/qwen5/hybrid_trace_sharegpt_s5.jsonl > $R/log_q.txt 2>&1 && touch $R/done_q
+      echo "profile rc=$?" >> $R/log_q.txt
+    fi
     echo PIPE_FINISHED ;;
   start5)     # the fifth session: parts m (code-edit) then s (sharegpt): ONE EAGLE engine rotating EAGLE alone,
               # idle and the device-side hybrids, beside no SD and n-gram; the fourth session's head, staged from
@@ -284,13 +312,14 @@ case "$1" in
   headback)   # headback A-B: pieces A..B (15 MiB each, 0-6) of the head run4 trained, into $OUT; here (this
               # machine's cache keeps it for the next session: saves the ~530 s retraining):
               #   cat head.tar.part* | tar xf - -C /tmp/h && mv /tmp/h/head ~/.cache/spec_repro/heads/<sha256>
-    H4=$R/qwen4/head; [ -f $H4/TRAINING.json ] || { echo "no head yet"; exit 0; }
+    H4=$R/qwen4/head; [ -f $R/qwen5/head/TRAINING.json ] && H4=$R/qwen5/head     # run6's, else run4's
+    [ -f $H4/TRAINING.json ] || { echo "no head yet"; exit 0; }
     mkdir -p $R/headparts
-    [ -f $R/headparts/done ] || { tar cf - -C $R/qwen4 head | split -b 15M -d -a 1 - $R/headparts/head.tar.part \
+    [ -f $R/headparts/done ] || { tar cf - -C $(dirname $H4) head | split -b 15M -d -a 1 - $R/headparts/head.tar.part \
       && touch $R/headparts/done; }
     for i in $(seq ${2%-*} ${2#*-}); do [ -f $R/headparts/head.tar.part$i ] && cp $R/headparts/head.tar.part$i $OUT/; done
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 start5 run5 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 start5 run5 start6 run6 stop status pack headback send"; exit 2 ;;
 esac

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -298,7 +299,7 @@ def profile_hybrid_task(raw: str | Path | None, out: str | Path = OUT / "hybrid_
     for f in (sorted(Path(raw).rglob("results*.jsonl")) if raw is not None else []):
         for line in open(f):
             d = json.loads(line)
-            if (d.get("task") == "hybrid" and d.get("spec", "").endswith("-none") and d.get("repeat") == 0
+            if (d.get("task") == "hybrid" and re.search(r"-none(-|$)", d.get("spec", "")) and d.get("repeat") == 0
                     and d.get("workload") == workload and d.get("batch_size") == n):
                 outs.update(zip(d["keys"], d["outputs"]))
     if not outs:
@@ -579,6 +580,7 @@ def main(argv=None) -> int:
     pf.add_argument("--out", default=str(OUT / "hybrid_trace.jsonl"))
     pf.add_argument("--head")
     pf.add_argument("--device", default="cpu")
+    pf.add_argument("--workload", default="code-edit", help="the hybrid task's workload (--raw: its no-SD run)")
     t = sub.add_parser("tables")
     t.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
@@ -592,7 +594,7 @@ def main(argv=None) -> int:
         if not (a.raw or a.trace):
             print("live profile: give --raw DIR or --trace FILE (the no-SD outputs to profile)", file=sys.stderr)
             return 2
-        print(profile_hybrid_task(a.raw, a.out, a.head, trace=a.trace, device=a.device))
+        print(profile_hybrid_task(a.raw, a.out, a.head, trace=a.trace, device=a.device, workload=a.workload))
         return 0
     import pandas as pd
 
