@@ -68,9 +68,12 @@ def test_lossless_report_on_real_outputs():
     rep = J.lossless_report(recs)
     assert [(r["config"], r["equal"], r["total"]) for r in rep] == [("eagle", 8, 8), ("pr24344", 7, 8)]
     assert rep[0]["first_difference"] is None and rep[1]["first_difference"] == {"key": keys[3], "position": 17}
-    # another batch size has no baseline: nothing is equal, the difference has no position
-    rep = J.lossless_report([run("none", outs), run("pr24344", outs, b=32)])
-    assert rep[0]["equal"] == 0 and rep[0]["first_difference"] == {"key": keys[0], "position": None}
+    # another batch size has no baseline: no row (a run whose baseline never ran is not a difference)
+    assert J.lossless_report([run("none", outs), run("pr24344", outs, b=32)]) == []
+    # only the requests the baseline ran are counted
+    part = {**run("none", outs[:5]), "keys": keys[:5]}
+    rep = J.lossless_report([part, run("pr24344", bad)])
+    assert [(r["equal"], r["total"]) for r in rep] == [(4, 5)]
 
 
 def test_padded_methods_true_default_and_uninstrumented_specs(tmp_path):

@@ -154,3 +154,74 @@ def test_tables_run_on_a_session_without_llama_rows(capsys):
     assert live.main(["tables", "--out", str(LIVE4)]) == 0
     out = capsys.readouterr().out
     assert "gpu-pr24344" in out and "vs_best_single" in out and "llama31-8b" not in out
+
+
+LIVE5 = data_dir() / "gpu" / "live5"
+
+
+def test_part_m_one_engine_rotation_is_what_the_committed_data_give():
+    """Part m (the sixth session's H200 run, data/gpu/live5): one EAGLE engine rotating EAGLE alone (``eagle``:
+    the plugin's ``off``), ``idle``, ``gpu-pr24344`` and ``gpu-eagle-only`` over 4 repeats, beside no SD and
+    n-gram. The table recomputed equals the committed one; sharegpt's runs (part s, cut by the deadline) stay out
+    of the code-edit numbers; the device-side hybrid beats the faster single proposer at every batch size; the
+    idle hybrid, repeat by repeat in the same engine, is within 3% of EAGLE alone or faster; the acceptance half
+    of the prediction (decode steps) is within 3%."""
+    import pandas as pd
+
+    got = live.device_hybrid_table(LIVE5)
+    want = pd.read_csv(LIVE5 / "device_hybrid.csv")
+    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
+    for c in ("tok_s", "predicted_tok_s", "predicted_per_bs_tok_s", "vs_best_single", "paired_median", "steps"):
+        a, b = got[c].to_numpy(), want[c].to_numpy()
+        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    t = live.throughput(out=LIVE5)
+    assert (t["repeats"] == 4).all() and set(t["batch_size"]) == {1, 8, 32, 64}
+    sg = live.throughput(out=LIVE5, workload="sharegpt")          # bs 1 only: the deadline cut part s
+    assert set(sg["batch_size"]) == {1} and "none" not in set(sg["config"])
+    hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
+    assert (hy["vs_best_single"] >= 1.0).all()
+    assert ((hy["steps_over_predicted"] - 1).abs() < 0.03).all()
+    idle = got[got["config"] == "idle"].set_index("batch_size")
+    assert (idle["paired_median"] >= 0.97).all() and (idle["pairs"] == 4).all()
+    assert got.loc[got["config"] == "eagle", "paired_median"].isna().all()     # the base of the pairs
+
+
+def test_paired_ratios_pair_each_repeat_with_the_base(tmp_path):
+    rows = [{"task": "hybrid", "workload": "code-edit", "run_id": f"code-edit-b8-c0@{p}-r{r}", "config": c,
+             "batch_size": 8, "repeat": r, "output_tokens": 1000, "wall_s": w}
+            for r, ws in enumerate([(1.0, 0.5), (2.0, 1.0), (1.0, 1.0)])
+            for (p, c), w in zip((("off", "eagle"), ("gpu-pr24344", "gpu-pr24344")), ws)]
+    rows.append({**rows[0], "run_id": "code-edit-b8-c0-r0", "config": "none"})      # not rotated: left out
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    got = live.paired_ratios(tmp_path)
+    assert got[["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"]].values.tolist() == [
+        ["gpu-pr24344", 8, 2.0, 1.0, 2.0, 3]]
+
+
+def test_walk_uses_per_batch_size_host_terms_where_fitted():
+    L = 256                      # _walk's max_tokens: the traces hold one entry per output position
+    a = {"prompt_len": 10, "acc": {"eagle": [3] * L, "ngram": [1] * L}, "draft_len": {"ngram": [0] * L}}
+    model = {"F_uniform": [0, 0, 1.0], "F_ragged": [0, 0, 1.0], "eagle_draft": [0, 0.5], "ngram_draft": [0],
+             "overhead_none": [0, 0], "overhead_eagle": [0.25, 0], "overhead_ngram": [0, 0], "prefill": [0, 0],
+             "wall_over_steps": {"none": 1, "eagle": 1, "ngram": 1}}
+    line = live._walk([a], "eagle", model)
+    assert line["seconds"] == line["steps"] * (1.0 + 0.25 + 5 * 0.5)
+    per = live._walk([a], "eagle", {**model, "by_bs": {"overhead_eagle": {1: 2.0}, "eagle_draft": {1: 0.1}}})
+    assert per["steps"] == line["steps"] and abs(per["seconds"] - per["steps"] * (1.0 + 2.0 + 5 * 0.1)) < 1e-9
+    other = live._walk([a, a], "eagle", {**model, "by_bs": {"overhead_eagle": {1: 2.0}}})   # no term at bs 2
+    assert other["seconds"] == line["seconds"]
+
+
+def test_cpu_steal_reads_the_steal_column(tmp_path):
+    import os
+
+    from spec_repro.engines.vllm.engine import cpu_steal_s
+
+    f = tmp_path / "stat"
+    f.write_text("cpu  10 0 5 900 1 0 2 250 0 0\ncpu0 1 0 1 90 0 0 0 25 0 0\n")
+    assert cpu_steal_s(str(f)) == 250 / os.sysconf("SC_CLK_TCK")
+    assert cpu_steal_s(str(tmp_path / "missing")) is None
+    f.write_text("cpu 1 2\n")
+    assert cpu_steal_s(str(f)) is None

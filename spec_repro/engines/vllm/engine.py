@@ -253,6 +253,21 @@ def diff_spec_metrics(after: dict, before: dict) -> dict:
     return d
 
 
+def cpu_steal_s(stat: str = "/proc/stat") -> float | None:
+    """Seconds of CPU time the hypervisor has taken from this VM, all CPUs together (``/proc/stat``'s steal
+    column, in USER_HZ), or None where there is no such file. The sixth GPU session found the host phases of a
+    step (EAGLE's drafting, the rest) running up to ~1.8x slower for tens of seconds at a time inside one engine,
+    the GPU's verify time unchanged; the lent H200 is a KVM guest: its runs record this beside their wall time."""
+    import os
+
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -275,6 +290,7 @@ class RunResult:
     instrumented: bool = False
     label: str = ""
     outputs: list | None = None                  # generated token ids per request (when kept)
+    host_steal_s: float | None = None            # CPU time the hypervisor took from this VM during the run
 
     @classmethod
     def from_counts(cls, *, spec: dict, **kw) -> "RunResult":
@@ -366,6 +382,7 @@ class VLLMEngine:
                    k=cfg.k if cfg.method != "none" else 0, batch_size=int(batch_size), detail=detail, record=record)
         sp = self._sampling(max_tokens, ignore_eos, stop_token_ids)
         before = parse_spec_metrics(self.llm.get_metrics())
+        steal0 = cpu_steal_s()
         t0 = time.perf_counter()
         try:
             outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts], sp, use_tqdm=False)
@@ -374,6 +391,7 @@ class VLLMEngine:
                 raise _oom_error(e, cfg, f"a batch of {len(prompts)} requests") from e
             raise
         wall = time.perf_counter() - t0
+        steal1 = cpu_steal_s()
         after = parse_spec_metrics(self.llm.get_metrics())
         st = self.steps("flush")
         gen = [list(o.outputs[0].token_ids) for o in outs]
@@ -384,7 +402,8 @@ class VLLMEngine:
             prompt_len=len(prompts[0]) if prompts else 0, output_tokens=n_out, wall_s=wall,
             output_tok_per_s=n_out / wall if wall > 0 else float("nan"),
             instrumented=bool(record and st and st[0].get("patched")), label=label,
-            outputs=gen if keep_outputs else None)
+            outputs=gen if keep_outputs else None,
+            host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3))
 
     def run_batch(self, prompt: Sequence[int], batch_size: int, max_tokens: int, *, run_id: str | None = None,
                   **kw) -> RunResult:

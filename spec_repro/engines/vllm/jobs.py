@@ -401,7 +401,8 @@ def lossless_report(records: list[dict], baseline_method: str = "none") -> list[
     """Per run (results.jsonl ``run`` records with outputs and keys), whether every output equals the baseline
     engine's (plain greedy) on the same prompt and batch size: ``equal`` / ``total`` requests and, for the first
     differing request, its key and the first differing position (bf16 numerics can differ between batch shapes:
-    the comparison is at the same batch size)."""
+    the comparison is at the same batch size). Only requests the baseline ran are compared: a run with none
+    (sharegpt in the sixth session, whose no-SD engine the deadline cut) has no row."""
     def conf(r):
         return config_label(r.get("config", {}))
 
@@ -414,17 +415,19 @@ def lossless_report(records: list[dict], baseline_method: str = "none") -> list[
     for r in records:
         if r.get("kind") != "run" or r.get("task") != "hybrid" or conf(r) == baseline_method:
             continue
+        pairs = [(key, out, base[(r["workload"], r["batch_size"], key)]) for key, out in zip(r["keys"], r["outputs"])
+                 if (r["workload"], r["batch_size"], key) in base]
+        if not pairs:
+            continue
         eq, first = 0, None
-        for key, out in zip(r["keys"], r["outputs"]):
-            ref = base.get((r["workload"], r["batch_size"], key))
-            if ref is not None and out == ref:
+        for key, out, ref in pairs:
+            if out == ref:
                 eq += 1
             elif first is None:
-                pos = None if ref is None else next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b),
-                                                    min(len(out), len(ref)))
+                pos = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
                 first = {"key": key, "position": pos}
         rows.append({"spec": r["spec"], "config": conf(r), "workload": r["workload"], "batch_size": r["batch_size"],
-                     "repeat": r.get("repeat"), "chunk": r.get("chunk"), "equal": eq, "total": len(r["keys"]),
+                     "repeat": r.get("repeat"), "chunk": r.get("chunk"), "equal": eq, "total": len(pairs),
                      "first_difference": first})
     return rows
 

@@ -43,10 +43,12 @@ FILE_DOCS = {
                      "(cost models fitted on this session's steps; measured_vs_predicted)",
     "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
                              "this session trained (n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
+    "hybrid_trace_s5.jsonl": "the same, profiled with the head the sixth session trained (`gpu/live_job.sh run6`)",
+    "host.txt": "the H200 host during the run: lscpu, CPU clocks, the GPU's clocks and performance state",
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
                          "(device_hybrid_table)",
-    "head.sha256": "sha256 of the EAGLE head part k ran (trained in the run: `gpu/live_job.sh run4`)",
+    "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
 }
@@ -158,7 +160,7 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
-    if (out / "hybrid_trace_s4.jsonl").exists():  # part k's (copied from the raw qwen4/: made on the GPU)
+    if device_trace(out) is not None:            # parts k, m (copied from the raw qwen4/, qwen5/: made on the GPU)
         write_via(device_hybrid_table(out).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
@@ -203,15 +205,18 @@ def step_floor_s(model: str, batch: int, context: float) -> float:
     return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
 
 
-def throughput(runs=None, out: str | Path = OUT):
+def throughput(runs=None, out: str | Path = OUT, workload: str = "code-edit"):
     """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time),
     mean / min / max over repeats, vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the
     step floor at the run's mean context: its first prompt's length plus half the tokens each request
-    generates) beside it."""
+    generates) beside it. ``workload``: the hybrid runs of that workload (the Llama batches have none: always
+    kept)."""
     import pandas as pd
 
     runs = pd.read_csv(Path(out) / "runs.csv") if runs is None else runs
     runs = runs[runs["task"].isin(["hybrid", "batches"])].copy()
+    if "workload" in runs:
+        runs = runs[runs["workload"].isna() | (runs["workload"] == workload)]
     runs["repeat"] = runs["repeat"].fillna(runs["run_id"].str.extract(r"-r(\d+)$")[0].astype(float))
     runs["tokens"] = runs["output_tokens"]                      # all requests' output tokens of the run
     runs["out_per_req"] = runs["output_tokens"] / runs["n_requests"]
@@ -359,7 +364,8 @@ def _lin(X, y, groups=None):
     return [float(c) for c in coef]
 
 
-def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=()) -> dict:
+def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
+                   per_bs: bool = False) -> dict:
     """Step-time components fitted on the decode steps of ``configs`` (code-edit, this session), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
@@ -369,7 +375,10 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     n-gram, synchronous); wall over summed step time per path (async scheduling hides part of a step behind the
     next); prefill ``c0 + c_tok * prompt tokens``; with ``hybrid_configs``, the hybrid's own per-step work
     ``h0 + h1*B`` (its drafting time beyond EAGLE's) fitted on those. Every fit weighs each configuration's batch
-    size alike."""
+    size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
+    one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
+    at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
+    sixth session's steps); the target's forward stays the fit."""
     import numpy as np
     import pandas as pd
 
@@ -409,6 +418,15 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
                        1.0, 0.0)                                                                   # EAGLE ran
         extra = hy["t_draft"] - K * (m["eagle_draft"][0] * hy["num_reqs"] + m["eagle_draft"][1]) * eag
         m["hybrid_overhead"] = _lin(np.column_stack([np.ones(len(hy)), hy["num_reqs"]]), extra, grp(hy))
+    if per_bs:   # per batch size: each configuration's mean weighs alike (as the fits' groups do)
+        mean_by_bs = lambda d, v: {int(b): float(x) for b, x in
+                                   v.groupby([d["batch_size"], d["config"]]).mean().groupby(level=0).mean().items()}
+        m["by_bs"] = {f"overhead_{name}": mean_by_bs(dec[path == name], (dec["t_other"] + dec["t_reject"])[path == name])
+                      for name in ("none", "eagle", "ngram") if (path == name).any()}
+        if len(e):
+            m["by_bs"]["eagle_draft"] = mean_by_bs(e, e["t_draft"] / kk)        # per drafted token, whole batch
+        if len(hy):
+            m["by_bs"]["hybrid_overhead"] = mean_by_bs(hy, pd.Series(extra, index=hy.index))
     pre = s[s["phase"] != "decode"]
     m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
     return m
@@ -430,6 +448,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     pad = config.endswith("-pad") or gpu               # every draft padded to k: uniform batches
     base = config.removesuffix("-pad").removeprefix("gpu-")
     hov = model.get("hybrid_overhead") if base.startswith("pr24344") or base == "eagle-only" else None
+    by = model.get("by_bs", {})                        # per-batch-size host terms (fit_step_model(per_bs=True))
     while (p < max_tokens).any():
         act = p < max_tokens
         d = np.zeros(B, int)
@@ -452,14 +471,14 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         kv = int((P[act] + p[act]).sum())
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
-        step = F[0] * kv + F[1] * T + F[2] + ov[0] + ov[1] * n_act
+        step = F[0] * kv + F[1] * T + F[2] + by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)
         if base in ("eagle", "pr24344", "eagle-only", "idle") or (base == "pr24344-skip" and eagle_for):
             m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
-            step += k * (model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
+            step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
         if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
             step += model["ngram_draft"][0] * n_act
         if hov is not None:
-            step += hov[0] + hov[1] * n_act
+            step += by.get("hybrid_overhead", {}).get(B, hov[0] + hov[1] * n_act)
         t += step
         steps += 1
         ragged_steps += not uniform
@@ -513,12 +532,13 @@ def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
 
 
 def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
-                     hybrids=("pr24344-pad", "pr24344-skip-pad")):
+                     hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
     hybrid (``eagle-only``: the same lookups, bookkeeping and host reads, every request on EAGLE), so both padded
-    hybrids are predicted out of sample. ``ratio`` = measured / predicted."""
+    hybrids are predicted out of sample. ``ratio`` = measured / predicted; ``per_bs``: also the prediction with
+    per-batch-size host terms (``predicted_per_bs_tok_s``, ``ratio_per_bs``)."""
     prof = load_profiles(profiles_path)
     t = throughput(out=out)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
@@ -530,12 +550,46 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
                    predict(prof, m1, configs=(idle, *hybrids))], ignore_index=True)
     res = res.merge(p[["config", "batch_size", "predicted_tok_s", "predicted_steps"]], on=["config", "batch_size"])
     res["ratio"] = res["tok_s"] / res["predicted_tok_s"]
+    if per_bs:     # the mended form: host terms per batch size (fit_step_model's per_bs), the same split in/out
+        b0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, per_bs=True)
+        b1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), per_bs=True)
+        q = pd.concat([predict(prof, b0, configs=("none", "eagle")), predict(prof, b1, configs=(idle, *hybrids))],
+                      ignore_index=True).rename(columns={"predicted_tok_s": "predicted_per_bs_tok_s"})
+        res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
+        res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
     res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else
                                          "out of sample")
     return res.reset_index(drop=True)
 
 
 SINGLES = ("eagle", "ngram")       # the single proposers a hybrid is held against
+
+
+def device_trace(out: str | Path) -> Path | None:
+    """The device-side hybrid's profile in ``out`` (``hybrid_trace_s4.jsonl``: part k; ``_s5``: part m), or None."""
+    found = sorted(Path(out).glob("hybrid_trace_s[0-9].jsonl"))
+    return found[-1] if found else None
+
+
+def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit"):
+    """A rotated engine's policies against ``base`` (EAGLE alone: ``off``) REPEAT BY REPEAT: each repeat ran every
+    policy back to back in one engine (a Latin-square order), so ``tok_s(policy, r) / tok_s(base, r)`` compares
+    runs minutes apart on one process. Per configuration and batch size: the median and the min / max of those
+    ratios over the repeats. Only the configurations of rotated runs (run ids ``...@policy-rN``)."""
+    import pandas as pd
+
+    r = pd.read_csv(Path(out) / "runs.csv")
+    r = r[(r["task"] == "hybrid") & (r["workload"] == workload) & r["run_id"].str.contains("@", regex=False)]
+    if r.empty:
+        return pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
+    g = r.groupby(["config", "batch_size", "repeat"]).agg(tok=("output_tokens", "sum"), wall=("wall_s", "sum"))
+    g = (g["tok"] / g["wall"]).rename("tok_s").reset_index()
+    if not (g["config"] == base).any():
+        return g.iloc[:0]
+    b = g[g["config"] == base].set_index(["batch_size", "repeat"])["tok_s"]
+    g["ratio"] = g["tok_s"] / pd.Series(list(zip(g["batch_size"], g["repeat"]))).map(b).to_numpy()
+    return (g[g["config"] != base].groupby(["config", "batch_size"])["ratio"]
+            .agg(paired_median="median", paired_min="min", paired_max="max", pairs="count").reset_index())
 
 
 def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
@@ -548,8 +602,8 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     acceptance half of a prediction from the cost half."""
     import pandas as pd
 
-    profiles_path = profiles_path or Path(out) / "hybrid_trace_s4.jsonl"
-    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,))
+    profiles_path = profiles_path or device_trace(out)
+    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True)
     t = throughput(out=out)
     t = t[t["model"] == QWEN]
     extra = t[~t["config"].isin(res["config"])][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max",
@@ -565,6 +619,7 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     per_rep = s.groupby(by).size() / s["run_id"].str.extract(r"-r(\d+)$")[0].groupby(by).nunique()
     res["steps"] = [per_rep.get((c, b), float("nan")) for c, b in zip(res["config"], res["batch_size"])]
     res["steps_over_predicted"] = res["steps"] / res["predicted_steps"]
+    res = res.merge(paired_ratios(out), on=["config", "batch_size"], how="left")   # rotated engines only
     return res.sort_values(["batch_size", "config"]).reset_index(drop=True)
 
 
@@ -606,7 +661,7 @@ def main(argv=None) -> int:
         print(step_split(a.out).round(2).to_string(index=False))
         if (Path(a.out) / "hybrid_trace.jsonl").exists():
             print(measured_vs_predicted(a.out).round(3).to_string(index=False))
-        if (Path(a.out) / "hybrid_trace_s4.jsonl").exists():                # part k: the device-side hybrid
+        if device_trace(a.out) is not None:                                 # parts k, m: the device-side hybrid
             print(device_hybrid_table(a.out).round(3).to_string(index=False))
     return 0
 
