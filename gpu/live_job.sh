@@ -147,6 +147,18 @@
 # Calls: vllm c1..c5, c6+c7; piece p00..pNN (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s>
 # RESERVE=45 bash gpu/live_job.sh start5; polls `sleep 200; bash gpu/live_job.sh status m` (then `status s`), each
 # reply's files copied here at once; give_back. Then `live summarize --raw DIR --out data/gpu/live5`, `live tables`.
+# FIFTH SESSION, RUN with start6 (2026-12-02, issue 18's fifth GPU session; RAN: 1,727 of 1,800 device s; results in data/gpu/live5/): the fifth's plan on a machine
+# whose cache held no head (the fourth's was lost with its checkout): start6 trains one first (run4's recipe).
+# Planned: staging ~400, train ~535, profile ~15, part m ~610 (rotate ~320, none ~140, n-gram ~150), part s cut
+# by the deadline -> ~1,560 + s. Used: machine start + vllm c1..c7 130, 18 pieces 129, setup 178 (held 437 at its
+# end), run 1,280: train 530 (9,569 decodes, 642 optimizer steps; held-out walked tokens/step 1.53 / 1.96 / 2.11 at
+# k = 1 / 3 / 5), profile 34, part m 553 (rotate 307 of which engine start 83, none 101, n-gram 140, lossless),
+# part s ~160 (the rotated engine's bs 1 only; no SD and n-gram never started), the head back in 7 pieces on the
+# polls (`status m 0-2`, `3-5`, `6-6`: 64 MiB a reply). Here first (the cache rebuilt on a new checkout):
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt py-functions py-write humaneval mt-bench gsm-symbolic" \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
+# Calls: vllm c1..c5, c6+c7; piece p00..p17 (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s>
+# RESERVE=45 bash gpu/live_job.sh start6; polls `sleep 200-290; bash gpu/live_job.sh status m [A-B]`; give_back.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -249,7 +261,7 @@ case "$1" in
     fi
     HEAD=$H4 part k qwen4
     echo PIPE_FINISHED ;;
-  start6)     # the sixth session: the fifth's parts m, s on a machine whose cache holds no head (none survived): train
+  start6)     # the fifth session's parts m, s run on a machine whose cache holds no head (none survived): train
               # one first (run4's recipe), profile the committed code-edit outputs with it, then m (code-edit) and s
               # (sharegpt; the deadline cuts what does not fit), then sharegpt's no-SD outputs profiled with the head.
               # LEFT=S: the lease's budget_left_s now

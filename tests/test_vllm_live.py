@@ -160,7 +160,7 @@ LIVE5 = data_dir() / "gpu" / "live5"
 
 
 def test_part_m_one_engine_rotation_is_what_the_committed_data_give():
-    """Part m (the sixth session's H200 run, data/gpu/live5): one EAGLE engine rotating EAGLE alone (``eagle``:
+    """Part m (the fifth GPU session's H200 run, data/gpu/live5): one EAGLE engine rotating EAGLE alone (``eagle``:
     the plugin's ``off``), ``idle``, ``gpu-pr24344`` and ``gpu-eagle-only`` over 4 repeats, beside no SD and
     n-gram. The table recomputed equals the committed one; sharegpt's runs (part s, cut by the deadline) stay out
     of the code-edit numbers; the device-side hybrid beats the faster single proposer at every batch size; the

@@ -255,7 +255,7 @@ def diff_spec_metrics(after: dict, before: dict) -> dict:
 
 def cpu_steal_s(stat: str = "/proc/stat") -> float | None:
     """Seconds of CPU time the hypervisor has taken from this VM, all CPUs together (``/proc/stat``'s steal
-    column, in USER_HZ), or None where there is no such file. The sixth GPU session found the host phases of a
+    column, in USER_HZ), or None where there is no such file. The fifth GPU session found the host phases of a
     step (EAGLE's drafting, the rest) running up to ~1.8x slower for tens of seconds at a time inside one engine,
     the GPU's verify time unchanged; the lent H200 is a KVM guest: its runs record this beside their wall time."""
     import os

@@ -402,7 +402,7 @@ def lossless_report(records: list[dict], baseline_method: str = "none") -> list[
     engine's (plain greedy) on the same prompt and batch size: ``equal`` / ``total`` requests and, for the first
     differing request, its key and the first differing position (bf16 numerics can differ between batch shapes:
     the comparison is at the same batch size). Only requests the baseline ran are compared: a run with none
-    (sharegpt in the sixth session, whose no-SD engine the deadline cut) has no row."""
+    (sharegpt in the fifth GPU session, whose no-SD engine the deadline cut) has no row."""
     def conf(r):
         return config_label(r.get("config", {}))
 

@@ -43,7 +43,7 @@ FILE_DOCS = {
                      "(cost models fitted on this session's steps; measured_vs_predicted)",
     "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
                              "this session trained (n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
-    "hybrid_trace_s5.jsonl": "the same, profiled with the head the sixth session trained (`gpu/live_job.sh run6`)",
+    "hybrid_trace_s5.jsonl": "the same, profiled with the head the fifth GPU session trained (`gpu/live_job.sh run6`)",
     "host.txt": "the H200 host during the run: lscpu, CPU clocks, the GPU's clocks and performance state",
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
@@ -378,7 +378,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
     one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
     at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
-    sixth session's steps); the target's forward stays the fit."""
+    fifth GPU session's steps); the target's forward stays the fit."""
     import numpy as np
     import pandas as pd
 
