@@ -159,6 +159,19 @@
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
 # Calls: vllm c1..c5, c6+c7; piece p00..p17 (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s>
 # RESERVE=45 bash gpu/live_job.sh start6; polls `sleep 200-290; bash gpu/live_job.sh status m [A-B]`; give_back.
+# SIXTH SESSION (PREPARED, NOT YET RUN): part w, Deliver 5: EAGLE's drafting time at k = 1, 3, 5, 8, 12 on Qwen2.5-
+# Coder-1.5B dims (the package's head's config) and Llama-3.1-8B dims (its EAGLE head's), dummy weights (vLLM's
+# padded drafter batch drafts over every verified token whatever was accepted: the time does not depend on the
+# weights), bs 1/8/32/64, 2 repeats + a warm-up. No cache: nothing to stage but vLLM. `PY=.venv/bin/python bash
+# gpu/live_job.sh plan --session 3` prints it (~1,155 s of 1,800):
+#   stage      calls  seconds  what
+#   vllm         6    ~130     machine start + .stage/c1..c7 (measured in the fifth)
+#   setup7       1    ~110     install vLLM, the plugin entry point
+#   run   1 + polls   ~915     detached (start7): 10 engines of ~90 s (5 k x 2 targets), resumable
+# Calls: `bash ../shared/gpu/prepare.sh` here; vllm c1..c5, c6+c7; setup7 (carry [".stage/run"]); LEFT=<budget_left_s>
+# RESERVE=45 bash gpu/live_job.sh start7; polls `sleep 240; bash gpu/live_job.sh status w`; give_back. Then here:
+# `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/draftk` and fit costmodel's per_token
+# drafter (d0 = c_step, d1) per target from its steps (the H200 presets).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -170,7 +183,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) echo qwen5 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) echo qwen5 ;; w) echo draftk6 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -287,6 +300,22 @@ case "$1" in
       echo "profile rc=$?" >> $R/log_q.txt
     fi
     echo PIPE_FINISHED ;;
+  setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
+    bash .stage/run/install.sh || exit 2
+    bash gpu/device.sh setup ;;
+  start7)     # the sixth session: part w, EAGLE's drafting time at k = 1, 3, 5, 8, 12 for Qwen and Llama-3.1-8B dims
+              # (dummy weights; `plan --session 3`). LEFT=S: the lease's budget_left_s now
+    detach run7 ;;
+  run7)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    mkdir -p $R/draftk6
+    { lscpu; nvidia-smi -q -d CLOCK,PERFORMANCE; } > $R/draftk6/host.txt 2>&1
+    if [ ! -f $R/done_w ]; then    # resumable: run_specs skips the engines that finished
+      ses run w --out $R/draftk6 --deadline $(left) --head none --model-dir none --draft-dir none > $R/log_w.txt 2>&1
+      rc=$?; echo "part w rc=$rc" >> $R/log_w.txt
+      [ $rc = 0 ] && ! grep -q 'not started' $R/log_w.txt && touch $R/done_w
+    fi
+    echo PIPE_FINISHED ;;
   start5)     # the fifth session: parts m (code-edit) then s (sharegpt): ONE EAGLE engine rotating EAGLE alone,
               # idle and the device-side hybrids, beside no SD and n-gram; the fourth session's head, staged from
               # the cache (HEADS=2dce8ecc...). LEFT=S: the lease's budget_left_s now
@@ -333,5 +362,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup start run start3 run3 start4 run4 start5 run5 start6 run6 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 stop status pack headback send"; exit 2 ;;
 esac

@@ -285,3 +285,32 @@ def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_on
     run = (ROOT / "gpu/live_job.sh").read_text()
     assert "b|e|f|g|k|m|s) $PY -m spec_repro.engines.vllm.jobs lossless" in run
     assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run
+
+
+def test_the_drafting_sweep_plan_fits_and_runs_part_w_once(tmp_path):
+    """Session 3 (part w, ``gpu/live_job.sh start7``): EAGLE at k = 1, 3, 5, 8, 12 on both targets' dims, dummy
+    weights (no cache staged: only vLLM), every head a committed config; the plan fits; ``run7`` runs part w once
+    into draftk6 and marks it, and a second run skips it (resumable)."""
+    specs = S.part_specs("w")
+    assert len(specs) == 2 * len(S.DRAFT_KS) and len({s["name"] for s in specs}) == len(specs)
+    for s in specs:
+        c = s["config"]
+        assert c["method"] == "eagle" and c["load_format"] == "dummy" and c["k"] in S.DRAFT_KS
+        assert (ROOT / c["model"] / "config.json").is_file() and (ROOT / c["draft"] / "config.json").is_file()
+        assert json.loads((ROOT / c["draft"] / "config.json").read_text())["vocab_size"] == \
+            s["tasks"][0]["vocab_size"]
+    assert {(s["config"]["name"], s["config"]["k"]) for s in specs} == {
+        (n, k) for n in ("qwen2.5-coder-1.5b", "llama31-8b") for k in S.DRAFT_KS}
+    pl = S.plan(session=3)
+    assert pl["fits"] and pl["parts"] == ["w"] and pl["total_s"] < S.PLAN_LIMIT_S
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
+    fake.chmod(0o755)
+    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(tmp_path / "res"), "END": str(10 ** 10)}
+    for _ in range(2):
+        r = subprocess.run(["bash", "gpu/live_job.sh", "run7"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].split()[2:6] == ["run", "w", "--out", str(tmp_path / "res" / "draftk6")]
+    assert (tmp_path / "res" / "done_w").exists()

@@ -225,3 +225,10 @@ def test_cpu_steal_reads_the_steal_column(tmp_path):
     assert cpu_steal_s(str(tmp_path / "missing")) is None
     f.write_text("cpu 1 2\n")
     assert cpu_steal_s(str(f)) is None
+
+
+def test_host_probe_times_its_loop():
+    from spec_repro.engines.vllm.engine import host_probe
+
+    small, big = min(host_probe(20_000) for _ in range(3)), min(host_probe(400_000) for _ in range(3))
+    assert 0 < small < big

@@ -268,6 +268,17 @@ def cpu_steal_s(stat: str = "/proc/stat") -> float | None:
         return None
 
 
+def host_probe(n: int = 100_000) -> float:
+    """Milliseconds a fixed pure-Python loop takes here now (~3-5 ms on an idle core): a reading of the host
+    CPU's speed at the time, independent of the engine, for runs whose host phases the host's speed sets (a 1.5B
+    target's decode step is mostly host work on an H200)."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i & 7
+    return (time.perf_counter() - t0) * 1e3
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -291,6 +302,7 @@ class RunResult:
     label: str = ""
     outputs: list | None = None                  # generated token ids per request (when kept)
     host_steal_s: float | None = None            # CPU time the hypervisor took from this VM during the run
+    host_probe_ms: float | None = None           # host_probe() just before the run: the host CPU's speed then
 
     @classmethod
     def from_counts(cls, *, spec: dict, **kw) -> "RunResult":
@@ -382,6 +394,7 @@ class VLLMEngine:
                    k=cfg.k if cfg.method != "none" else 0, batch_size=int(batch_size), detail=detail, record=record)
         sp = self._sampling(max_tokens, ignore_eos, stop_token_ids)
         before = parse_spec_metrics(self.llm.get_metrics())
+        probe = host_probe()
         steal0 = cpu_steal_s()
         t0 = time.perf_counter()
         try:
@@ -403,7 +416,8 @@ class VLLMEngine:
             output_tok_per_s=n_out / wall if wall > 0 else float("nan"),
             instrumented=bool(record and st and st[0].get("patched")), label=label,
             outputs=gen if keep_outputs else None,
-            host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3))
+            host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3),
+            host_probe_ms=round(probe, 3))
 
     def run_batch(self, prompt: Sequence[int], batch_size: int, max_tokens: int, *, run_id: str | None = None,
                   **kw) -> RunResult:

@@ -39,7 +39,7 @@ from pathlib import Path
 from .jobs import (LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, rotated_spec,
                    run_specs)
 
-__all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "MEASURED_S", "AGREEMENT_PROMPTS",
+__all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "STAGING_3", "MEASURED_S", "AGREEMENT_PROMPTS",
            "part_specs", "plan", "best_padded", "prepare_prompts", "predictor_from_acc", "agreement_report"]
 
 BUDGET_S = 1800                  # the session's device seconds, staging included
@@ -136,12 +136,38 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         return _s2(hybrid_specs(head, methods=("ngram-pad",), **kw))
     if part == "k":         # the fourth session: the device-side hybrid (gpu_hybrid), no host round trip
         return [{**s, "name": s["name"] + S4} for s in hybrid_specs(head, methods=GPU_HYBRID_ENGINES, **kw)]
+    if part == "w":         # EAGLE's drafting time per k: both targets' dims, dummy weights (DRAFT_SWEEP)
+        return [_drafting_spec(m, k) for m in DRAFT_SWEEP for k in DRAFT_KS]
     if part in ("m", "s"):  # the fifth session: EAGLE alone, idle and the device-side hybrids in ONE engine
         wl = ("code-edit",) if part == "m" else ("sharegpt",)
         kw = {**kw, "workloads": wl, "repeats": ROTATED_REPEATS}
         specs = [rotated_spec(head, **kw)] + hybrid_specs(head, methods=("none", "ngram"), **kw)
         return [{**s, "name": s["name"] + ("" if part == "m" else "-sharegpt") + S5} for s in specs]
     raise ValueError(f"unknown part {part!r}")
+
+
+# part w: EAGLE's drafting time at each k, per target (its dims, its head's dims; dummy weights): vLLM 0.25's EAGLE
+# drafts one head forward per token, the first over every token the step verified (the padded drafter batch: the
+# same count whatever was accepted), so its time does not depend on the weights; the step log's t_draft per k
+# fits costmodel's per_token drafter with its d0 (c_step), separable once k varies
+DRAFT_KS = (1, 3, 5, 8, 12)
+DRAFT_SWEEP = {
+    "qwen": {"model": "data/gpu/configs/qwen25_coder_1p5b", "name": QWEN, "draft": "data/heads/qwen2.5-coder-1.5b-eagle",
+             "vocab_size": 151936},
+    "llama8b": {"model": "data/gpu/configs/llama31_8b", "name": "llama31-8b", "draft": "data/gpu/configs/eagle_llama31_8b",
+                "vocab_size": 128256},
+}
+S6 = "-s6"     # the sixth session's engines (part w)
+
+
+def _drafting_spec(target: str, k: int) -> dict:
+    t = DRAFT_SWEEP[target]
+    task = {"type": "batches", "batch_sizes": [1, 8, 32, 64], "prompt_len": 512, "max_tokens": 128,
+            "vocab_size": t["vocab_size"], "repeats": 2, "warm_each": True}
+    cfg = {"model": t["model"], "name": t["name"], "method": "eagle", "draft": t["draft"], "k": k,
+           "load_format": "dummy", "max_model_len": 4096, "max_num_seqs": 64, "async_scheduling": None,
+           "gpu_memory_utilization": 0.85}
+    return {"name": f"draftk-{target}-eagle-k{k}{S6}", "engine_config": "default", "tasks": [task], "config": cfg}
 
 
 def best_padded(results: str | Path) -> str:
@@ -182,7 +208,9 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
                 "pass-through idle hybrid, no SD and vLLM's n-gram (code-edit, bs 1/8/32/64, k 5, 3 repeats); lossless",
            "m": "ONE EAGLE engine rotating EAGLE alone (off), idle, gpu-pr24344, gpu-eagle-only (Latin square, "
                 "4 repeats), beside no SD and vLLM's n-gram (code-edit, bs 1/8/32/64, k 5); lossless",
-           "s": "part m on sharegpt"}
+           "s": "part m on sharegpt",
+           "w": "EAGLE drafting time at k = 1, 3, 5, 8, 12: Qwen2.5-Coder-1.5B and Llama-3.1-8B dims with their "
+                "heads' dims, dummy weights, bs 1/8/32/64, 2 repeats (costmodel's d0 + k*d1)"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
 S5 = "-s5"     # the fifth's (parts m, s: the rotated engine, with the fourth session's head from the cache)
 ROTATED_REPEATS = 4       # one per position of the Latin square over jobs.ROTATE_POLICIES
@@ -191,12 +219,17 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
-SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h")}
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",)}
+# session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
+STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
+             ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
 DEFERRED = ["hybrid and agreement on sharegpt (the hybrid specs' second workload)",
             "adaptive-rule hybrid (needs an H200 cost model fitted on this run's Qwen steps)",
             "EAGLE drafting time at k = 3, 8 (Qwen) and k = 1, 5, 8, 12 (Llama-3.1-8B dims)",
             "plugin overhead with the hybrid loaded but idle",
             "`spec-repro reproduce --profile gpu` end to end (its llama8b job: 3 engines, ~450 s)"]
+DEFERRED_3 = ["part s (sharegpt: the rotated engine, no SD, n-gram) and part m again with the host's steal time "
+              "recorded: real weights and a head (retrained: ~530 s)"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -267,7 +300,7 @@ def _part_row(part: str, session: int) -> dict:
     hp = {r["spec"]: r for r in hybrid_plan([s for s in specs if any(x["type"] == "hybrid" for x in s["tasks"])])}
     engines = []
     for s in specs:
-        secs, basis = measured_seconds(s) if session == 2 else (spec_seconds(s), "model")
+        secs, basis = measured_seconds(s) if session >= 2 else (spec_seconds(s), "model")
         engines.append({"spec": s["name"], "method": s["config"]["method"], "hybrid": s["config"].get("hybrid"),
                         "pad": bool(s["config"].get("hybrid_pad")), "instrumented": s.get("instrumented", True),
                         "engine_config": s.get("engine_config"), "tasks": [x["type"] for x in s["tasks"]],
@@ -286,12 +319,12 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = STAGING if session == 1 else STAGING_2
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list(DEFERRED if session == 1 else DEFERRED_2)
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3}[session])
     dropped = []
-    if session == 2:
+    if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
             r = parts.pop()
             dropped.insert(0, r["part"])
@@ -437,7 +470,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("plan")
     p.add_argument("--budget", type=float, default=PLAN_LIMIT_S)
     p.add_argument("--session", type=int, default=1, choices=sorted(SESSION_PARTS),
-                   help="1: the first session's plan (a-d, as run); 2: the next one's (e-i, measured seconds)")
+                   help="1: the first session's plan (a-d, as run); 2: the second's (e-i, measured seconds); "
+                        "3: the drafting-time sweep (part w, dummy weights: gpu/live_job.sh start7)")
     p.add_argument("--json", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("part", choices=sorted({**PARTS, **PARTS_2}))
@@ -458,7 +492,7 @@ def main(argv=None) -> int:
         if a.json:
             print(json.dumps(pl, indent=1))
         else:
-            two = pl["session"] == 2
+            two = pl["session"] >= 2
             for row in pl["stages"]:
                 print(f"{row['seconds']:>6.0f} s  {row['calls']:>3} call(s)  {row['stage']}")
                 for e in row.get("engines", []):
@@ -468,9 +502,10 @@ def main(argv=None) -> int:
                           f"{' + '.join(e['tasks'])}; {e['hybrid_runs']} hybrid runs{extra}]")
             print(f"{pl['total_s']:>6.0f} s  total (plan limit {pl['budget_s']:.0f} s of {pl['device_budget_s']} s)")
             if two:
-                print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh start"
+                print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh "
+                      f"{'start7' if pl['session'] == 3 else 'start'}"
                       + (f"   (dropped to fit: {' '.join(pl['dropped'])})" if pl["dropped"] else ""))
-            print(f"deferred to {'a third' if two else 'a second'} session:", *pl["deferred"], sep="\n  - ")
+            print(f"deferred to {'a later' if two else 'a second'} session:", *pl["deferred"], sep="\n  - ")
         if not pl["fits"]:
             why = (f"{pl['total_s']:.0f} s > {pl['budget_s']:.0f} s" if pl["parts"] else
                    f"no part fits beside the staging ({pl['total_s']:.0f} s of {pl['budget_s']:.0f} s)")
