@@ -80,6 +80,21 @@ if live_shares is not None:
     display(A.live_step_split(live_dir).round(2))
 
 # %% [markdown]
+# **What sets a step's time on a small target: the host.** One EAGLE engine (`data/gpu/live5`, the committed run) switched its policy run by run (EAGLE alone, the idle hybrid, the device-side hybrids), so every run below ran in the same process; each point is one run's median decode step. Each policy's verification (blue) is flat to a few hundredths of a millisecond at every batch size. Drafting and the rest, both host work on a 1.5B model, drift by up to ~1.8x for a minute at a time, whichever policy is running. The lent H200 is a virtual machine; comparisons between separate engines, or against a cost model fitted at another time, inherit that drift.
+
+# %%
+rot, rot_src = (A.live_rotated_runs() if live_dir is None and backend == "embedded"
+                else (None, "the rotated engine's runs: the committed ones only (data/gpu/live5)"))
+print(rot_src)
+if rot is not None:
+    display(rot.groupby(["batch_size", "config"])[["verification", "drafting", "rest"]]
+            .agg(["min", "median", "max"]).round(2))
+    fig = P.phases_by_run(rot, title="One engine, its policies switched run by run: each phase's median step time\n"
+                          "(vLLM, REAL WEIGHTS, Qwen2.5-Coder-1.5B + the package's EAGLE head, code-edit, k = 5)",
+                          source=rot_src)
+    if figures_dir: P.save(fig, "02_host_drift_live", figures_dir)
+
+# %% [markdown]
 # ### (b) Verification against its physical limit
 #
 # A decode step's target forward must at least stream the weights and read the KV cache from HBM. Below, the measured forward time next to that floor (bytes ÷ the H200's 4.8 TB/s datasheet bandwidth, times the GPUs a tensor-parallel target spans; for the MoE, the top-k experts per layer that a forward reads at least). While the measured time tracks the floor, verifying k+1 tokens per request costs about as much as decoding 1; once it leaves the floor (large batches × k+1 tokens) verification is compute-bound and every rejected draft token is paid for.

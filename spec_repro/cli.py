@@ -210,6 +210,8 @@ def _run_reproduce(args):
     print(f"summary: {out / 'summary.md'} and {out / 'summary.csv'} ({len(table)} rows); "
           f"executed notebooks: {out / 'notebooks'}")
     _print_written(table.attrs.get("written", []))
+    if table.attrs.get("kept"):
+        print(table.attrs["kept"])
     return 1 if any(not r.ok for r in results) else 0
 
 

@@ -393,6 +393,32 @@ def live_step_split(folder: Path | None = None) -> pd.DataFrame | None:
     return live.step_split(folder) if (folder / "steps.parquet").exists() else None
 
 
+def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
+    """The rotated EAGLE engine's timed code-edit runs (``data/gpu/live5``: one engine switching policy run by run,
+    EAGLE alone = ``eagle``), in the order they ran: per run its policy, batch size, repeat, position within its
+    batch size (``order``) and the median ms of each phase of its decode steps (verification, drafting, the rest:
+    t_other + t_reject)."""
+    folder = Path(folder or data_dir() / "gpu" / "live5")
+    f = folder / "steps.parquet"
+    if not f.exists():
+        return None, f"measured (vLLM live, one rotated engine): no step log under {folder}"
+    s = pd.read_parquet(f, columns=["run_id", "spec", "config", "batch_size", "phase", "t_verify", "t_draft",
+                                    "t_other", "t_reject"])
+    s = s[s["spec"].str.contains("-rotate", regex=False) & s["run_id"].str.startswith("code-edit")
+          & (s["phase"] == "decode")]
+    if s.empty:
+        return None, f"measured (vLLM live, one rotated engine): no rotated engine's steps in {f}"
+    s = s.assign(rest=s["t_other"] + s["t_reject"])
+    g = s.groupby("run_id", sort=False).agg(config=("config", "first"), batch_size=("batch_size", "first"),
+                                            verification=("t_verify", "median"), drafting=("t_draft", "median"),
+                                            rest=("rest", "median")).reset_index()
+    for c in ("verification", "drafting", "rest"):
+        g[c] *= 1e3
+    g["repeat"] = g["run_id"].str.extract(r"-r(\d+)$")[0].astype(int)
+    g["order"] = g.groupby("batch_size").cumcount()
+    return g, f"measured (vLLM step logs, real weights, default engine, one engine): {manifest_line(folder, [f])}"
+
+
 def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/live/steps.parquet``: code-edit,
     bs 1-64, default engine), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for

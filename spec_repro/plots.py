@@ -197,6 +197,37 @@ def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None
     return _finish(fig, source)
 
 
+def phases_by_run(runs: pd.DataFrame, *, title: str = "", source: str | None = None):
+    """One engine's timed runs in the order they ran (``measured.live_rotated_runs``): a panel per batch size,
+    x = the run's position, y = the median ms of each decode-step phase (colour), the marker the run's policy.
+    What the host sets (drafting, the rest) and what the GPU sets (verification) can be told apart at a glance."""
+    from matplotlib.lines import Line2D
+
+    marks = dict(zip(dict.fromkeys(runs["config"]), ("o", "s", "^", "D", "v", "P")))
+    phases = {"verification": PHASE_COLORS["verification"], "drafting": PHASE_COLORS["drafting"],
+              "rest": PHASE_COLORS["overhead"]}
+    sizes = sorted(runs["batch_size"].unique())
+    fig, axes = _facets(len(sizes), ncols=2, w=3.6, h=2.5)
+    for ax, b in zip(axes, sizes):
+        d = runs[runs["batch_size"] == b]
+        for ph, col in phases.items():
+            ax.plot(d["order"], d[ph], color=col, lw=0.8, alpha=0.6, label=f"_{ph}")
+            for cfg, g in d.groupby("config", sort=False):
+                ax.scatter(g["order"], g[ph], color=col, marker=marks[cfg], s=9, lw=0, label=f"_{ph} {cfg}")
+        ax.set_ylim(0, None)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+        ax.set_xlabel("timed run, in the order run" + (" (8 chunks a repeat)" if b == 1 else ""), fontsize=8)
+        ax.set_ylabel("median ms per decode step", fontsize=8)
+        _title(ax, f"batch size {b}")
+    extra = [(Line2D([], [], color=c, lw=1.5), {"rest": "the rest (host: scheduling, outputs)"}.get(p, p))
+             for p, c in phases.items()]
+    extra += [(Line2D([], [], color="0.3", marker=m, lw=0, ms=4), "eagle (EAGLE alone)" if c == "eagle" else c)
+              for c, m in marks.items()]
+    _legend_below(fig, axes, ncol=4, extra=extra)
+    fig.suptitle(title or "One engine, its policies switched run by run: each phase's median step time", fontsize=10)
+    return _finish(fig, source)
+
+
 def verify_cost_curve(df: pd.DataFrame, *, x: str = "k", y: str = "ratio", hue: str | None = None,
                       title: str = "", source: str | None = None):
     """Cost of verifying k draft tokens: forward time of k+1 tokens ÷ time of 1 token, vs k."""

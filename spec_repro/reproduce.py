@@ -268,18 +268,25 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
     with atomic_write(out / "summary.md") as f:
         f.write(md)
-    # A copy next to the figures, so the committed figures/ folder carries the table that goes with them.
-    with atomic_write(fig_dir / "SUMMARY.md") as f:
-        f.write(md)
-    with atomic_path(fig_dir / "summary.csv") as tmp:
-        table.to_csv(tmp, index=False)
     committed = fig_dir in (repo_root() / "figures", repo_root() / "figures" / "published")
-    readme = update_readme_results() if committed else False
+    # The committed table holds every notebook's rows: a partial run (`--only` into an out_dir that has no
+    # summary of the others) would drop theirs, so it leaves SUMMARY.md, summary.csv and the README alone.
+    missing = [n for n in NOTEBOOKS if n not in ran and not (out / "summary" / f"{n}.json").exists()]
+    partial = committed and bool(missing)
+    if not partial:     # a copy next to the figures, so figures/ carries the table that goes with them
+        with atomic_write(fig_dir / "SUMMARY.md") as f:
+            f.write(md)
+        with atomic_path(fig_dir / "summary.csv") as tmp:
+            table.to_csv(tmp, index=False)
+    readme = update_readme_results() if committed and not partial else False
     fig_kind = "committed" if committed else "figures"
     written = [("committed", notebooks_dir() / f"{r.name}.ipynb") for r in results if r.ok and publish]
     written += [(fig_kind, fig_dir / f) for r in results for f in r.figures]
-    written += [(fig_kind, fig_dir / f) for f in ("SUMMARY.md", "summary.csv")]
+    written += [] if partial else [(fig_kind, fig_dir / f) for f in ("SUMMARY.md", "summary.csv")]
     written += [("committed", repo_root() / "README.md")] if readme else []
+    table.attrs["kept"] = (f"{fig_dir / 'SUMMARY.md'}, summary.csv and the README's table left as they were: "
+                           f"{', '.join(missing)} did not run and have no summary under {out / 'summary'} (run "
+                           f"them once into --out {out}, or run every notebook)") if partial else ""
     written += [("out", p) for r in results for p in (r.output, out / "notebooks" / f"{r.name}.kernel.log", r.summary)
                 if p is not None and Path(p).exists()]
     written += [("out", out / "summary.md"), ("out", out / "summary.csv")]

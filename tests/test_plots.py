@@ -77,6 +77,9 @@ def _figs(trace):
         "overlap": P.overlap_vs_advantage(adv, other="eagle", threshold=thr),
         "gap": P.oracle_gap(A.oracle_gap(sim), paper_refs={"paper 2.75x": 2.75}),
         "hybrid": P.hybrid_oracle(sim, paper_refs={"combine, ngram-only": 4.9}, paper_dataset="code-edit"),
+        "by_run": P.phases_by_run(pd.DataFrame(
+            [dict(config=c, batch_size=b, order=i, verification=2.0, drafting=1.5 + (i % 3), rest=2.0 + (i % 2))
+             for b in (1, 8) for i, c in enumerate(["eagle", "idle", "gpu-pr24344"] * 3)]), source="synthetic"),
     }
 
 

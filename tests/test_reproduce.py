@@ -59,6 +59,28 @@ def test_cli_exit_code_nonzero_on_failure(toy_root, tmp_path):
     assert "FAILED" in r.stdout and "cell 2" in r.stdout
 
 
+def test_a_partial_publishing_run_keeps_the_committed_table(toy_root, tmp_path):
+    """`reproduce --only X` into a fresh --out has no summary of the other notebooks: it refreshes X's notebook
+    and figures but leaves figures/SUMMARY.md, summary.csv and the README's table as they were (they would lose
+    every other notebook's rows), and says so; once --out holds every other notebook's summary, it writes them."""
+    figs = toy_root / "figures"
+    figs.mkdir()
+    (figs / "SUMMARY.md").write_text("KEEP\n")
+    (figs / "summary.csv").write_text("KEEP\n")
+    out = tmp_path / "fresh"
+    results, table = R.reproduce("embedded", out, notebooks=["03_acceptance_behavior"], progress=False)
+    assert results[0].ok, results[0].error
+    assert (figs / "SUMMARY.md").read_text() == "KEEP\n" and (figs / "summary.csv").read_text() == "KEEP\n"
+    assert "left as they were" in table.attrs["kept"] and "01_proposers_vs_batch" in table.attrs["kept"]
+    assert (out / "summary.md").read_text().count("toy notebook") == 1          # --out has this run's table
+    assert not any(p.endswith("SUMMARY.md") for _k, p in table.attrs["written"])
+    for n in R.NOTEBOOKS:                  # an earlier full run into the same --out left every other summary
+        if n != "03_acceptance_behavior":
+            (out / "summary" / f"{n}.json").write_text("[]")
+    _results, table = R.reproduce("embedded", out, notebooks=["03_acceptance_behavior"], progress=False)
+    assert table.attrs["kept"] == "" and "toy notebook" in (figs / "SUMMARY.md").read_text()
+
+
 def test_unknown_profile_and_notebook(toy_root, tmp_path):
     with pytest.raises(ValueError, match="unknown profile"):
         R.reproduce("cloud", tmp_path)

@@ -232,3 +232,22 @@ def test_host_probe_times_its_loop():
 
     small, big = min(host_probe(20_000) for _ in range(3)), min(host_probe(400_000) for _ in range(3))
     assert 0 < small < big
+
+
+def test_rotated_runs_come_in_run_order_and_show_the_host_drift():
+    """``measured.live_rotated_runs`` on part m: every timed run of the rotated engine once, in the order run
+    (bs 1: 4 policies x 4 repeats x 8 chunks; the others 4 x 4); each policy's verification is flat within
+    each batch size (< 0.05 ms between runs) while the host's drafting varies over 1.5x at bs 1 (notebook 02's
+    figure)."""
+    from spec_repro import measured
+
+    r, src = measured.live_rotated_runs(LIVE5)
+    assert "one engine" in src
+    assert r.groupby("batch_size").size().to_dict() == {1: 128, 8: 16, 32: 16, 64: 16}
+    assert r["run_id"].iloc[0] == "code-edit-b1-c0@off-r0" and set(r["config"]) == {
+        "eagle", "idle", "gpu-pr24344", "gpu-eagle-only"}
+    assert (r.groupby("batch_size")["order"].apply(lambda o: list(o) == list(range(len(o))))).all()
+    spread = r.groupby(["batch_size", "config"]).agg(v=("verification", lambda x: x.max() - x.min()),
+                                                     d=("drafting", lambda x: x.max() / x.min()))
+    assert (spread["v"] < 0.05).all() and (spread.loc[1, "d"] > 1.5).all()
+    assert measured.live_rotated_runs(LIVE4)[0] is None       # part k: separate engines, no rotation
