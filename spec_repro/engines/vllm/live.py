@@ -578,14 +578,13 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
     ratios over the repeats. Only the configurations of rotated runs (run ids ``...@policy-rN``)."""
     import pandas as pd
 
+    none = pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
     r = pd.read_csv(Path(out) / "runs.csv")
     r = r[(r["task"] == "hybrid") & (r["workload"] == workload) & r["run_id"].str.contains("@", regex=False)]
-    if r.empty:
-        return pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
+    if not (r["config"] == base).any():          # no rotated engine, or none with the base among its policies
+        return none
     g = r.groupby(["config", "batch_size", "repeat"]).agg(tok=("output_tokens", "sum"), wall=("wall_s", "sum"))
     g = (g["tok"] / g["wall"]).rename("tok_s").reset_index()
-    if not (g["config"] == base).any():
-        return g.iloc[:0]
     b = g[g["config"] == base].set_index(["batch_size", "repeat"])["tok_s"]
     g["ratio"] = g["tok_s"] / pd.Series(list(zip(g["batch_size"], g["repeat"]))).map(b).to_numpy()
     return (g[g["config"] != base].groupby(["config", "batch_size"])["ratio"]
@@ -599,7 +598,8 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     faster of EAGLE and n-gram at that batch size: the Must show's 0.98x), ``vs_eagle`` (for ``idle``: the plugin's
     overhead), ``predicted_padded``'s prediction and ratio, and ``steps`` / ``predicted_steps``: decode steps per
     repeat, measured (the step log) over predicted (the profile of the same requests), which separates the
-    acceptance half of a prediction from the cost half."""
+    acceptance half of a prediction from the cost half; a rotated engine's (part m) ``paired_*`` ratios over EAGLE
+    alone (``paired_ratios``) and the prediction with per-batch-size host terms (``ratio_per_bs``)."""
     import pandas as pd
 
     profiles_path = profiles_path or device_trace(out)
