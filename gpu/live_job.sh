@@ -217,6 +217,17 @@ train_head() {  # train_head DIR: an EAGLE head for Qwen 1.5B (the fourth sessio
     --device cuda > $R/log_t.txt 2>&1
   echo "train rc=$?" >> $R/log_t.txt
 }
+host_txt() {  # host_txt DIR: the host now (CPU, its clocks, the GPU's clocks and state) into DIR/host.txt
+  { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
+    > $1/host.txt 2>&1
+}
+profile_committed() {  # profile_committed HEAD OUT: the committed code-edit no-SD outputs (first live session)
+                       # profiled with HEAD on the GPU (the predictor's input); once (done_p)
+  [ -f $R/done_p ] && return 0
+  $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $1 --device cuda \
+    --out $2 > $R/log_p.txt 2>&1 && touch $R/done_p
+  echo "profile rc=$?" >> $R/log_p.txt
+}
 case "$1" in
   plan)       # CPU, no vLLM: the stages, engines, seconds and total; rc 1 when over the plan limit
     ses plan "${@:2}" ;;        # here: PY=/work/main/.venv/bin/python bash gpu/live_job.sh plan
@@ -267,11 +278,7 @@ case "$1" in
     train_head $H4
     [ -f $H4/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     sha256sum $H4/model.safetensors > $R/qwen4/head.sha256
-    if [ ! -f $R/done_p ]; then   # the committed no-SD outputs (first live session) profiled with this head, on the GPU
-      $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $H4 --device cuda \
-        --out $R/qwen4/hybrid_trace_s4.jsonl > $R/log_p.txt 2>&1 && touch $R/done_p
-      echo "profile rc=$?" >> $R/log_p.txt
-    fi
+    profile_committed $H4 $R/qwen4/hybrid_trace_s4.jsonl
     HEAD=$H4 part k qwen4
     echo PIPE_FINISHED ;;
   start6)     # the fifth session's parts m, s run on a machine whose cache holds no head (none survived): train
@@ -282,17 +289,12 @@ case "$1" in
   run6)
     END=${END:-$(( $(date +%s) + 1100 ))}
     mkdir -p $R/qwen5; H5=$R/qwen5/head
-    { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
-      > $R/qwen5/host.txt 2>&1
+    host_txt $R/qwen5
     train_head $H5
     [ -f $H5/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     sha256sum $H5/model.safetensors > $R/qwen5/head.sha256
     cp $H5/TRAINING.json $R/qwen5/head_TRAINING.json
-    if [ ! -f $R/done_p ]; then   # the committed code-edit no-SD outputs profiled with this head (the predictor's input)
-      $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $H5 --device cuda \
-        --out $R/qwen5/hybrid_trace_s5.jsonl > $R/log_p.txt 2>&1 && touch $R/done_p
-      echo "profile rc=$?" >> $R/log_p.txt
-    fi
+    profile_committed $H5 $R/qwen5/hybrid_trace_s5.jsonl
     for p in ${PARTS:-m s}; do HEAD=$H5 part $p qwen5; done
     if [ $(left) -gt 20 ] && [ ! -f $R/done_q ]; then   # sharegpt's no-SD outputs (part s, bs 64) with the head
       $PY -m spec_repro.engines.vllm.live profile --raw $R/qwen5 --workload sharegpt --head $H5 --device cuda \
@@ -309,7 +311,7 @@ case "$1" in
   run7)
     END=${END:-$(( $(date +%s) + 1100 ))}
     mkdir -p $R/draftk6
-    { lscpu; nvidia-smi -q -d CLOCK,PERFORMANCE; } > $R/draftk6/host.txt 2>&1
+    host_txt $R/draftk6
     if [ ! -f $R/done_w ]; then    # resumable: run_specs skips the engines that finished
       ses run w --out $R/draftk6 --deadline $(left) --head none --model-dir none --draft-dir none > $R/log_w.txt 2>&1
       rc=$?; echo "part w rc=$rc" >> $R/log_w.txt
@@ -326,8 +328,7 @@ case "$1" in
     [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
     mkdir -p $R/qwen5; sha256sum $HEAD/model.safetensors > $R/qwen5/head.sha256
     # the host, for the step-time spread the fifth session found (host phases bimodal between repeats)
-    { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
-      > $R/qwen5/host.txt 2>&1
+    host_txt $R/qwen5
     for p in ${PARTS:-m s}; do part $p qwen5; done
     echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)

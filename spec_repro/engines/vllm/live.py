@@ -542,19 +542,21 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     prof = load_profiles(profiles_path)
     t = throughput(out=out)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
-    m0 = fit_step_model(out, configs=("none", "eagle"), ragged=False)
-    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,))
+    # each model fitted once; per_bs only adds its ``by_bs`` terms, which the line prediction leaves out
+    m0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, per_bs=per_bs)
+    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), per_bs=per_bs)
     import pandas as pd
 
-    p = pd.concat([predict(prof, m0, configs=("none", "eagle")),
-                   predict(prof, m1, configs=(idle, *hybrids))], ignore_index=True)
+    def pred(by_bs: bool):
+        use = [m if by_bs else {k: v for k, v in m.items() if k != "by_bs"} for m in (m0, m1)]
+        return pd.concat([predict(prof, use[0], configs=("none", "eagle")),
+                          predict(prof, use[1], configs=(idle, *hybrids))], ignore_index=True)
+
+    p = pred(False)
     res = res.merge(p[["config", "batch_size", "predicted_tok_s", "predicted_steps"]], on=["config", "batch_size"])
     res["ratio"] = res["tok_s"] / res["predicted_tok_s"]
     if per_bs:     # the mended form: host terms per batch size (fit_step_model's per_bs), the same split in/out
-        b0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, per_bs=True)
-        b1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), per_bs=True)
-        q = pd.concat([predict(prof, b0, configs=("none", "eagle")), predict(prof, b1, configs=(idle, *hybrids))],
-                      ignore_index=True).rename(columns={"predicted_tok_s": "predicted_per_bs_tok_s"})
+        q = pred(True).rename(columns={"predicted_tok_s": "predicted_per_bs_tok_s"})
         res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
         res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
     res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else

@@ -492,20 +492,20 @@ def main(argv=None) -> int:
         if a.json:
             print(json.dumps(pl, indent=1))
         else:
-            two = pl["session"] >= 2
+            later = pl["session"] >= 2      # priced by measured seconds, parts dropped to fit
             for row in pl["stages"]:
                 print(f"{row['seconds']:>6.0f} s  {row['calls']:>3} call(s)  {row['stage']}")
                 for e in row.get("engines", []):
                     extra = (f"; {'timed' if e['instrumented'] else 'untimed'}; {', '.join(e['workloads'])}; "
-                             f"priced as {e['basis']}") if two else ""
+                             f"priced as {e['basis']}") if later else ""
                     print(f"{'':>8}{e['seconds']:>6.0f} s  {e['spec']}  [{e['engine_config']}; "
                           f"{' + '.join(e['tasks'])}; {e['hybrid_runs']} hybrid runs{extra}]")
             print(f"{pl['total_s']:>6.0f} s  total (plan limit {pl['budget_s']:.0f} s of {pl['device_budget_s']} s)")
-            if two:
+            if later:
                 print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh "
                       f"{'start7' if pl['session'] == 3 else 'start'}"
                       + (f"   (dropped to fit: {' '.join(pl['dropped'])})" if pl["dropped"] else ""))
-            print(f"deferred to {'a later' if two else 'a second'} session:", *pl["deferred"], sep="\n  - ")
+            print(f"deferred to {'a later' if later else 'a second'} session:", *pl["deferred"], sep="\n  - ")
         if not pl["fits"]:
             why = (f"{pl['total_s']:.0f} s > {pl['budget_s']:.0f} s" if pl["parts"] else
                    f"no part fits beside the staging ({pl['total_s']:.0f} s of {pl['budget_s']:.0f} s)")
