@@ -301,6 +301,9 @@ def test_the_drafting_sweep_plan_fits_and_runs_part_w_once(tmp_path):
             s["tasks"][0]["vocab_size"]
     assert {(s["config"]["name"], s["config"]["k"]) for s in specs} == {
         (n, k) for n in ("qwen2.5-coder-1.5b", "llama31-8b") for k in S.DRAFT_KS}
+    # both targets' end points first: a deadline that cuts the sweep still leaves d0 and d1 for each
+    assert {(s["config"]["name"], s["config"]["k"]) for s in specs[:4]} == {
+        (n, k) for n in ("qwen2.5-coder-1.5b", "llama31-8b") for k in (1, 12)}
     pl = S.plan(session=3)
     assert pl["fits"] and pl["parts"] == ["w"] and pl["total_s"] < S.PLAN_LIMIT_S
     fake = tmp_path / "py"

@@ -137,7 +137,7 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
     if part == "k":         # the fourth session: the device-side hybrid (gpu_hybrid), no host round trip
         return [{**s, "name": s["name"] + S4} for s in hybrid_specs(head, methods=GPU_HYBRID_ENGINES, **kw)]
     if part == "w":         # EAGLE's drafting time per k: both targets' dims, dummy weights (DRAFT_SWEEP)
-        return [_drafting_spec(m, k) for m in DRAFT_SWEEP for k in DRAFT_KS]
+        return [_drafting_spec(m, k) for k in DRAFT_ORDER for m in DRAFT_SWEEP]
     if part in ("m", "s"):  # the fifth session: EAGLE alone, idle and the device-side hybrids in ONE engine
         wl = ("code-edit",) if part == "m" else ("sharegpt",)
         kw = {**kw, "workloads": wl, "repeats": ROTATED_REPEATS}
@@ -151,6 +151,7 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
 # same count whatever was accepted), so its time does not depend on the weights; the step log's t_draft per k
 # fits costmodel's per_token drafter with its d0 (c_step), separable once k varies
 DRAFT_KS = (1, 3, 5, 8, 12)
+DRAFT_ORDER = (1, 12, 5, 3, 8)     # run order: both targets' end points first (d0, d1 from two k), if the deadline cuts
 DRAFT_SWEEP = {
     "qwen": {"model": "data/gpu/configs/qwen25_coder_1p5b", "name": QWEN, "draft": "data/heads/qwen2.5-coder-1.5b-eagle",
              "vocab_size": 151936},
