@@ -95,6 +95,20 @@ if rot is not None:
     if figures_dir: P.save(fig, "02_host_drift_live", figures_dir)
 
 # %% [markdown]
+# ### (a3) EAGLE's drafting time per drafted token
+#
+# One EAGLE engine per k = 1, 3, 5, 8, 12 on each target's dimensions with its head's (Llama-3.1-8B and its EAGLE head; Qwen2.5-Coder-1.5B and the package's head), dummy weights (vLLM's padded drafter batch drafts over every verified token whatever was accepted, so the time does not depend on the weights), bs 1, 8, 32, 64, two repeats (`data/gpu/draftk`). The fit `d0 + k·d1` (`costmodel.fit_drafting`) is what the H200 presets now price EAGLE with (`python -m spec_repro.costmodel fit-drafting`). **Against the study:** its fit prices EAGLE independently of k (16 tokens 2.155 ms vs 2.142 ms for one, vLLM 0.10 on an H100); on vLLM 0.25 every drafted token is one more head forward and the fixed part d0 is nil (0.01 ms on Llama dims, 0 on Qwen's), so 12 tokens cost 12 times one. On Llama dims a head forward runs at 70% of its HBM floor at bs 1; on the 1.5B target it is host-bound (about 0.24 ms a token when the host is fast, 0.43 ms when it is slow, against a 0.12 ms floor), hence the lower R².
+
+# %%
+dk_runs, dk_fits, dk_src = (A.drafting_sweep() if backend == "embedded" and live_dir is None
+                            else (None, None, "the drafting-time sweep: the committed one only (data/gpu/draftk)"))
+print(dk_src)
+if dk_runs is not None:
+    display(dk_fits.round(3))
+    fig = P.drafting_vs_k(dk_runs, dk_fits, source=dk_src)
+    if figures_dir: P.save(fig, "02_drafting_vs_k", figures_dir)
+
+# %% [markdown]
 # ### (b) Verification against its physical limit
 #
 # A decode step's target forward must at least stream the weights and read the KV cache from HBM. Below, the measured forward time next to that floor (bytes ÷ the H200's 4.8 TB/s datasheet bandwidth, times the GPUs a tensor-parallel target spans; for the MoE, the top-k experts per layer that a forward reads at least). While the measured time tracks the floor, verifying k+1 tokens per request costs about as much as decoding 1; once it leaves the floor (large batches × k+1 tokens) verification is compute-bound and every rejected draft token is paid for.

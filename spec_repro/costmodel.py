@@ -452,7 +452,8 @@ def ragged_steps(steps: pd.DataFrame) -> np.ndarray | None:
 
 def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target_model: str | None = None,
         source: str = "", kinds: Mapping[str, str] | None = None, include_reject: bool = True,
-        min_steps: int = 3, ragged: "bool | str" = "auto", path_overhead: bool = False) -> FitResult:
+        min_steps: int = 3, ragged: "bool | str" = "auto", path_overhead: bool = False,
+        d0: Mapping[str, float] | None = None) -> FitResult:
     """Least-squares cost model (non-negative coefficients) from measured step timings
     (``spec_repro.traces.STEP_COLUMNS``).
 
@@ -469,7 +470,9 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
       with ``path_overhead``, the mean over the no-SD steps (method ``none``), and each drafter's steps' mean
       beyond it goes into that drafter's ``c_step`` (charged once per step where it drafts): an engine path's own
       host work (vLLM's EAGLE path pays ~2 ms more per step than no SD on a 1.5B target), which one overhead
-      for every path spreads over no SD too.
+      for every path spreads over no SD too;
+    - ``d0``: a per_token drafter's fixed part per drafting step (its ``c_step``), measured elsewhere (the k sweep,
+      ``fit_drafting``), for steps of one k where d0 is not separable: the steps' t_draft - d0 is fitted per token.
     Returns a ``FitResult`` with R² per component and a residual table."""
     from .traces import validate_steps
 
@@ -541,12 +544,15 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
             k = g["num_draft_tokens"].to_numpy(float)[drafted] / greq[drafted]
             Xd = np.column_stack([k * gkv[drafted], k * greq[drafted], k])
             several_k = len(np.unique(np.round(k, 6))) > 1   # d0 (c_step) is separable from d1 only then
+            fixed = float((d0 or {}).get(method, 0.0))
+            if several_k and method in (d0 or {}):
+                raise CostModelError(f"fit drafting {method!r}: d0 is given but the steps have several k (fit it)")
             if several_k:
                 Xd = np.column_stack([Xd, np.ones_like(k)])
-            coef = _lstsq(Xd, y[drafted], f"drafting {method!r}")
+            coef = _lstsq(Xd, y[drafted] - fixed, f"drafting {method!r}")
             drafters[method] = Drafter("per_token", *map(float, coef[:3]),
-                                       c_step=float(coef[3]) if several_k else 0.0, catch_up=1.0)
-            record(f"draft:{method}", idx[drafted], y[drafted], Xd @ coef)
+                                       c_step=float(coef[3]) if several_k else fixed, catch_up=1.0)
+            record(f"draft:{method}", idx[drafted], y[drafted], Xd @ coef + fixed)
 
     to = df["t_other"].to_numpy(float) + (df["t_reject"].to_numpy(float) if include_reject else 0.0)
     if path_overhead:
@@ -578,6 +584,61 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
                       source=source or f"least-squares fit of {len(df)} measured steps (spec_repro.costmodel.fit)",
                       fit=fit_stats, ragged_target=ragged_target)
     return FitResult(model=model, r2=r2, residuals=resid, n_steps=counts)
+
+
+# ---- EAGLE's drafting time per k on the H200 (the sweep) ---------------------------------------------------------
+#: the sweep's model name -> the H200 preset its fit goes into
+SWEEP_TARGETS = {"llama31-8b": "llama3.1-8b-h200", "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-h200"}
+SWEEP_SOURCE = (
+    "EAGLE's drafting time on one NVIDIA H200 (vLLM 0.25.0, V1 runner, default engine = async scheduling, CUDA "
+    "graphs, bf16, dummy weights: vLLM's padded drafter batch drafts over every verified token whatever was "
+    "accepted, so the time does not depend on the weights), data/gpu/draftk/steps.parquet, 2026-12-02: k = 1, 3, "
+    "5, 8, 12 x bs 1, 8, 32, 64, 2 repeats, 512-token prompts, 128 output tokens; the decode steps that drafted, "
+    "t_draft ~ d0 + k * (c_kv*kv + c_tok*m + c0), m = requests in the step, by non-negative least squares "
+    "(costmodel.fit, kind per_token). Regenerate: python -m spec_repro.costmodel fit-drafting")
+
+
+def sweep_steps(steps: "pd.DataFrame | str | Path | None" = None, model: str | None = None) -> pd.DataFrame:
+    """The decode steps that drafted in the drafting-time sweep (default ``data/gpu/draftk/steps.parquet`` of the
+    checkout), of ``model`` (the sweep's model names: ``SWEEP_TARGETS``) or of all."""
+    from .traces import read_steps
+
+    if steps is None:
+        from .paths import data_dir
+
+        steps = data_dir() / "gpu" / "draftk" / "steps.parquet"
+    df = read_steps(steps) if isinstance(steps, (str, Path)) else steps
+    keep = (df["phase"].astype(str) == "decode") & (df["num_draft_tokens"] > 0) & (df["method"] == "eagle")
+    if model is not None:
+        if model not in set(df["model"]):
+            raise CostModelError(f"sweep_steps: no steps of {model!r}; the sweep has {sorted(set(df['model']))}")
+        keep &= df["model"] == model
+    return df[keep.to_numpy()].reset_index(drop=True)
+
+
+def fit_drafting(steps: "pd.DataFrame | str | Path | None" = None, model: str = "llama31-8b") -> tuple[Drafter, dict]:
+    """EAGLE's per_token drafter (d0 = ``c_step``, d1 = c_kv*kv + c_tok*m + c0 per drafted token) fitted on the
+    sweep's steps of ``model``, and the fit's record (``SWEEP_SOURCE``, the k and batch sizes, R², RMSE, d0 and d1
+    at each batch size) for a preset's ``fit["drafting"]``."""
+    df = sweep_steps(steps, model)
+    res = fit(df, kinds={"eagle": "per_token"}, ragged=False)
+    dr = res.model.drafters["eagle"]
+    bss = sorted(int(b) for b in df["batch_size"].unique())
+    kv = {str(b): float(df.loc[df["batch_size"] == b, "kv_tokens"].median()) for b in bss}   # the batch's KV
+    stats = {"source": SWEEP_SOURCE, "model": model,
+             "k": sorted(int(k) for k in df["k"].unique()), "batch_sizes": bss,
+             "n_steps": int(res.n_steps["draft:eagle"]), "r2": round(float(res.r2["draft:eagle"]), 6),
+             "rmse_s": float(res.model.fit["rmse_s"]["draft:eagle"]), "d0_s": dr.c_step,
+             "d1_s": {str(b): dr.c_kv * kv[str(b)] + dr.c_tok * b + dr.c0 for b in bss}, "d1_at_kv_tokens": kv}
+    return dr, stats
+
+
+def with_drafting(model: CostModel, drafter: Drafter, record: dict, method: str = "eagle") -> CostModel:
+    """``model`` with ``method``'s drafter replaced by ``drafter`` and ``record`` as its ``fit["drafting"]``
+    (the drafter it replaced is kept in the record, as ``replaced``)."""
+    old = model.drafters.get(method)
+    rec = {**record, **({"replaced": old.to_dict()} if old is not None else {})}
+    return replace(model, drafters={**model.drafters, method: drafter}, fit={**(model.fit or {}), "drafting": rec})
 
 
 # ---- the H200 live run's preset ---------------------------------------------------------------------------------
@@ -618,21 +679,62 @@ def live_steps(steps: "pd.DataFrame | str | Path | None" = None) -> pd.DataFrame
     return df[keep.to_numpy()].reset_index(drop=True)
 
 
-def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path | None" = None) -> FitResult:
+def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path | None" = None,
+             sweep: "pd.DataFrame | str | Path | None | bool" = None) -> FitResult:
     """Fit preset ``qwen2.5-coder-1.5b-h200`` (``LIVE_SOURCE`` says on what) from the live run's step table;
-    writes it to ``out`` when given (``LIVE_PRESET`` is the committed one)."""
-    res = fit(live_steps(steps), name="qwen2.5-coder-1.5b-h200",
+    writes it to ``out`` when given (``LIVE_PRESET`` is the committed one). The live run drafted at k = 5 only,
+    where EAGLE's d0 is not separable: d0 comes from the drafting-time sweep on Qwen's dims (``sweep``: its step
+    table, default the committed ``data/gpu/draftk``; ``False``: d0 = 0) and d1 from the live run's own steps
+    (its engine, its host), the sweep's fit recorded beside it in ``fit["drafting"]``."""
+    d0, rec = {}, None
+    if sweep is not False:
+        dr, rec = fit_drafting(None if sweep is True else sweep, "qwen2.5-coder-1.5b")
+        d0 = {"eagle": dr.c_step}
+        rec = {**rec, "sweep_drafter": dr.to_dict(),
+               "used": "d0 (c_step) from the sweep; d1 fitted on the live run's k = 5 steps with d0 subtracted"}
+    res = fit(live_steps(steps), name="qwen2.5-coder-1.5b-h200", d0=d0,
               hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, V1 runner, default engine (async scheduling for "
                        "EAGLE / no SD, sync for n-gram), CUDA graphs, bf16, real weights",
               target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct", source=LIVE_SOURCE, kinds=LIVE_KINDS, ragged=True,
               path_overhead=True)
+    if rec is not None:
+        res.model.fit["drafting"] = rec
     if out is not None:
         res.to_json(out)
     return res
 
 
+def enter_drafting(steps: "pd.DataFrame | str | Path | None" = None, check: bool = False) -> dict[str, bool]:
+    """The drafting-time sweep into the H200 presets: ``llama3.1-8b-h200``'s EAGLE drafter becomes the sweep's fit
+    on Llama-3.1-8B dims (its committed one was fitted at k = 3 only: d0 not separable); ``qwen2.5-coder-1.5b-h200``
+    is refitted with ``fit_live`` (d0 from the sweep). Writes both (``check``: writes nothing) and returns, per
+    preset file, whether it already held exactly that."""
+    import dataclasses
+
+    same = {}
+    path = PRESETS["llama3.1-8b-h200"]
+    base = load_cost_model(path)
+    if base.fit and "replaced" in base.fit.get("drafting", {}):   # entered before: start from the drafter it replaced
+        old = base.fit["drafting"]["replaced"]
+        base = dataclasses.replace(base, drafters={**base.drafters, "eagle": Drafter(
+            old["kind"], **{x: float(old[x]) for x in _DRAFTER_FIELDS if x in old})},
+            fit={k: v for k, v in base.fit.items() if k != "drafting"})
+    dr, rec = fit_drafting(steps, "llama31-8b")
+    texts = {path: json.dumps(with_drafting(base, dr, rec).to_dict(), indent=2) + "\n",
+             LIVE_PRESET: json.dumps(fit_live(sweep=True if steps is None else steps).model.to_dict(), indent=2) + "\n"}
+    for p, text in texts.items():
+        same[str(p)] = Path(p).is_file() and Path(p).read_text() == text
+        if not check and not same[str(p)]:
+            from .io import atomic_write
+
+            with atomic_write(Path(p)) as f:
+                f.write(text)
+    return same
+
+
 def main(argv=None) -> int:
-    """``python -m spec_repro.costmodel fit-live [--steps PATH] [--out PATH] [--check]``."""
+    """``python -m spec_repro.costmodel fit-live [--steps PATH] [--out PATH] [--check]`` /
+    ``fit-drafting [--steps PATH] [--check]``."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m spec_repro.costmodel", description=__doc__.splitlines()[0])
@@ -641,7 +743,20 @@ def main(argv=None) -> int:
     fl.add_argument("--steps", default=None, help="step table (default: the checkout's data/gpu/live/steps.parquet)")
     fl.add_argument("--out", default=str(LIVE_PRESET), help=f"where to write the preset (default {LIVE_PRESET})")
     fl.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the refit")
+    fd = sub.add_parser("fit-drafting", help="EAGLE's drafting time per k (data/gpu/draftk) into the H200 presets")
+    fd.add_argument("--steps", default=None, help="the sweep's step table (default: data/gpu/draftk/steps.parquet)")
+    fd.add_argument("--check", action="store_true", help="write nothing; exit 1 if a preset differs from the refit")
     a = ap.parse_args(argv)
+    if a.cmd == "fit-drafting":
+        for model in SWEEP_TARGETS:
+            dr, rec = fit_drafting(a.steps, model)
+            d1 = ", ".join(f"bs {b}: {v * 1e3:.3f}" for b, v in rec["d1_s"].items())
+            print(f"{model}: d0 = {dr.c_step * 1e3:.3f} ms, d1 = {d1} ms per drafted token "
+                  f"(R² {rec['r2']:.3f}, {rec['n_steps']} steps)")
+        same = enter_drafting(a.steps, check=a.check)
+        for p, ok in same.items():
+            print(f"{p}: {'matches' if ok else ('DIFFERS FROM' if a.check else 'rewritten from')} the refit")
+        return 0 if (all(same.values()) or not a.check) else 1
     res = fit_live(a.steps)
     text = json.dumps(res.model.to_dict(), indent=2) + "\n"
     if a.check:

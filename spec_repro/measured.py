@@ -9,11 +9,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .paths import data_dir
+from .paths import data_dir, repo_root
 from .provenance import manifest_line
 from .traces import TraceError
 
-__all__ = ["gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
+__all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
            "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_speedups",
            "live_step_split", "live_steps"]
 
@@ -417,6 +417,38 @@ def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, 
     g["repeat"] = g["run_id"].str.extract(r"-r(\d+)$")[0].astype(int)
     g["order"] = g.groupby("batch_size").cumcount()
     return g, f"measured (vLLM step logs, real weights, default engine, one engine): {manifest_line(folder, [f])}"
+
+
+def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
+    """EAGLE's drafting time per k on the H200 (``data/gpu/draftk``: k = 1, 3, 5, 8, 12 x bs 1, 8, 32, 64, two
+    repeats, dummy weights, both targets' dims): per timed run its model, k, batch size, repeat and the median ms of
+    its decode steps' drafting (``draft_ms``); and per model and batch size the fit ``costmodel.fit_drafting``
+    enters into the H200 presets (``d0_ms``, ``d1_ms`` per drafted token, R²) beside the HBM floor of one head
+    forward (``floor_ms``: ``steps.draft_forward_bytes`` / 4.8 TB/s) and the share of it the fit reaches."""
+    from . import costmodel
+    from .engines.vllm.session import DRAFT_SWEEP
+    from .engines.vllm.steps import H200_HBM_BYTES_PER_S, draft_forward_bytes
+
+    folder = Path(folder or data_dir() / "gpu" / "draftk")
+    f = folder / "steps.parquet"
+    if not f.exists():
+        return None, None, f"measured (vLLM, EAGLE drafting sweep): no step log under {folder}"
+    st = costmodel.sweep_steps(f)
+    runs = (st.groupby("run_id", sort=False)
+            .agg(model=("model", "first"), k=("k", "first"), batch_size=("batch_size", "first"),
+                 draft_ms=("t_draft", "median")).reset_index())
+    runs["draft_ms"] *= 1e3
+    runs["repeat"] = runs["run_id"].str.extract(r"-r(\d+)$")[0].astype(int)
+    heads = {t["name"]: repo_root() / t["draft"] / "config.json" for t in DRAFT_SWEEP.values()}
+    rows = []
+    for model in sorted(runs["model"].unique()):
+        dr, rec = costmodel.fit_drafting(st, model)
+        floor = draft_forward_bytes(heads[model]) / H200_HBM_BYTES_PER_S * 1e3
+        for b, d1 in rec["d1_s"].items():
+            rows.append({"model": model, "batch_size": int(b), "d0_ms": rec["d0_s"] * 1e3, "d1_ms": d1 * 1e3,
+                         "floor_ms": floor, "floor_share": floor / (d1 * 1e3), "r2": rec["r2"]})
+    return runs, pd.DataFrame(rows), (f"measured (vLLM 0.25 step logs, dummy weights, default engine, one H200): "
+                                      f"{manifest_line(folder, [f])}")
 
 
 def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:

@@ -19,7 +19,7 @@ from .metrics import MIN_OVERLAP_REQUESTS, SHARE_COLUMNS, overlap_support, overl
 
 __all__ = [
     "PALETTE", "PHASE_COLORS", "COLUMN_WIDTH_IN", "color", "palette_for", "save", "speedup_vs_batch",
-    "time_breakdown", "verify_vs_floor", "verify_cost_curve", "acceptance_by_position", "draft_position_rate",
+    "time_breakdown", "verify_vs_floor", "verify_cost_curve", "drafting_vs_k", "acceptance_by_position", "draft_position_rate",
     "draft_position_vs_study", "tokens_per_step_spread",
     "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
 ]
@@ -225,6 +225,38 @@ def phases_by_run(runs: pd.DataFrame, *, title: str = "", source: str | None = N
               for c, m in marks.items()]
     _legend_below(fig, axes, ncol=4, extra=extra)
     fig.suptitle(title or "One engine, its policies switched run by run: each phase's median step time", fontsize=10)
+    return _finish(fig, source)
+
+
+def drafting_vs_k(runs: pd.DataFrame, fits: pd.DataFrame, *, title: str = "", source: str | None = None):
+    """EAGLE's drafting time per step vs k (``measured.drafting_sweep``): a panel per target, each timed run's
+    median (points, colour = batch size), the fitted d0 + k * d1 at each batch size (lines) and k head forwards at
+    the HBM floor (dashed grey): how far above the floor the drafter runs, and whether it has a fixed part."""
+    from matplotlib.lines import Line2D
+
+    models = sorted(runs["model"].unique())
+    sizes = sorted(runs["batch_size"].unique())
+    pal = dict(zip(sizes, sns.color_palette("viridis", len(sizes))))
+    fig, axes = _facets(len(models), ncols=2, w=3.6, h=2.9)
+    kk = np.linspace(0, runs["k"].max(), 50)
+    for ax, m in zip(axes, models):
+        d, f = runs[runs["model"] == m], fits[fits["model"] == m]
+        for b, g in d.groupby("batch_size"):
+            ax.scatter(g["k"], g["draft_ms"], s=12, color=pal[b], lw=0, alpha=0.85, label=f"_{b}")
+            fb = f[f["batch_size"] == b].iloc[0]
+            ax.plot(kk, fb["d0_ms"] + kk * fb["d1_ms"], color=pal[b], lw=1.0, label=f"_{b} fit")
+        ax.plot(kk, kk * f["floor_ms"].iloc[0], ls="--", color="0.45", lw=1.0, label="_floor")
+        ax.set_xticks(sorted(d["k"].unique()))
+        ax.set_ylim(0, None)
+        ax.set_xlabel("draft tokens per step, k", fontsize=8)
+        ax.set_ylabel("drafting, median ms per decode step", fontsize=8)
+        r2 = f["r2"].iloc[0]
+        _title(ax, f"{m} dims · d0 = {f['d0_ms'].iloc[0]:.2f} ms, R² {r2:.2f}")
+    extra = [(Line2D([], [], color=pal[b], marker="o", ms=4, lw=1.0), f"bs {b}") for b in sizes]
+    extra += [(Line2D([], [], color="0.45", ls="--", lw=1.0), "k head forwards at the HBM floor")]
+    _legend_below(fig, axes, ncol=len(extra), extra=extra)
+    fig.suptitle(title or "EAGLE's drafting time grows by one head forward per drafted token\n(points: each timed "
+                 "run's median; lines: the fit d0 + k·d1 at each batch size)", fontsize=10)
     return _finish(fig, source)
 
 

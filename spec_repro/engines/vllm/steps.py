@@ -62,6 +62,14 @@ def model_dims(config: dict | str | Path) -> dict:
     return out
 
 
+def draft_forward_bytes(head_config: dict | str | Path) -> int:
+    """Weight bytes one EAGLE-1 head forward must read (one drafted token): its decoder layer(s), the ``fc`` that maps
+    [embedding, hidden state] (2H) to H, and the LM head (vLLM's head borrows the target's when it has none: the same
+    bytes); the embedding rows are gathered, not streamed. Divided by the HBM bandwidth: the drafting floor d1."""
+    d = model_dims(head_config)
+    return int(d["streamed_weight_bytes"] + 2 * d["hidden"] * d["hidden"] * d["bytes_per_param"])
+
+
 def streamed_bytes(dims: dict, batched_tokens, routing: str = "min"):
     """Weight bytes one target forward must read. Dense: all but the embedding table. Mixture of experts: the
     rest plus, per MoE layer, the experts the forward's tokens touch. ``routing="min"`` (the floor): only
