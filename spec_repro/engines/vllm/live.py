@@ -178,7 +178,7 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
                      "config": {k: (Path(v).name if k in ("model", "draft", "step_log") and isinstance(v, str)
                                     else v) for k, v in e["config"].items() if v not in (None, {}, "")}}
                     for e in engines])
-    for name in sorted(p.name for p in out.iterdir() if p.is_file()):
+    for name in sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")):  # not locks
         if name in ("MANIFEST.json", "README.md"):
             continue
         cpu = name == "hybrid_trace.jsonl"

@@ -282,7 +282,7 @@ def write_manifest(raws, engines: list, out: Path, command: str) -> None:
                gguf=meta["smollm2_weights"]["gguf"], tensor_digest=c["digest"], params=c["params"], **dev,
                digest_method="spec_repro.engines.vllm.smollm2.tensor_digest(model.state_dict())",
                note=meta["smollm2_weights"]["note"])
-    for name in sorted(p.name for p in out.iterdir() if p.is_file()):
+    for name in sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")):  # not locks
         if name in ("MANIFEST.json", "README.md"):
             continue
         record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""), **dev,
