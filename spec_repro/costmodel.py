@@ -21,8 +21,10 @@ All times are seconds. One engine step (prefill, plain decode, or a speculative 
 EAGLE pricing: the study's fit (preset ``llama3.1-8b-h100``) prices EAGLE ``linear``, independent of k (drafting
 16 tokens 2.155 ms vs 2.142 ms for one): right at its measured k = 3, free beyond it. ``llama3.1-8b-h100-per-token``
 keeps the study's target forward and overhead and prices EAGLE per drafted token, anchored at the study's k = 3
-fit (d1 = D_e(k = 3) / 3, d0 = 0) with one catch-up forward; the H200 fit (``llama3.1-8b-h200``) is per_token from
-the committed vLLM steps (k = 3 only, so d0 is not separable there: 0). A refit over several k fits d0 too.
+fit (d1 = D_e(k = 3) / 3, d0 = 0) with one catch-up forward. The H200 presets price EAGLE per token from the
+drafting-time sweep (``data/gpu/draftk``: k = 1-12, bs 1-64, ``fit_drafting`` / ``enter_drafting``, ``python -m
+spec_repro.costmodel fit-drafting``): on vLLM 0.25 d0 is nil (0.01 ms on Llama-3.1-8B dims, 0 on Qwen2.5-1.5B's)
+and d1 one head forward (0.46-0.69 ms on Llama dims at bs 1-64), so a k-token proposal costs k one-token ones.
     overhead        a constant per step (scheduling, input preparation, rejection sampling, bookkeeping)
 
 Ragged batches (optional second target forward). vLLM 0.25's V1 model runner replays its full CUDA graph only for
