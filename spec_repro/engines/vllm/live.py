@@ -24,8 +24,8 @@ from ...io import write_via
 from ...paths import data_dir
 
 __all__ = ["FILE_DOCS", "ENGINE_NOTES", "step_configs", "load", "summarize", "throughput", "llama_baseline", "step_split",
-           "profile_hybrid_task", "load_profiles", "fit_step_model", "predict", "measured_vs_predicted",
-           "predicted_padded", "device_hybrid_table", "main"]
+           "profile_hybrid_task", "load_profiles", "host_index", "fit_step_model", "predict", "predict_runs",
+           "measured_vs_predicted", "predicted_padded", "device_hybrid_table", "main"]
 
 OUT = data_dir() / "gpu" / "live"
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
@@ -364,8 +364,33 @@ def _lin(X, y, groups=None):
     return [float(c) for c in coef]
 
 
+HOST_PHASES = ("t_draft", "t_other", "t_reject")    # the host's share of a step: all but the target's forward
+
+
+def host_index(steps, phase: str = "t_other"):
+    """The host's speed during each run, from the run's own steps: the median ``phase`` of its decode steps over
+    the median of those run medians in the same engine (``spec``) at the same batch size; 1 = the engine's
+    typical host at that size, 1.5 = its host phases take 1.5x as long. Indexed by (spec, run_id).
+
+    Why a run's own phase: the lent H200's host (a KVM guest) runs in slow and fast epochs of ~10-60 s; inside one
+    engine its host phases (EAGLE's drafting, t_other) rise 1.5-2.5x together for stretches of runs while the
+    target's forward (t_verify) stays flat (data/gpu/live5: across the rotated engine's runs at one batch size
+    the run medians of t_other and t_draft correlate at r = 0.93-0.99 within a policy; data/gpu/hostdrift: r =
+    0.99-1.00 over 14-90 runs, where a CPU probe timed in the driver process does not, r = -0.1 to 0.1). The
+    default, ``t_other`` (input preparation, bookkeeping, the engine core's scheduling and output processing), is
+    what EAGLE alone, the idle hybrid and both device-side policies share: on a quiet host (the 10th percentile
+    of a policy's steps) gpu-pr24344's is -6 / -4 / +24 / -6% of gpu-eagle-only's at bs 1 / 8 / 32 / 64 (EAGLE
+    alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's host terms by it; a batch size's reference cancels there (the
+    host-scaled model is fitted on steps divided by the same index), so only the run-to-run ratio matters. The
+    reference is per engine: it tells a policy's host apart only where it shares an engine with the configurations
+    fitted (part m's rotated engine), not between engines (part k's: one per policy)."""
+    d = steps[steps["phase"] == "decode"]
+    run = d.groupby(["spec", "batch_size", "run_id"])[phase].median()
+    return (run / run.groupby(level=["spec", "batch_size"]).transform("median")).droplevel("batch_size")
+
+
 def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
-                   per_bs: bool = False) -> dict:
+                   per_bs: bool = False, host_scaled: bool = False) -> dict:
     """Step-time components fitted on the decode steps of ``configs`` (code-edit, this session), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
@@ -378,16 +403,24 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
     one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
     at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
-    fifth GPU session's steps); the target's forward stays the fit."""
+    fifth GPU session's steps); the target's forward stays the fit. ``host_scaled`` (implies ``per_bs``): every
+    step's host phases (``HOST_PHASES``) divided by its run's ``host_index`` first, so the host terms are those
+    of the engine's typical host at each batch size, to be scaled back by the index of the run predicted
+    (``_walk``'s ``host``, ``predict_runs``); the hybrid's own term is then its drafting beyond the per-batch-size
+    EAGLE drafting (not beyond the line, which would fold the line's miss at that size into it)."""
     import numpy as np
     import pandas as pd
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
     s = s[s["run_id"].str.startswith("code-edit") & (s["engine_config"] == "default")]
+    if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
+        per_bs = True
+        h = pd.Series(list(zip(s["spec"], s["run_id"]))).map(host_index(s)).fillna(1.0).to_numpy()
+        s = s.assign(**{c: s[c] / h for c in HOST_PHASES})
     s = s[s["config"].isin(tuple(configs) + tuple(hybrid_configs))]
     dec = s[s["phase"] == "decode"]
     fit_dec = dec[dec["config"].isin(configs)]
-    m = {"ragged": ragged, "fitted_on": list(configs)}
+    m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     X = lambda d: np.column_stack([d["kv_tokens"], d["batched_tokens"], np.ones(len(d))])
     grp = lambda d: d["config"] + "/" + d["batch_size"].astype(str)
     if ragged:
@@ -426,15 +459,19 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
         if len(e):
             m["by_bs"]["eagle_draft"] = mean_by_bs(e, e["t_draft"] / kk)        # per drafted token, whole batch
         if len(hy):
+            # beyond the per-batch-size EAGLE drafting that _walk adds with it (not beyond the line: that folded
+            # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in part m)
+            extra = hy["t_draft"] - K * hy["batch_size"].map(m["by_bs"]["eagle_draft"]) * eag
             m["by_bs"]["hybrid_overhead"] = mean_by_bs(hy, pd.Series(extra, index=hy.index))
     pre = s[s["phase"] != "decode"]
     m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
     return m
 
 
-def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: int = K) -> dict:
+def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: int = K, host: float = 1.0) -> dict:
     """One chunk of requests decoded together, step by step, as the live engine runs ``config``: returns tokens,
-    steps, seconds (the model's), ragged steps."""
+    steps, seconds (the model's), ragged steps. ``host``: the host terms (overhead, drafting, the hybrid's own
+    work; not the target's forward or the prefill) times this (a run's ``host_index``)."""
     import numpy as np
 
     B = len(reqs)
@@ -471,7 +508,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         kv = int((P[act] + p[act]).sum())
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
-        step = F[0] * kv + F[1] * T + F[2] + by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)
+        step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
         if base in ("eagle", "pr24344", "eagle-only", "idle") or (base == "pr24344-skip" and eagle_for):
             m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
             step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
@@ -479,7 +516,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
             step += model["ngram_draft"][0] * n_act
         if hov is not None:
             step += by.get("hybrid_overhead", {}).get(B, hov[0] + hov[1] * n_act)
-        t += step
+        t += F[0] * kv + F[1] * T + F[2] + host * step
         steps += 1
         ragged_steps += not uniform
         p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
@@ -503,6 +540,25 @@ def predict(profiles: list[dict], model: dict, configs=LIVE_CONFIGS, batch_sizes
                          "predicted_steps": sum(r["steps"] for r in res),
                          "predicted_ragged_share": sum(r["ragged_steps"] for r in res) / sum(r["steps"] for r in res)})
     return pd.DataFrame(rows)
+
+
+def predict_runs(profiles: list[dict], models: dict, runs, index, prompts_per_bs: int = 8):
+    """Each measured run predicted at its own host speed: the chunk it ran (``-c<N>`` of its run id: requests
+    ``[N*B, (N+1)*B)`` of the hybrid task's first max(B, 8)) walked with ``models[config]`` and ``host`` = the
+    run's ``index`` ((spec, run_id) -> ``host_index``; 1 where missing), then per configuration and batch size
+    as ``throughput`` aggregates the measured runs: a repeat's tokens over its seconds, the mean over repeats."""
+    import pandas as pd
+
+    rows = []
+    for r in runs.itertuples(index=False):
+        b, c = int(r.batch_size), int(re.search(r"-c(\d+)", r.run_id).group(1))
+        w = _walk(profiles[:max(b, prompts_per_bs)][c * b:(c + 1) * b], r.config, models[r.config],
+                  host=float(index.get((r.spec, r.run_id), 1.0)))
+        rows.append({"config": r.config, "batch_size": b, "repeat": r.repeat, "tokens": w["tokens"],
+                     "seconds": w["seconds"]})
+    g = pd.DataFrame(rows).groupby(["config", "batch_size", "repeat"])[["tokens", "seconds"]].sum()
+    return ((g["tokens"] / g["seconds"]).groupby(level=["config", "batch_size"]).mean()
+            .rename("predicted_host_tok_s").reset_index())
 
 
 def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
@@ -532,13 +588,16 @@ def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
 
 
 def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
-                     hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False):
+                     hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
     hybrid (``eagle-only``: the same lookups, bookkeeping and host reads, every request on EAGLE), so both padded
     hybrids are predicted out of sample. ``ratio`` = measured / predicted; ``per_bs``: also the prediction with
-    per-batch-size host terms (``predicted_per_bs_tok_s``, ``ratio_per_bs``)."""
+    per-batch-size host terms (``predicted_per_bs_tok_s``, ``ratio_per_bs``); ``host_scaled``: also each run
+    predicted at its own host speed (``predict_runs`` with ``fit_step_model(host_scaled=True)``, the same split in
+    sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
+    own runs' t_other, its drafting from the idle hybrid's fitted term."""
     prof = load_profiles(profiles_path)
     t = throughput(out=out)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
@@ -559,6 +618,18 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         q = pred(True).rename(columns={"predicted_tok_s": "predicted_per_bs_tok_s"})
         res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
         res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
+    if host_scaled:
+        h0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, host_scaled=True)
+        h1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), host_scaled=True)
+        runs = pd.read_csv(Path(out) / "runs.csv")
+        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == "code-edit") & (runs["engine_config"] == "default")
+                    & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
+        steps = pd.read_parquet(Path(out) / "steps.parquet")
+        steps = steps[steps["run_id"].str.startswith("code-edit") & (steps["engine_config"] == "default")]
+        q = predict_runs(prof, {c: h0 if c in ("none", "eagle") else h1 for c in res["config"]}, runs,
+                         host_index(steps))
+        res = res.merge(q, on=["config", "batch_size"])
+        res["ratio_host"] = res["tok_s"] / res["predicted_host_tok_s"]
     res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else
                                          "out of sample")
     return res.reset_index(drop=True)
@@ -594,18 +665,25 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
 
 
 def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
-                        idle: str = "gpu-eagle-only"):
+                        idle: str = "gpu-eagle-only", host_scaled: bool | None = None):
     """Part k's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``) per
     configuration and batch size: measured tok/s (mean, min, max of the repeats), ``vs_best_single`` (over the
     faster of EAGLE and n-gram at that batch size: the Must show's 0.98x), ``vs_eagle`` (for ``idle``: the plugin's
     overhead), ``predicted_padded``'s prediction and ratio, and ``steps`` / ``predicted_steps``: decode steps per
     repeat, measured (the step log) over predicted (the profile of the same requests), which separates the
     acceptance half of a prediction from the cost half; a rotated engine's (part m) ``paired_*`` ratios over EAGLE
-    alone (``paired_ratios``) and the prediction with per-batch-size host terms (``ratio_per_bs``)."""
+    alone (``paired_ratios``) and the prediction with per-batch-size host terms (``ratio_per_bs``); ``host_scaled``:
+    each run predicted at its own host speed too (``ratio_host``: ``predicted_padded``); None: where the run has a
+    rotated engine (its policies share one engine's host index: part m), not where each policy ran in an engine of
+    its own (part k, where the index cannot tell engines' hosts apart)."""
     import pandas as pd
 
+    if host_scaled is None:
+        host_scaled = bool(pd.read_csv(Path(out) / "runs.csv", usecols=["spec"])["spec"].astype(str)
+                           .str.contains("-rotate", regex=False).any())
+
     profiles_path = profiles_path or device_trace(out)
-    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True)
+    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True, host_scaled=host_scaled)
     t = throughput(out=out)
     t = t[t["model"] == QWEN]
     extra = t[~t["config"].isin(res["config"])][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max",
