@@ -159,19 +159,24 @@
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
 # Calls: vllm c1..c5, c6+c7; piece p00..p17 (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s>
 # RESERVE=45 bash gpu/live_job.sh start6; polls `sleep 200-290; bash gpu/live_job.sh status m [A-B]`; give_back.
-# SIXTH SESSION (PREPARED, NOT YET RUN): part w, Deliver 5: EAGLE's drafting time at k = 1, 3, 5, 8, 12 on Qwen2.5-
-# Coder-1.5B dims (the package's head's config) and Llama-3.1-8B dims (its EAGLE head's), dummy weights (vLLM's
-# padded drafter batch drafts over every verified token whatever was accepted: the time does not depend on the
-# weights), bs 1/8/32/64, 2 repeats + a warm-up. No cache: nothing to stage but vLLM. `PY=.venv/bin/python bash
-# gpu/live_job.sh plan --session 3` prints it (~1,155 s of 1,800):
-#   stage      calls  seconds  what
-#   vllm         6    ~130     machine start + .stage/c1..c7 (measured in the fifth)
-#   setup7       1    ~110     install vLLM, the plugin entry point
-#   run   1 + polls   ~915     detached (start7): 10 engines of ~90 s (5 k x 2 targets), resumable
-# Calls: `bash ../shared/gpu/prepare.sh` here; vllm c1..c5, c6+c7; setup7 (carry [".stage/run"]); LEFT=<budget_left_s>
-# RESERVE=45 bash gpu/live_job.sh start7; polls `sleep 240; bash gpu/live_job.sh status w`; give_back. Then here:
-# `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/draftk` and fit costmodel's per_token
-# drafter (d0 = c_step, d1) per target from its steps (the H200 presets).
+# SIXTH SESSION, RUN with start7 (2026-12-02; RAN: 1,554 of 1,800 device s; results in data/gpu/draftk/ and
+# data/gpu/hostdrift/): part w, Deliver 5: EAGLE's drafting time at k = 1, 3, 5, 8, 12 on Qwen2.5-Coder-1.5B dims
+# and Llama-3.1-8B dims, dummy weights, bs 1/8/32/64, 2 repeats + a warm-up (`plan --session 3`: ~1,155 s planned:
+# vllm 130, setup7 110, run 915). Used: one refused start (91 s of budget, no machine), machine start + vllm c1..c7
+# 209 (first call held 182), setup7 41 (held 258 at its end), run 10 engines in ~630 s (17:55-18:06 UTC), polls;
+# then in the spare time one engine doing the same work 208 times (hostdrift, 68 + 225 s). The tree had to leave
+# data/, notebooks/, figures/ aside for the vllm calls (tracked tree 40 MB + a 45 MB piece > 64 MiB).
+# SEVENTH SESSION (PREPARED, NOT YET RUN): part s (sharegpt: the rotated engine, no SD, n-gram) with a head
+# trained in the run, then the sharegpt profile with that head (the predictor's input), then code-edit's if time
+# is left. `PY=.venv/bin/python bash gpu/live_job.sh plan --session 4` prints it (~1,570 s of 1,800). Here first:
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt py-functions py-write humaneval mt-bench gsm-symbolic" \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
+# Calls: `bash ../shared/gpu/prepare.sh`; move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece
+# p00..p17 (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s> RESERVE=45 bash
+# gpu/live_job.sh start8; polls `sleep 240-290; bash gpu/live_job.sh status s [A-B]` (A-B: head pieces, 0-6);
+# give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live6` (copy
+# hybrid_trace_sharegpt_s8.jsonl, head.sha256, head_TRAINING.json, host.txt in first) and device_hybrid_table on
+# sharegpt (throughput(workload="sharegpt"); each run at its own host speed: ratio_host).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -183,7 +188,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) echo qwen5 ;; w) echo draftk6 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -302,6 +307,26 @@ case "$1" in
       echo "profile rc=$?" >> $R/log_q.txt
     fi
     echo PIPE_FINISHED ;;
+  start8)     # the seventh session (`plan --session 4`): a head trained in the run, part s (sharegpt: the rotated
+              # engine, no SD, n-gram) into qwen6, the sharegpt profile, then code-edit's if time is left.
+              # LEFT=S: the lease's budget_left_s now
+    detach run8 ;;
+  run8)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    mkdir -p $R/qwen6; H6=$R/qwen6/head
+    host_txt $R/qwen6
+    train_head $H6
+    [ -f $H6/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
+    sha256sum $H6/model.safetensors > $R/qwen6/head.sha256
+    cp $H6/TRAINING.json $R/qwen6/head_TRAINING.json
+    for p in ${PARTS:-s}; do HEAD=$H6 part $p qwen6; done
+    if [ $(left) -gt 20 ] && [ ! -f $R/done_q ]; then   # sharegpt's no-SD outputs (part s) with the head
+      $PY -m spec_repro.engines.vllm.live profile --raw $R/qwen6 --workload sharegpt --head $H6 --device cuda \
+        --out $R/qwen6/hybrid_trace_sharegpt_s8.jsonl > $R/log_q.txt 2>&1 && touch $R/done_q
+      echo "profile rc=$?" >> $R/log_q.txt
+    fi
+    [ $(left) -gt 60 ] && profile_committed $H6 $R/qwen6/hybrid_trace_s8.jsonl
+    echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh setup ;;
@@ -354,7 +379,8 @@ case "$1" in
   headback)   # headback A-B: pieces A..B (15 MiB each, 0-6) of the head run4 trained, into $OUT; here (this
               # machine's cache keeps it for the next session: saves the ~530 s retraining):
               #   cat head.tar.part* | tar xf - -C /tmp/h && mv /tmp/h/head ~/.cache/spec_repro/heads/<sha256>
-    H4=$R/qwen4/head; [ -f $R/qwen5/head/TRAINING.json ] && H4=$R/qwen5/head     # run6's, else run4's
+    H4=$R/qwen4/head; [ -f $R/qwen5/head/TRAINING.json ] && H4=$R/qwen5/head     # run8's, else run6's, else run4's
+    [ -f $R/qwen6/head/TRAINING.json ] && H4=$R/qwen6/head
     [ -f $H4/TRAINING.json ] || { echo "no head yet"; exit 0; }
     mkdir -p $R/headparts
     [ -f $R/headparts/done ] || { tar cf - -C $(dirname $H4) head | split -b 15M -d -a 1 - $R/headparts/head.tar.part \
@@ -363,5 +389,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 stop status pack headback send"; exit 2 ;;
 esac

@@ -317,3 +317,34 @@ def test_the_drafting_sweep_plan_fits_and_runs_part_w_once(tmp_path):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 1 and calls[0].split()[2:6] == ["run", "w", "--out", str(tmp_path / "res" / "draftk6")]
     assert (tmp_path / "res" / "done_w").exists()
+
+
+def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_once(tmp_path):
+    """Session 4 (``gpu/live_job.sh start8``): part s on sharegpt with a head trained in the run, priced by the
+    fifth session's measured part m; ``run8`` trains (skipped when the head is there), runs part s into qwen6 with
+    that head, profiles sharegpt's no-SD outputs with it, then code-edit's; a second run repeats nothing."""
+    pl = S.plan(session=4)
+    assert pl["fits"] and pl["parts"] == ["s"] and pl["total_s"] < S.PLAN_LIMIT_S
+    assert [e["seconds"] for e in pl["stages"][-1]["engines"]] == [307, 101, 140]    # part m's, measured
+    assert all(w == ["sharegpt"] for w in (e["workloads"] for e in pl["stages"][-1]["engines"]))
+    res = tmp_path / "res"
+    head = res / "qwen6" / "head"
+    head.mkdir(parents=True)
+    (head / "TRAINING.json").write_text("{}")
+    (head / "model.safetensors").write_bytes(b"w")
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
+    fake.chmod(0o755)
+    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10)}
+    for _ in range(2):
+        r = subprocess.run(["bash", "gpu/live_job.sh", "run8"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    runs = [c for c in calls if " run s " in f" {c} "]
+    assert len(runs) == 1 and f"--out {res / 'qwen6'}" in runs[0] and f"--head {head}" in runs[0]
+    profiles = [c for c in calls if "live profile" in c]
+    assert len(profiles) == 2 and "--workload sharegpt" in profiles[0] and str(head) in profiles[0]
+    assert "data/gpu/live/hybrid_trace.jsonl" in profiles[1]
+    assert not any("cli train" in c for c in calls)      # the head was there: no training
+    assert (res / "qwen6" / "head.sha256").is_file() and (res / "done_s").exists()

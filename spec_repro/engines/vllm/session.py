@@ -39,7 +39,7 @@ from pathlib import Path
 from .jobs import (LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, rotated_spec,
                    run_specs)
 
-__all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "STAGING_3", "MEASURED_S", "AGREEMENT_PROMPTS",
+__all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "STAGING_3", "STAGING_4", "MEASURED_S", "AGREEMENT_PROMPTS",
            "part_specs", "plan", "best_padded", "prepare_prompts", "predictor_from_acc", "agreement_report"]
 
 BUDGET_S = 1800                  # the session's device seconds, staging included
@@ -220,7 +220,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
-SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",)}
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s",)}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -231,6 +231,17 @@ DEFERRED = ["hybrid and agreement on sharegpt (the hybrid specs' second workload
             "`spec-repro reproduce --profile gpu` end to end (its llama8b job: 3 engines, ~450 s)"]
 DEFERRED_3 = ["part s (sharegpt: the rotated engine, no SD, n-gram) and part m again with the host's steal time "
               "recorded: real weights and a head (retrained: ~530 s)"]
+# session 4 (gpu/live_job.sh start8): part s on sharegpt with a head trained in the run (no checkout keeps one),
+# priced by what the fifth GPU session measured (its staging, setup, training; part m's engines)
+STAGING_4 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
+             ("18 cache pieces: Qwen 1.5B + the workloads, no head (measured: 129 s)", 18, 130),
+             ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 178 s)", 1, 180),
+             ("in the run: train a head (run6's recipe, 520 s budget; measured 530 s), then after part s the "
+              "sharegpt profile of its no-SD outputs with that head (code-edit's measured 34 s)", 0, 570)]
+DEFERRED_4 = ["the adaptive-rule hybrid live (the simulator's best causal policy, host-side: `hybrid.LiveHybrid`, "
+              "priced with qwen2.5-coder-1.5b-h200) beside gpu-pr24344 on code-edit, and part m again, each run "
+              "predicted at its own host speed (`live.host_index`): a head again (~530 s)",
+              "the code-edit profile with this session's head (~35 s), if the run has time left"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -239,7 +250,9 @@ DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 pres
 # What the first session took on the H200 (device seconds per engine spec, from its log; staging and setup)
 MEASURED_S = {"hybrid-default-eagle": 180, "hybrid-default-ngram": 158, "agree-draft": 145, "hybrid-default-none": 120,
               "hybrid-default-pr24344": 110, "hybrid-default-pr24344-skip": 78, "llama8b-none-default": 131,
-              "llama8b-none-study-like": 126}
+              "llama8b-none-study-like": 126,
+              # the fifth GPU session's part m (code-edit; part s runs the same engines on sharegpt)
+              "hybrid-default-rotate-s5": 307, "hybrid-default-none-s5": 101, "hybrid-default-ngram-s5": 140}
 STAGING_2 = [("staging as the first session: machine start, vllm c1..c7, cache pieces p00..p26 (measured)", 34, 254),
              ("setup: install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point (measured)",
               1, 255)]
@@ -256,7 +269,10 @@ ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
             "hybrid-default-ngram-pad": ("hybrid-default-ngram", -AGREEMENT_TASK_S),
             "hybrid-default-eagle": ("hybrid-default-eagle", -AGREEMENT_TASK_S),
             "hybrid-vllm-default-eagle": ("hybrid-default-eagle", -AGREEMENT_TASK_S),
-            "hybrid-default-eagle-only": ("hybrid-default-pr24344", 0)}
+            "hybrid-default-eagle-only": ("hybrid-default-pr24344", 0),
+            "hybrid-default-rotate-s5": ("hybrid-default-rotate-s5", 0),     # part s: part m's engines, sharegpt
+            "hybrid-default-none-s5": ("hybrid-default-none-s5", 0),
+            "hybrid-default-ngram-s5": ("hybrid-default-ngram-s5", 0)}
 
 
 def _batches_calibration() -> float:
@@ -269,7 +285,7 @@ def measured_seconds(spec: dict) -> tuple[float, str]:
     """(seconds, basis) of a second-session engine: its analogue's measured seconds (``ANALOGUE``), else (no
     analogue ran: part d's drafting-time engines) ``spec_seconds`` scaled by the first session's measured/modelled
     ratio for batches engines."""
-    base = spec["name"].removesuffix(S2).removesuffix("-sharegpt")
+    base = spec["name"].removesuffix(S2).removesuffix("-sharegpt").replace("-sharegpt-s5", "-s5")
     if base in ANALOGUE:
         ref, add = ANALOGUE[base]
         return MEASURED_S[ref] + add, f"{ref} {MEASURED_S[ref]} s" + (f" {add:+d} s" if add else "")
@@ -320,10 +336,10 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3}[session]
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3}[session])
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
@@ -472,7 +488,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=PLAN_LIMIT_S)
     p.add_argument("--session", type=int, default=1, choices=sorted(SESSION_PARTS),
                    help="1: the first session's plan (a-d, as run); 2: the second's (e-i, measured seconds); "
-                        "3: the drafting-time sweep (part w, dummy weights: gpu/live_job.sh start7)")
+                        "3: the drafting-time sweep (part w, dummy weights: gpu/live_job.sh start7); "
+                        "4: part s on sharegpt with a head trained in the run (gpu/live_job.sh start8)")
     p.add_argument("--json", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("part", choices=sorted({**PARTS, **PARTS_2}))
@@ -504,7 +521,7 @@ def main(argv=None) -> int:
             print(f"{pl['total_s']:>6.0f} s  total (plan limit {pl['budget_s']:.0f} s of {pl['device_budget_s']} s)")
             if later:
                 print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh "
-                      f"{'start7' if pl['session'] == 3 else 'start'}"
+                      f"{ {3: 'start7', 4: 'start8'}.get(pl['session'], 'start')}"
                       + (f"   (dropped to fit: {' '.join(pl['dropped'])})" if pl["dropped"] else ""))
             print(f"deferred to {'a later' if later else 'a second'} session:", *pl["deferred"], sep="\n  - ")
         if not pl["fits"]:
