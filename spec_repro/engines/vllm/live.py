@@ -380,8 +380,9 @@ def host_index(steps, phase: str = "t_other"):
     default, ``t_other`` (input preparation, bookkeeping, the engine core's scheduling and output processing), is
     what EAGLE alone, the idle hybrid and both device-side policies share: on a quiet host (the 10th percentile
     of a policy's steps) gpu-pr24344's is -6 / -4 / +24 / -6% of gpu-eagle-only's at bs 1 / 8 / 32 / 64 (EAGLE
-    alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's host terms by it; a batch size's reference cancels there (the
-    host-scaled model is fitted on steps divided by the same index), so only the run-to-run ratio matters. The
+    alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's
+    host terms by it; a batch size's reference cancels there (the host-scaled model is fitted on steps divided by
+    the same index), so only the run-to-run ratio matters. The
     reference is per engine: it tells a policy's host apart only where it shares an engine with the configurations
     fitted (part m's rotated engine), not between engines (part k's: one per policy)."""
     d = steps[steps["phase"] == "decode"]
