@@ -226,6 +226,22 @@ host_txt() {  # host_txt DIR: the host now (CPU, its clocks, the GPU's clocks an
   { lscpu; grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -5; nvidia-smi -q -d CLOCK,PERFORMANCE; } \
     > $1/host.txt 2>&1
 }
+new_head() {  # new_head DIR: the host into DIR/host.txt, then a head trained into DIR/head (train_head), its sha256
+             # and TRAINING.json beside; rc 1 when no head came out
+  mkdir -p $1; host_txt $1
+  train_head $1/head
+  [ -f $1/head/TRAINING.json ] || return 1
+  touch $R/done_t
+  sha256sum $1/head/model.safetensors > $1/head.sha256
+  cp $1/head/TRAINING.json $1/head_TRAINING.json
+}
+profile_sharegpt() {  # profile_sharegpt DIR OUT: part s's no-SD sharegpt outputs (DIR's runs) profiled with DIR/head
+                      # (the predictor's input); once (done_q)
+  [ $(left) -gt 20 ] && [ ! -f $R/done_q ] || return 0
+  $PY -m spec_repro.engines.vllm.live profile --raw $1 --workload sharegpt --head $1/head --device cuda --out $2 \
+    > $R/log_q.txt 2>&1 && touch $R/done_q
+  echo "profile rc=$?" >> $R/log_q.txt
+}
 profile_committed() {  # profile_committed HEAD OUT: the committed code-edit no-SD outputs (first live session)
                        # profiled with HEAD on the GPU (the predictor's input); once (done_p)
   [ -f $R/done_p ] && return 0
@@ -293,19 +309,11 @@ case "$1" in
     detach run6 ;;
   run6)
     END=${END:-$(( $(date +%s) + 1100 ))}
-    mkdir -p $R/qwen5; H5=$R/qwen5/head
-    host_txt $R/qwen5
-    train_head $H5
-    [ -f $H5/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
-    sha256sum $H5/model.safetensors > $R/qwen5/head.sha256
-    cp $H5/TRAINING.json $R/qwen5/head_TRAINING.json
+    H5=$R/qwen5/head
+    new_head $R/qwen5 || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     profile_committed $H5 $R/qwen5/hybrid_trace_s5.jsonl
     for p in ${PARTS:-m s}; do HEAD=$H5 part $p qwen5; done
-    if [ $(left) -gt 20 ] && [ ! -f $R/done_q ]; then   # sharegpt's no-SD outputs (part s, bs 64) with the head
-      $PY -m spec_repro.engines.vllm.live profile --raw $R/qwen5 --workload sharegpt --head $H5 --device cuda \
-        --out $R/qwen5/hybrid_trace_sharegpt_s5.jsonl > $R/log_q.txt 2>&1 && touch $R/done_q
-      echo "profile rc=$?" >> $R/log_q.txt
-    fi
+    profile_sharegpt $R/qwen5 $R/qwen5/hybrid_trace_sharegpt_s5.jsonl
     echo PIPE_FINISHED ;;
   start8)     # the seventh session (`plan --session 4`): a head trained in the run, part s (sharegpt: the rotated
               # engine, no SD, n-gram) into qwen6, the sharegpt profile, then code-edit's if time is left.
@@ -313,18 +321,10 @@ case "$1" in
     detach run8 ;;
   run8)
     END=${END:-$(( $(date +%s) + 1100 ))}
-    mkdir -p $R/qwen6; H6=$R/qwen6/head
-    host_txt $R/qwen6
-    train_head $H6
-    [ -f $H6/TRAINING.json ] && touch $R/done_t || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
-    sha256sum $H6/model.safetensors > $R/qwen6/head.sha256
-    cp $H6/TRAINING.json $R/qwen6/head_TRAINING.json
+    H6=$R/qwen6/head
+    new_head $R/qwen6 || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     for p in ${PARTS:-s}; do HEAD=$H6 part $p qwen6; done
-    if [ $(left) -gt 20 ] && [ ! -f $R/done_q ]; then   # sharegpt's no-SD outputs (part s) with the head
-      $PY -m spec_repro.engines.vllm.live profile --raw $R/qwen6 --workload sharegpt --head $H6 --device cuda \
-        --out $R/qwen6/hybrid_trace_sharegpt_s8.jsonl > $R/log_q.txt 2>&1 && touch $R/done_q
-      echo "profile rc=$?" >> $R/log_q.txt
-    fi
+    profile_sharegpt $R/qwen6 $R/qwen6/hybrid_trace_sharegpt_s8.jsonl
     [ $(left) -gt 60 ] && profile_committed $H6 $R/qwen6/hybrid_trace_s8.jsonl
     echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
