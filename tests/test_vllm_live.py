@@ -290,3 +290,18 @@ def test_host_scaled_prediction_mends_part_m_and_leaves_the_committed_columns_al
     assert 0.95 < hy.loc[8, "ratio_per_bs"] < 1.05
     fit = got[got["config"].isin(("eagle", "gpu-eagle-only"))]
     assert ((fit["ratio_host"] - 1).abs() < 0.11).all()
+
+
+def test_the_prediction_takes_a_workload_and_says_which_runs_it_lacks():
+    """The tables are per workload (part s: sharegpt): code-edit, the default, gives the committed table; a workload
+    whose run lacks a configuration the fit needs (live5's sharegpt: only the rotated engine's bs 1 ran, no SD
+    never started) is refused in one line naming what is missing."""
+    import pandas as pd
+
+    got = live.device_hybrid_table(LIVE5, workload="code-edit")
+    want = pd.read_csv(LIVE5 / "device_hybrid.csv")
+    assert got["tok_s"].tolist() == pytest.approx(want["tok_s"].tolist(), rel=1e-5)   # the CSV keeps 6 digits
+    assert live.device_trace(LIVE5, "sharegpt") is None and live.device_trace(LIVE5) == LIVE5 / "hybrid_trace_s5.jsonl"
+    with pytest.raises(ValueError, match="no sharegpt steps of none"):
+        live.fit_step_model(LIVE5, configs=("none", "eagle"), workload="sharegpt")
+    assert set(live.throughput(out=LIVE5, workload="sharegpt")["batch_size"]) == {1}

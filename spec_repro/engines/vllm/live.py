@@ -48,6 +48,9 @@ FILE_DOCS = {
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
                          "(device_hybrid_table)",
+    "device_hybrid_sharegpt.csv": "the same on sharegpt (part s; device_hybrid_table(workload='sharegpt'))",
+    "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
+                                      "the head the seventh GPU session trained (`gpu/live_job.sh run8`)",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
@@ -162,6 +165,9 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
     if device_trace(out) is not None:            # parts k, m (copied from the raw qwen4/, qwen5/: made on the GPU)
         write_via(device_hybrid_table(out).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
+    if device_trace(out, "sharegpt") is not None:     # part s (its profile copied from the raw qwen6/)
+        write_via(device_hybrid_table(out, workload="sharegpt").to_csv, out / "device_hybrid_sharegpt.csv",
+                  index=False, float_format="%.6g")
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
     # where the numbers were measured (the device), not where this summary ran (summarized_on)
@@ -391,8 +397,8 @@ def host_index(steps, phase: str = "t_other"):
 
 
 def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
-                   per_bs: bool = False, host_scaled: bool = False) -> dict:
-    """Step-time components fitted on the decode steps of ``configs`` (code-edit, this session), in the package
+                   per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit") -> dict:
+    """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, this session), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
     CUDA graph only for uniform decode batches; without ``ragged`` one F for all, as ``costmodel.fit`` does);
@@ -413,7 +419,11 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     import pandas as pd
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
-    s = s[s["run_id"].str.startswith("code-edit") & (s["engine_config"] == "default")]
+    s = s[s["run_id"].str.startswith(workload) & (s["engine_config"] == "default")]
+    missing = [c for c in configs if not (s["config"] == c).any()]
+    if missing:
+        raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the default engine in "
+                         f"{Path(out) / 'steps.parquet'} (the fit needs every configuration of {list(configs)})")
     if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
         per_bs = True
         h = pd.Series(list(zip(s["spec"], s["run_id"]))).map(host_index(s)).fillna(1.0).to_numpy()
@@ -589,7 +599,8 @@ def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
 
 
 def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
-                     hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False):
+                     hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False,
+                     workload: str = "code-edit"):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
@@ -598,13 +609,15 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     per-batch-size host terms (``predicted_per_bs_tok_s``, ``ratio_per_bs``); ``host_scaled``: also each run
     predicted at its own host speed (``predict_runs`` with ``fit_step_model(host_scaled=True)``, the same split in
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
-    own runs' t_other, its drafting from the idle hybrid's fitted term."""
+    own runs' t_other, its drafting from the idle hybrid's fitted term. ``workload``: the runs, steps and fits of
+    that workload (``profiles_path`` then the profile of its requests)."""
     prof = load_profiles(profiles_path)
-    t = throughput(out=out)
+    t = throughput(out=out, workload=workload)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
     # each model fitted once; per_bs only adds its ``by_bs`` terms, which the line prediction leaves out
-    m0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, per_bs=per_bs)
-    m1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), per_bs=per_bs)
+    kw = dict(configs=("none", "eagle"), ragged=False, workload=workload)
+    m0 = fit_step_model(out, per_bs=per_bs, **kw)
+    m1 = fit_step_model(out, hybrid_configs=(idle,), per_bs=per_bs, **kw)
     import pandas as pd
 
     def pred(by_bs: bool):
@@ -620,13 +633,13 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
         res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
     if host_scaled:
-        h0 = fit_step_model(out, configs=("none", "eagle"), ragged=False, host_scaled=True)
-        h1 = fit_step_model(out, configs=("none", "eagle"), ragged=False, hybrid_configs=(idle,), host_scaled=True)
+        h0 = fit_step_model(out, host_scaled=True, **kw)
+        h1 = fit_step_model(out, hybrid_configs=(idle,), host_scaled=True, **kw)
         runs = pd.read_csv(Path(out) / "runs.csv")
-        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == "code-edit") & (runs["engine_config"] == "default")
+        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == "default")
                     & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
         steps = pd.read_parquet(Path(out) / "steps.parquet")
-        steps = steps[steps["run_id"].str.startswith("code-edit") & (steps["engine_config"] == "default")]
+        steps = steps[steps["run_id"].str.startswith(workload) & (steps["engine_config"] == "default")]
         q = predict_runs(prof, {c: h0 if c in ("none", "eagle") else h1 for c in res["config"]}, runs,
                          host_index(steps))
         res = res.merge(q, on=["config", "batch_size"])
@@ -639,9 +652,11 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
 SINGLES = ("eagle", "ngram")       # the single proposers a hybrid is held against
 
 
-def device_trace(out: str | Path) -> Path | None:
-    """The device-side hybrid's profile in ``out`` (``hybrid_trace_s4.jsonl``: part k; ``_s5``: part m), or None."""
-    found = sorted(Path(out).glob("hybrid_trace_s[0-9].jsonl"))
+def device_trace(out: str | Path, workload: str = "code-edit") -> Path | None:
+    """The device-side hybrid's profile in ``out`` (``hybrid_trace_s4.jsonl``: part k; ``_s5``: part m; another
+    workload's ``hybrid_trace_<workload>_sN.jsonl``: part s's sharegpt), or None."""
+    name = "hybrid_trace_s[0-9].jsonl" if workload == "code-edit" else f"hybrid_trace_{workload}_s[0-9].jsonl"
+    found = sorted(Path(out).glob(name))
     return found[-1] if found else None
 
 
@@ -666,7 +681,7 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
 
 
 def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
-                        idle: str = "gpu-eagle-only", host_scaled: bool | None = None):
+                        idle: str = "gpu-eagle-only", host_scaled: bool | None = None, workload: str = "code-edit"):
     """Part k's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``) per
     configuration and batch size: measured tok/s (mean, min, max of the repeats), ``vs_best_single`` (over the
     faster of EAGLE and n-gram at that batch size: the Must show's 0.98x), ``vs_eagle`` (for ``idle``: the plugin's
@@ -676,16 +691,18 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     alone (``paired_ratios``) and the prediction with per-batch-size host terms (``ratio_per_bs``); ``host_scaled``:
     each run predicted at its own host speed too (``ratio_host``: ``predicted_padded``); None: where the run has a
     rotated engine (its policies share one engine's host index: part m), not where each policy ran in an engine of
-    its own (part k, where the index cannot tell engines' hosts apart)."""
+    its own (part k, where the index cannot tell engines' hosts apart). ``workload``: that workload's runs (part
+    s: sharegpt) against the profile of its requests (``device_trace(out, workload)``)."""
     import pandas as pd
 
     if host_scaled is None:
         host_scaled = bool(pd.read_csv(Path(out) / "runs.csv", usecols=["spec"])["spec"].astype(str)
                            .str.contains("-rotate", regex=False).any())
 
-    profiles_path = profiles_path or device_trace(out)
-    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True, host_scaled=host_scaled)
-    t = throughput(out=out)
+    profiles_path = profiles_path or device_trace(out, workload)
+    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True, host_scaled=host_scaled,
+                           workload=workload)
+    t = throughput(out=out, workload=workload)
     t = t[t["model"] == QWEN]
     extra = t[~t["config"].isin(res["config"])][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max",
                                                   "acceptance_length"]]
@@ -695,12 +712,12 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     res["vs_best_single"] = res["tok_s"] / res["batch_size"].map(best)
     res["vs_eagle"] = res["tok_s"] / res["batch_size"].map(eagle)
     s = pd.read_parquet(Path(out) / "steps.parquet", columns=["config", "batch_size", "phase", "run_id"])
-    s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
+    s = s[(s["phase"] == "decode") & s["run_id"].str.startswith(workload)]
     by = [s["config"], s["batch_size"]]
     per_rep = s.groupby(by).size() / s["run_id"].str.extract(r"-r(\d+)$")[0].groupby(by).nunique()
     res["steps"] = [per_rep.get((c, b), float("nan")) for c, b in zip(res["config"], res["batch_size"])]
     res["steps_over_predicted"] = res["steps"] / res["predicted_steps"]
-    res = res.merge(paired_ratios(out), on=["config", "batch_size"], how="left")   # rotated engines only
+    res = res.merge(paired_ratios(out, workload=workload), on=["config", "batch_size"], how="left")   # rotated only
     return res.sort_values(["batch_size", "config"]).reset_index(drop=True)
 
 
