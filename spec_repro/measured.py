@@ -424,7 +424,8 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
     repeats, dummy weights, both targets' dims): per timed run its model, k, batch size, repeat and the median ms of
     its decode steps' drafting (``draft_ms``); and per model and batch size the fit ``costmodel.fit_drafting``
     enters into the H200 presets (``d0_ms``, ``d1_ms`` per drafted token, R²) beside the HBM floor of one head
-    forward (``floor_ms``: ``steps.draft_forward_bytes`` / 4.8 TB/s) and the share of it the fit reaches."""
+    forward (``floor_ms``: ``steps.draft_forward_bytes`` / 4.8 TB/s) and ``floor_share`` = floor_ms / d1_ms (1: a
+    drafted token at the HBM floor)."""
     from . import costmodel
     from .engines.vllm.session import DRAFT_SWEEP
     from .engines.vllm.steps import H200_HBM_BYTES_PER_S, draft_forward_bytes
