@@ -690,7 +690,7 @@ def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path 
     (its engine, its host), the sweep's fit recorded beside it in ``fit["drafting"]``."""
     d0, rec = {}, None
     if sweep is not False:
-        dr, rec = fit_drafting(None if sweep is True else sweep, "qwen2.5-coder-1.5b")
+        dr, rec = fit_drafting(sweep, "qwen2.5-coder-1.5b")
         d0 = {"eagle": dr.c_step}
         rec = {**rec, "sweep_drafter": dr.to_dict(),
                "used": "d0 (c_step) from the sweep; d1 fitted on the live run's k = 5 steps with d0 subtracted"}
@@ -723,7 +723,7 @@ def enter_drafting(steps: "pd.DataFrame | str | Path | None" = None, check: bool
             fit={k: v for k, v in base.fit.items() if k != "drafting"})
     dr, rec = fit_drafting(steps, "llama31-8b")
     texts = {path: json.dumps(with_drafting(base, dr, rec).to_dict(), indent=2) + "\n",
-             LIVE_PRESET: json.dumps(fit_live(sweep=True if steps is None else steps).model.to_dict(), indent=2) + "\n"}
+             LIVE_PRESET: json.dumps(fit_live(sweep=steps).model.to_dict(), indent=2) + "\n"}
     for p, text in texts.items():
         same[str(p)] = Path(p).is_file() and Path(p).read_text() == text
         if not check and not same[str(p)]:

@@ -388,9 +388,9 @@ def host_index(steps, phase: str = "t_other"):
     of a policy's steps) gpu-pr24344's is -6 / -4 / +24 / -6% of gpu-eagle-only's at bs 1 / 8 / 32 / 64 (EAGLE
     alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's
     host terms by it; a batch size's reference cancels there (the host-scaled model is fitted on steps divided by
-    the same index), so only the run-to-run ratio matters. The
-    reference is per engine: it tells a policy's host apart only where it shares an engine with the configurations
-    fitted (part m's rotated engine), not between engines (part k's: one per policy)."""
+    the same index), so only the run-to-run ratio matters. The reference is per engine: it tells a policy's host
+    apart only where it shares an engine with the configurations fitted (part m's rotated engine), not between
+    engines (part k's: one per policy)."""
     d = steps[steps["phase"] == "decode"]
     run = d.groupby(["spec", "batch_size", "run_id"])[phase].median()
     return (run / run.groupby(level=["spec", "batch_size"]).transform("median")).droplevel("batch_size")
@@ -413,8 +413,9 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     fifth GPU session's steps); the target's forward stays the fit. ``host_scaled`` (implies ``per_bs``): every
     step's host phases (``HOST_PHASES``) divided by its run's ``host_index`` first, so the host terms are those
     of the engine's typical host at each batch size, to be scaled back by the index of the run predicted
-    (``_walk``'s ``host``, ``predict_runs``); the hybrid's own term is then its drafting beyond the per-batch-size
-    EAGLE drafting (not beyond the line, which would fold the line's miss at that size into it)."""
+    (``_walk``'s ``host``, ``predict_runs``; the index of every run of the workload is kept as ``host_index``); the
+    hybrid's own term is then its drafting beyond the per-batch-size EAGLE drafting (not beyond the line, which
+    would fold the line's miss at that size into it)."""
     import numpy as np
     import pandas as pd
 
@@ -424,14 +425,15 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     if missing:
         raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the default engine in "
                          f"{Path(out) / 'steps.parquet'} (the fit needs every configuration of {list(configs)})")
+    m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
         per_bs = True
-        h = pd.Series(list(zip(s["spec"], s["run_id"]))).map(host_index(s)).fillna(1.0).to_numpy()
+        m["host_index"] = host_index(s)
+        h = pd.Series(list(zip(s["spec"], s["run_id"]))).map(m["host_index"]).fillna(1.0).to_numpy()
         s = s.assign(**{c: s[c] / h for c in HOST_PHASES})
     s = s[s["config"].isin(tuple(configs) + tuple(hybrid_configs))]
     dec = s[s["phase"] == "decode"]
     fit_dec = dec[dec["config"].isin(configs)]
-    m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     X = lambda d: np.column_stack([d["kv_tokens"], d["batched_tokens"], np.ones(len(d))])
     grp = lambda d: d["config"] + "/" + d["batch_size"].astype(str)
     if ragged:
@@ -638,10 +640,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         runs = pd.read_csv(Path(out) / "runs.csv")
         runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == "default")
                     & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
-        steps = pd.read_parquet(Path(out) / "steps.parquet")
-        steps = steps[steps["run_id"].str.startswith(workload) & (steps["engine_config"] == "default")]
         q = predict_runs(prof, {c: h0 if c in ("none", "eagle") else h1 for c in res["config"]}, runs,
-                         host_index(steps))
+                         h1["host_index"])
         res = res.merge(q, on=["config", "batch_size"])
         res["ratio_host"] = res["tok_s"] / res["predicted_host_tok_s"]
     res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else
