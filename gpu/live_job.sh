@@ -188,7 +188,7 @@ ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
-         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
+         r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; x) echo qwen6 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -207,7 +207,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g|k|m|s) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k|m|s|x) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -316,7 +316,8 @@ case "$1" in
     profile_sharegpt $R/qwen5 $R/qwen5/hybrid_trace_sharegpt_s5.jsonl
     echo PIPE_FINISHED ;;
   start8)     # the seventh session (`plan --session 4`): a head trained in the run, part s (sharegpt: the rotated
-              # engine, no SD, n-gram) into qwen6, the sharegpt profile, then code-edit's if time is left.
+              # engine, no SD, n-gram) into qwen6, the sharegpt profile, then part x (adaptive-rule's first live
+              # run) and code-edit's profile if time is left.
               # LEFT=S: the lease's budget_left_s now
     detach run8 ;;
   run8)
@@ -325,6 +326,7 @@ case "$1" in
     new_head $R/qwen6 || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
     for p in ${PARTS:-s}; do HEAD=$H6 part $p qwen6; done
     profile_sharegpt $R/qwen6 $R/qwen6/hybrid_trace_sharegpt_s8.jsonl
+    [ $(left) -gt 150 ] && HEAD=$H6 part x qwen6      # adaptive-rule's first live run, in the time left (~115 s)
     [ $(left) -gt 60 ] && profile_committed $H6 $R/qwen6/hybrid_trace_s8.jsonl
     echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)

@@ -283,7 +283,7 @@ def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_on
                             f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
         assert r.stdout.strip() == "qwen5", r.stderr
     run = (ROOT / "gpu/live_job.sh").read_text()
-    assert "b|e|f|g|k|m|s) $PY -m spec_repro.engines.vllm.jobs lossless" in run
+    assert "b|e|f|g|k|m|s|x) $PY -m spec_repro.engines.vllm.jobs lossless" in run
     assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run
 
 
@@ -322,9 +322,14 @@ def test_the_drafting_sweep_plan_fits_and_runs_part_w_once(tmp_path):
 def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_once(tmp_path):
     """Session 4 (``gpu/live_job.sh start8``): part s on sharegpt with a head trained in the run, priced by the
     fifth session's measured part m; ``run8`` trains (skipped when the head is there), runs part s into qwen6 with
-    that head, profiles sharegpt's no-SD outputs with it, then code-edit's; a second run repeats nothing."""
+    that head, profiles sharegpt's no-SD outputs with it, then part x (adaptive-rule, only in the time left: over
+    the plan limit, so the plan defers it) and code-edit's profile; a second run repeats nothing."""
     pl = S.plan(session=4)
-    assert pl["fits"] and pl["parts"] == ["s"] and pl["total_s"] < S.PLAN_LIMIT_S
+    assert pl["fits"] and pl["parts"] == ["s"] and pl["dropped"] == ["x"] and pl["total_s"] < S.PLAN_LIMIT_S
+    (x,) = S.part_specs("x", "H", "M")
+    assert x["name"] == "hybrid-default-adaptive-rule-pad-sharegpt-s8" and x["tasks"][0]["repeats"] == 1
+    assert x["config"]["hybrid"] == "adaptive-rule" and x["config"]["hybrid_pad"] and x["config"]["draft"] == "H"
+    assert x["config"]["hybrid_cost_model"] == S.ADAPTIVE_COST and x["tasks"][0]["workloads"] == ["sharegpt"]
     assert [e["seconds"] for e in pl["stages"][-1]["engines"]] == [307, 101, 140]    # part m's, measured
     assert all(w == ["sharegpt"] for w in (e["workloads"] for e in pl["stages"][-1]["engines"]))
     res = tmp_path / "res"
@@ -343,6 +348,9 @@ def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_o
     calls = (tmp_path / "calls").read_text().splitlines()
     runs = [c for c in calls if " run s " in f" {c} "]
     assert len(runs) == 1 and f"--out {res / 'qwen6'}" in runs[0] and f"--head {head}" in runs[0]
+    xs = [c for c in calls if " run x " in f" {c} "]
+    assert len(xs) == 1 and f"--out {res / 'qwen6'}" in xs[0] and f"--head {head}" in xs[0]
+    assert calls.index(xs[0]) > calls.index(runs[0]) and (res / "done_x").exists()
     profiles = [c for c in calls if "live profile" in c]
     assert len(profiles) == 2 and "--workload sharegpt" in profiles[0] and str(head) in profiles[0]
     assert "data/gpu/live/hybrid_trace.jsonl" in profiles[1]

@@ -143,6 +143,10 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         kw = {**kw, "workloads": wl, "repeats": ROTATED_REPEATS}
         specs = [rotated_spec(head, **kw)] + hybrid_specs(head, methods=("none", "ngram"), **kw)
         return [{**s, "name": s["name"] + ("" if part == "m" else "-sharegpt") + S5} for s in specs]
+    if part == "x":         # the seventh session: adaptive-rule's first live run (host-side, padded), sharegpt
+        specs = hybrid_specs(head, **{**kw, "workloads": ("sharegpt",), "repeats": 1}, methods=("adaptive-rule-pad",),
+                             cost_model=ADAPTIVE_COST)
+        return [{**s, "name": s["name"] + "-sharegpt" + S8} for s in specs]
     raise ValueError(f"unknown part {part!r}")
 
 
@@ -159,6 +163,8 @@ DRAFT_SWEEP = {
                 "vocab_size": 128256},
 }
 S6 = "-s6"     # the sixth session's engines (part w)
+S8 = "-s8"     # the seventh session's (part x)
+ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # part x: adaptive-rule's cost model (fitted on live5's measured steps)
 
 
 def _drafting_spec(target: str, k: int) -> dict:
@@ -210,6 +216,8 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "m": "ONE EAGLE engine rotating EAGLE alone (off), idle, gpu-pr24344, gpu-eagle-only (Latin square, "
                 "4 repeats), beside no SD and vLLM's n-gram (code-edit, bs 1/8/32/64, k 5); lossless",
            "s": "part m on sharegpt",
+           "x": "the adaptive-rule hybrid's first live run (host-side, padded; priced with qwen2.5-coder-1.5b-h200) "
+                "on sharegpt, bs 1/8/32/64, 1 repeat, after part s (lossless against its no SD); only in time left",
            "w": "EAGLE drafting time at k = 1, 3, 5, 8, 12: Qwen2.5-Coder-1.5B and Llama-3.1-8B dims with their "
                 "heads' dims, dummy weights, bs 1/8/32/64, 2 repeats (costmodel's d0 + k*d1)"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
@@ -220,7 +228,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
-SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s",)}
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
