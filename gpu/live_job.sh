@@ -172,7 +172,8 @@
 #   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt py-functions py-write humaneval mt-bench gsm-symbolic" \
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
 # Calls: `bash ../shared/gpu/prepare.sh`; move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece
-# p00..p17 (the last with .carry/extra); restore the tree; setup; LEFT=<budget_left_s> RESERVE=45 bash
+# p00..p17 (the last with .carry/extra); restore the tree; setup with carry [".stage/run", ".carry/extra"] (the
+# conversion needs the gguf wheel: without it setup fails at exit 4); LEFT=<budget_left_s> RESERVE=45 bash
 # gpu/live_job.sh start8; polls `sleep 240-290; bash gpu/live_job.sh status s [A-B]` (A-B: head pieces, 0-6);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live6` (copy
 # hybrid_trace_sharegpt_s8.jsonl, head.sha256, head_TRAINING.json, host.txt in first) and device_hybrid_table on
