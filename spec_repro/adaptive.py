@@ -58,7 +58,8 @@ live hybrid, which builds the same arrays with ``_costs``, so the live rule pric
 Like the rest of the rule's cost this is the duplicated batch's step (every copy chooses alike); under ``mixed``
 batching whether the other requests make the step ragged is not known to the decision. The simulator prices the
 steps the policies take (ragged where k != k_max) in :mod:`spec_repro.simulate`. A model without a ragged forward
-gives the same decisions as before.
+gives the same decisions as before. With a CUDA-graph cap (``CostModel.graph_cap``) a step verifying more than the cap
+(B * (k + 1) tokens, the duplicated batch's) is priced with the ragged forward too, k = k_max included.
 
 ``adaptive-learned``: a scikit-learn ``DecisionTreeRegressor`` (multi-output) maps the signal vector (ng_dl,
 ng_run, log2 P, log2 p, and per proposer alpha1, alpha2, last, since) to the expected tokens-per-second of every action
@@ -180,8 +181,9 @@ def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first,
                  cstep, cup, probe):
     """``adaptive-rule``'s decision: (verified proposer, -1 = none; k). ``kv`` = B * (P + p); ``first``: the
     request's first step (no catch-up is charged). ``tcost`` = (c_kv, c_tok, c0, overhead[, ragged c_kv, c_tok,
-    c0]): with the ragged forward, a step verifying k != kmax tokens per request (no speculation included) is
-    priced with it (the engine's k is kmax; see ``_costs``)."""
+    c0, graph cap]): with the ragged forward, a step verifying k != kmax tokens per request (no speculation
+    included) or more than the cap in all (B * (k + 1) > cap; inf: none) is priced with it (the engine's k is
+    kmax; see ``_costs``)."""
     c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
     rag = tcost.shape[0] >= 7
     v = -1
@@ -203,7 +205,7 @@ def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first,
             e += term
             term *= alpha2[q]
             F = c_kv * kv + c_tok * B * (kk + 1) + c0
-            if rag and kk != kmax:
+            if rag and (kk != kmax or B * (kk + 1) > tcost[7]):
                 F = tcost[4] * kv + tcost[5] * B * (kk + 1) + tcost[6]
             t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk, cstep[q])
             if q != ng and not first and not prev_ran[q]:   # it skipped the last step: catch up
@@ -411,10 +413,11 @@ def _inputs(reqs, requests, proposers, cm, kmax: int) -> _Inputs:
 
 def _costs(cm, proposers) -> dict[str, np.ndarray]:
     """The cost model as the rule's arrays: target (c_kv, c_tok, c0, overhead, and where the model has a ragged
-    forward its c_kv, c_tok, c0) and per proposer its drafter."""
+    forward its c_kv, c_tok, c0 and the CUDA-graph cap in tokens, inf for none) and per proposer its drafter."""
     drs = [cm.drafter(q) for q in proposers]
     rt = getattr(cm, "ragged_target", None)
-    ragged = [rt.c_kv, rt.c_tok, rt.c0] if rt is not None else []
+    cap = getattr(cm, "graph_cap", None)
+    ragged = [rt.c_kv, rt.c_tok, rt.c0, np.inf if cap is None else float(cap)] if rt is not None else []
     return {"tcost": np.array([cm.c_kv, cm.c_tok, cm.c0, cm.overhead] + ragged, float),
             "dkind": np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
             "dk": np.array([d.c_kv for d in drs], float), "dt": np.array([d.c_tok for d in drs], float),
@@ -440,7 +443,7 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=Non
     """Realised tokens ÷ step cost of every action at the given step states (S, A); ``prev_ran`` (Q, S): whether
     each proposer ran at the request's previous step (a model proposer that did not pays its catch-up)."""
     c_kv, c_tok, c0, over = inp.tcost[:4]
-    rag = len(inp.tcost) >= 7   # the ragged forward where k != kmax (see _costs)
+    rag = len(inp.tcost) >= 7   # the ragged forward where k != kmax or past the graph cap (see _costs)
     kv = B * (reqs.P[step_req] + step_p).astype(float)
     ng = inp.ng
     ngdl = np.minimum(inp.ngdl[step_idx], inp.kmax) if ng >= 0 else np.zeros(len(step_idx), np.int64)
@@ -469,7 +472,8 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=Non
                 kk = np.minimum(kk, ngdl)
         F = c_kv * kv + c_tok * B * (kk + 1) + c0
         if rag:
-            F = np.where(kk != inp.kmax, inp.tcost[4] * kv + inp.tcost[5] * B * (kk + 1) + inp.tcost[6], F)
+            F = np.where((kk != inp.kmax) | (B * (kk + 1) > inp.tcost[7]),
+                         inp.tcost[4] * kv + inp.tcost[5] * B * (kk + 1) + inp.tcost[6], F)
         t = F + over
         tok = np.ones(len(step_idx))
         on = kk > 0

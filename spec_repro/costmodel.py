@@ -44,11 +44,24 @@ policy with an engine k: fixed-K, dynamic-k, ngram-else-eagle, the adaptive poli
 or the no-SD baseline) is described in :mod:`spec_repro.simulate`. ``fit`` fits F_r on the ragged decode steps of
 a step table with a ``uniform`` column. Preset ``qwen2.5-coder-1.5b-h200`` is such a fit (``fit_live``).
 
+The CUDA-graph cap (optional, with a ragged forward only: ``CostModel.graph_cap``, tokens). vLLM captures its graphs
+up to ``max_cudagraph_capture_size`` tokens, by default min(max_num_seqs * (1 + k) * 2, 512,
+max_num_batched_tokens) (vLLM 0.25, ``VllmConfig._set_cudagraph_sizes``; 1024 in place of 512 on Blackwell data
+centre GPUs): 512 on the H200 wherever max_num_seqs >= B, since B * (1 + k) never exceeds twice the first term. A
+decode step verifying more tokens than that runs without any graph, uniform or not, and is priced with the ragged
+forward (``graph_less(tokens)``). Measured (``data/gpu/draftk``, Qwen2.5-Coder-1.5B dims, bs 64, uniform EAGLE
+steps): 3.34 ms at 384 tokens (k = 5), then 12.8 ms at 576 (k = 8) and 16.7 ms at 832 (k = 12), where the uniform
+forward predicts 4.11 and 4.94 ms and the ragged one 13.7 and 14.9. ``qwen2.5-coder-1.5b-h200`` has graph_cap 512;
+``llama3.1-8b-h200`` has no ragged forward (fitted on uniform steps only), so no cap: its steps past 512 tokens
+are priced with F, about half what they cost (the sweep: 22.5 and 24.4 ms measured at 576 and 832 tokens on
+Llama-3.1-8B dims beside 11.8 ms at 384). Where the simulator applies the cap: :mod:`spec_repro.simulate`.
+
 A preset is a JSON file (see ``spec_repro/presets/``)::
 
     {"name": ..., "hardware": ..., "target_model": ..., "source": "provenance text", "units": "seconds",
-     "target": {"c_kv": ..., "c_tok": ..., "c0": ..., "ragged": {"c_kv": ..., "c_tok": ..., "c0": ...}},
-     "overhead": ...,                                                  (``ragged`` optional)
+     "target": {"c_kv": ..., "c_tok": ..., "c0": ..., "ragged": {"c_kv": ..., "c_tok": ..., "c0": ...},
+                "graph_cap": 512},
+     "overhead": ...,                              (``ragged`` optional; ``graph_cap`` optional, needs ``ragged``)
      "drafters": {"ngram": {"kind": "fraction", "fraction": ...},
                   "eagle": {"kind": "linear", "c_kv": ..., "c_tok": ..., "c0": ...}},
      "fit": {... optional statistics of the fit that produced it ...}}
@@ -202,6 +215,7 @@ class CostModel:
     source: str = ""
     fit: dict | None = None
     ragged_target: TargetForward | None = None   # F of ragged decode batches; None: F everywhere
+    graph_cap: int | None = None   # tokens: a decode step verifying more runs graph-less (ragged F); None: no cap
 
     def forward(self, kv, n, ragged=False):
         """Target forward seconds; vectorised over numpy arrays. ``ragged`` (a bool or a bool array broadcast with
@@ -215,6 +229,12 @@ class CostModel:
             return F
         out = np.where(r, self.ragged_target.time(kv, n), F)
         return out[()] if out.ndim == 0 else out
+
+    def graph_less(self, tokens):
+        """Whether a decode step whose requests verify ``tokens`` in all (prefill excluded; numpy arrays
+        broadcast) runs past the engine's CUDA graphs (``graph_cap``; always False without one)."""
+        t = np.asarray(tokens)
+        return np.zeros(t.shape, bool) if self.graph_cap is None else t > self.graph_cap
 
     @property
     def has_ragged(self) -> bool:
@@ -238,7 +258,8 @@ class CostModel:
         d = {"name": self.name, "hardware": self.hardware, "target_model": self.target_model,
              "source": self.source, "units": "seconds",
              "target": {"c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0,
-                        **({"ragged": self.ragged_target.to_dict()} if self.ragged_target is not None else {})},
+                        **({"ragged": self.ragged_target.to_dict()} if self.ragged_target is not None else {}),
+                        **({"graph_cap": self.graph_cap} if self.graph_cap is not None else {})},
              "overhead": self.overhead,
              "drafters": {k: v.to_dict() for k, v in self.drafters.items()}}
         if self.fit:
@@ -267,12 +288,17 @@ class CostModel:
                 if missing:
                     raise CostModelError(f"{where}: target.ragged lacks {missing} (need c_kv, c_tok, c0)")
                 rg = TargetForward(*(_num(rg[x], f"{where}: target.ragged.{x}") for x in ("c_kv", "c_tok", "c0")))
+            cap = t.get("graph_cap")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                    or not float(cap).is_integer()):
+                raise CostModelError(f"{where}: target.graph_cap must be a whole number of tokens or null, got "
+                                     f"{cap!r}")
             m = cls(name=str(d["name"]), c_kv=_num(t["c_kv"], f"{where}: target.c_kv"),
                     c_tok=_num(t["c_tok"], f"{where}: target.c_tok"), c0=_num(t["c0"], f"{where}: target.c0"),
                     overhead=_num(d["overhead"], f"{where}: overhead"), drafters=drafters,
                     hardware=str(d.get("hardware", "")),
                     target_model=str(d.get("target_model", "")), source=str(d.get("source", "")),
-                    fit=d.get("fit"), ragged_target=rg)
+                    fit=d.get("fit"), ragged_target=rg, graph_cap=None if cap is None else int(cap))
         except KeyError as e:
             raise CostModelError(f"{where}: missing key {e.args[0]!r} (need name, target{{c_kv,c_tok,c0}}, "
                                  f"overhead, drafters)") from e
@@ -308,6 +334,13 @@ class CostModel:
         if not self.c_tok + self.c0 >= _FORWARD_MIN:
             raise CostModelError(f"{where}: a one-token target forward costs c_tok + c0 = {self.c_tok + self.c0}"
                                  f" s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
+        cap = self.graph_cap
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+                raise CostModelError(f"{where}: graph_cap must be a whole number of tokens >= 1 or None, got {cap!r}")
+            if rt is None:
+                raise CostModelError(f"{where}: graph_cap = {cap} needs a ragged forward (target.ragged): the steps "
+                                     f"past the cap run without the CUDA graph and are priced with it")
         if rt is not None and not rt.c_tok + rt.c0 >= _FORWARD_MIN:
             raise CostModelError(f"{where}: a one-token ragged forward costs target.ragged c_tok + c0 = "
                                  f"{rt.c_tok + rt.c0} s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
@@ -341,7 +374,8 @@ class CostModel:
         if self.ragged_target is not None:
             r = self.ragged_target
             lines.insert(2, f"  ragged-batch forward    = {r.c_kv:.6g}*kv + {r.c_tok:.6g}*n + {r.c0:.6g} s (decode "
-                            f"steps where some request verifies other than k + 1 tokens)")
+                            f"steps where some request verifies other than k + 1 tokens"
+                            + (f", or more than {self.graph_cap} in all)" if self.graph_cap is not None else ")"))
         for k, dr in self.drafters.items():
             if dr.kind == "fraction":
                 d0 = f"{dr.c_step:.6g} + " if dr.c_step else ""
@@ -644,6 +678,10 @@ def with_drafting(model: CostModel, drafter: Drafter, record: dict, method: str 
 
 
 # ---- the H200 live run's preset ---------------------------------------------------------------------------------
+#: vLLM 0.25's default ``max_cudagraph_capture_size`` on an H200 (Hopper): min(max_num_seqs * (1 + k) * 2, 512,
+#: max_num_batched_tokens) is 512 wherever max_num_seqs >= B >= 43 at k = 5 (``VllmConfig._set_cudagraph_sizes``;
+#: see the module docstring); the cap ``fit_live`` gives its preset
+VLLM_GRAPH_CAP = 512
 #: the preset ``fit_live`` writes (name ``qwen2.5-coder-1.5b-h200``)
 LIVE_PRESET = PRESET_DIR / "qwen2.5-coder-1.5b-h200.json"
 LIVE_SPECS = ("hybrid-default-none", "hybrid-default-eagle", "hybrid-default-ngram")
@@ -659,7 +697,10 @@ LIVE_SOURCE = (
     "steps' t_other + t_reject, each method's own steps' excess over it its c_step (path_overhead: vLLM's EAGLE "
     "path pays ~2 ms of host work per step more than no SD). The hybrid specs "
     "(hybrid-default-pr24344[-skip]) and the draft-model agreement runs were left out so that they can be "
-    "predicted out of sample. Regenerate: python -m spec_repro.costmodel fit-live")
+    "predicted out of sample. graph_cap = 512 tokens, vLLM 0.25's default CUDA-graph capture size on the H200 (the "
+    "live run's steps stay under it: bs 64 x (k + 1) = 384): a decode step verifying more is priced with the ragged "
+    "forward (the drafting-time sweep, data/gpu/draftk: 12.8 / 16.7 ms measured at 576 / 832 tokens, 13.7 / 14.9 "
+    "ragged-predicted). Regenerate: python -m spec_repro.costmodel fit-live")
 
 
 def live_steps(steps: "pd.DataFrame | str | Path | None" = None) -> pd.DataFrame:
@@ -701,6 +742,8 @@ def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path 
               path_overhead=True)
     if rec is not None:
         res.model.fit["drafting"] = rec
+    res.model.graph_cap = VLLM_GRAPH_CAP
+    res.model.validate()
     if out is not None:
         res.to_json(out)
     return res

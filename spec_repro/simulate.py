@@ -49,6 +49,13 @@ prefill, the no-SD baseline (one token per request: uniform for a no-SD engine) 
 would make them no bound of the fixed-K rows). A cost model without a ragged forward prices every step as before,
 to the bit.
 
+The CUDA-graph cap (``CostModel.graph_cap``, with a ragged forward only): a decode step whose decoding requests verify
+more than graph_cap tokens in all runs without vLLM's graphs and is priced with the ragged forward too, uniform or
+not; this holds for every policy with an engine K and for the no-SD baseline (B > graph_cap), not for the oracles
+(their idealised F everywhere, as above) nor prefill. ``duplicate``: a step of a request's B copies verifies B * i
+tokens, so which steps pass the cap depends on B (the affine sums are taken once per distinct floor(cap / B)).
+``mixed``: the decode tokens of each batch step (newcomers' prefill tokens excluded, as for raggedness).
+
 ``adaptive-rule`` / ``adaptive-learned`` (any proposer set): causal selectors of the proposers to run, the proposal
 to verify and its length, see :mod:`spec_repro.adaptive`; they are always charged ``ran`` (their rows say so,
 whatever accountings were asked for) and, since batch size is one of their signals, their step sequence is computed
@@ -275,17 +282,26 @@ def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> li
     n = len(reqs.ids)
     P, L = reqs.P.astype(float), reqs.L.astype(float)
     S = np.bincount(st.req, minlength=n).astype(float)
-    V1, V0, D1, D0 = _affine_sums(st, cm, n, P[st.req])
+    sums = {None: _affine_sums(st, cm, n, P[st.req])}
+    cap = cm.graph_cap if st.ragged is not None else None   # the oracles: no cap (see the module docstring)
     out = []
     for B in Bs:
+        key = None
+        if cap is not None and B * int(st.inp.max(initial=0)) > cap:   # some step passes the graph cap at this B
+            key = cap // int(B)          # a step of B copies verifying i tokens each passes it iff i > cap // B
+            if key not in sums:
+                sums[key] = _affine_sums(_Steps(st.req, st.p, st.inp, st.gen, st.charges,
+                                                st.ragged | (np.asarray(st.inp) > key)), cm, n, P[st.req])
+        V1, V0, D1, D0 = sums[key]
         pre = cm.forward(0.0, B * P)
         verify = pre + B * V1 + V0
         draft = B * D1 + D0
         over = cm.overhead * (1.0 + S)
         sd = verify + draft + over
-        # baseline: steps p = 1..L-1 with kv = B*(P+p), n = B
+        # baseline: steps p = 1..L-1 with kv = B*(P+p), n = B (past the graph cap: the ragged forward)
         m = L - 1
-        base = pre + cm.overhead + cm.c_kv * B * (m * P + m * L / 2.0) + (cm.c_tok * B + cm.c0 + cm.overhead) * m
+        T = cm.ragged_target if bool(cm.graph_less(B)) else cm
+        base = pre + cm.overhead + T.c_kv * B * (m * P + m * L / 2.0) + (T.c_tok * B + T.c0 + cm.overhead) * m
         sd_tp, base_tp = B * L / sd, B * L / base
         out.append(dict(batch_size=int(B), speedup=sd_tp.mean() / base_tp.mean(), sd_tokens_per_s=sd_tp.mean(),
                         base_tokens_per_s=base_tp.mean(), verify_share=verify.sum() / sd.sum(),
@@ -307,11 +323,12 @@ def _mixed_kernel():
 
 
 def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always, cstep,
-               c_kv, c_tok, c0, overhead, B, ragged, r_kv, r_tok, r0):
+               c_kv, c_tok, c0, overhead, B, ragged, r_kv, r_tok, r0, cap):
     """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time).
     ``ragged`` (per step record): that request's step verifies other than K + 1 tokens; a batch step where any
-    decoding request's step is ragged costs the ragged forward r_kv*kv + r_tok*n + r0 instead of F (newcomers'
-    prefill does not make a step ragged)."""
+    decoding request's step is ragged, or whose decoding requests verify more than ``cap`` tokens in all (the
+    CUDA-graph cap; inf: none), costs the ragged forward r_kv*kv + r_tok*n + r0 instead of F (newcomers' prefill
+    does not make a step ragged nor counts toward the cap)."""
     n = len(P)
     C = len(kind)
     running = np.empty(B, np.int64)   # request ids in the batch
@@ -334,6 +351,7 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
             nxt += 1
         kv = 0.0
         ntok = 0.0
+        dtok = 0.0
         m = 0
         rag = False
         for b in range(nrun):
@@ -343,10 +361,11 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
             else:
                 kv += P[r] + pos[b]
                 ntok += inp[cur[b]]
+                dtok += inp[cur[b]]
                 m += 1
                 if ragged[cur[b]]:
                     rag = True
-        if rag:
+        if rag or dtok > cap:
             F = r_kv * kv + r_tok * ntok + r0
         else:
             F = c_kv * kv + c_tok * ntok + c0
@@ -403,6 +422,8 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
             inp, gen, charges = st.inp, st.gen, catch_up_charges(st.req, st.charges)
         rag = np.zeros(len(inp), np.bool_) if st is None or st.ragged is None else np.asarray(st.ragged, np.bool_)
         R = cm.ragged_target if cm.ragged_target is not None else cm   # unused where no step is ragged
+        # the graph cap: the policies with an engine K and the baseline; not the oracles (st.ragged None)
+        cap = float(cm.graph_cap) if cm.graph_cap is not None and (st is None or st.ragged is not None) else np.inf
         step_off = np.zeros(n + 1, np.int64)
         np.cumsum(S, out=step_off[1:])
         C, T = len(charges), len(inp)
@@ -420,7 +441,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
         # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
         return _mixed_kernel()(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
                           proposal, kind, dk, dt, d0, frac, always, cstep, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
-                          int(min(B, n)), rag, float(R.c_kv), float(R.c_tok), float(R.c0))
+                          int(min(B, n)), rag, float(R.c_kv), float(R.c_tok), float(R.c0), cap)
 
     tokens = float(reqs.L.sum())
     out = []

@@ -63,6 +63,17 @@ def is_ragged(reqs_and_inputs):
     return any(r.policy == "fixed" and i != r.K + 1 for r, i in reqs_and_inputs)
 
 
+def graph_less(cm, reqs_and_inputs, speculative):
+    """[(req, i)] of the requests decoding in one step: priced with the ragged forward iff it is ragged or its
+    decoding requests verify more than the cost model's graph_cap tokens in all (fixed-K and the no-SD baseline;
+    the oracles are idealised bounds)."""
+    cap = getattr(cm, "graph_cap", None)
+    over = cap is not None and sum(i for _, i in reqs_and_inputs) > cap
+    if not speculative:
+        return over
+    return is_ragged(reqs_and_inputs) or (over and any(r.policy == "fixed" for r, _ in reqs_and_inputs))
+
+
 class Req:
     def __init__(self, rid, P, accs, dls, proposers, policy, K, match):
         self.rid, self.P, self.accs, self.dls = rid, P, accs, dls
@@ -144,7 +155,7 @@ def duplicate_batch(cm, req_template, B, cost_key, speculative):
             else:
                 decisions[k] = (1, 1, 1)
             n += decisions[k][0]
-        F = forward(cm, kv, n, speculative and is_ragged([(copies[k], decisions[k][0]) for k in unfinished]))
+        F = forward(cm, kv, n, graph_less(cm, [(copies[k], decisions[k][0]) for k in unfinished], speculative))
         m = len(unfinished)
         still = []
         produced_total = 0
@@ -196,7 +207,7 @@ def mixed_run(cm, reqs, B, cost_key, speculative):
                 dec[idx] = r.decide() if speculative else (1, 1, 1)
                 n += dec[idx][0]
                 m += 1
-        F = forward(cm, kv, n, speculative and is_ragged([(running[x][0], d[0]) for x, d in dec.items()]))
+        F = forward(cm, kv, n, graph_less(cm, [(running[x][0], d[0]) for x, d in dec.items()], speculative))
         per_proposer = {}
         if speculative:
             for idx, (r, fresh) in enumerate(running):

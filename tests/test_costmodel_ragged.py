@@ -275,7 +275,7 @@ def test_rule_prices_ragged_choices_and_simulate_prices_its_steps():
     cm = copy.deepcopy(load_cost_model("llama3.1-8b-h100"))
     flat = copy.deepcopy(cm)
     cm.ragged_target = TargetForward(cm.c_kv, cm.c_tok, 0.5)   # a ragged step costs 0.5 s: avoid it at any price
-    assert len(AD._costs(cm, ["ngram", "eagle"])["tcost"]) == 7 and len(AD._costs(flat, ["ngram", "eagle"])["tcost"]) == 4
+    assert len(AD._costs(cm, ["ngram", "eagle"])["tcost"]) == 8 and len(AD._costs(flat, ["ngram", "eagle"])["tcost"]) == 4
     st = AD.adaptive_steps(reqs, requests, ["ngram", "eagle"], "adaptive-rule", 1, cm, kmax)
     st0 = AD.adaptive_steps(reqs, requests, ["ngram", "eagle"], "adaptive-rule", 1, flat, kmax)
     assert (st.inp == kmax + 1).all()              # only uniform steps (k = kmax) are chosen
