@@ -166,7 +166,9 @@
 # 209 (first call held 182), setup7 41 (held 258 at its end), run 10 engines in ~630 s (17:55-18:06 UTC), polls;
 # then in the spare time one engine doing the same work 208 times (hostdrift, 68 + 225 s). The tree had to leave
 # data/, notebooks/, figures/ aside for the vllm calls (tracked tree 40 MB + a 45 MB piece > 64 MiB).
-# SEVENTH SESSION (PREPARED, NOT YET RUN): part s (sharegpt: the rotated engine, no SD, n-gram) with a head
+# SEVENTH SESSION, RUN with start8 (2026-12-03; RAN: 1,786 of 1,800 device s incl. 181 s of refusals; results in
+# data/gpu/live6/: training ~450 s, part s ~690 s with n-gram cut after bs 8; the sharegpt profile, part x and the
+# code-edit profile did not fit). Its head is in this machine's cache (heads/ff44a72f...): stage it with HEADS=. Planned: part s (sharegpt: the rotated engine, no SD, n-gram) with a head
 # trained in the run, then the sharegpt profile with that head (the predictor's input), then code-edit's if time
 # is left. `PY=.venv/bin/python bash gpu/live_job.sh plan --session 4` prints it (~1,570 s of 1,800). Here first:
 #   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt py-functions py-write humaneval mt-bench gsm-symbolic" \
