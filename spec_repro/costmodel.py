@@ -679,8 +679,8 @@ def with_drafting(model: CostModel, drafter: Drafter, record: dict, method: str 
 
 # ---- the H200 live run's preset ---------------------------------------------------------------------------------
 #: vLLM 0.25's default ``max_cudagraph_capture_size`` on an H200 (Hopper): min(max_num_seqs * (1 + k) * 2, 512,
-#: max_num_batched_tokens) is 512 wherever max_num_seqs >= B >= 43 at k = 5 (``VllmConfig._set_cudagraph_sizes``;
-#: see the module docstring); the cap ``fit_live`` gives its preset
+#: max_num_batched_tokens); a decode step of B <= max_num_seqs requests verifies B * (1 + k), under the first term,
+#: so only 512 ever binds (``VllmConfig._set_cudagraph_sizes``; the module docstring): the cap ``fit_live`` gives
 VLLM_GRAPH_CAP = 512
 #: the preset ``fit_live`` writes (name ``qwen2.5-coder-1.5b-h200``)
 LIVE_PRESET = PRESET_DIR / "qwen2.5-coder-1.5b-h200.json"

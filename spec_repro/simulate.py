@@ -287,11 +287,11 @@ def _duplicate(reqs: _Requests, st: _Steps, cm: CostModel, Bs: np.ndarray) -> li
     out = []
     for B in Bs:
         key = None
-        if cap is not None and B * int(st.inp.max(initial=0)) > cap:   # some step passes the graph cap at this B
-            key = cap // int(B)          # a step of B copies verifying i tokens each passes it iff i > cap // B
+        if cap is not None and cm.graph_less(B * st.inp.max(initial=0)):   # some step passes the cap at this B
+            key = cap // int(B)          # B copies verifying i tokens each pass it iff i > cap // B: one mask per key
             if key not in sums:
                 sums[key] = _affine_sums(_Steps(st.req, st.p, st.inp, st.gen, st.charges,
-                                                st.ragged | (np.asarray(st.inp) > key)), cm, n, P[st.req])
+                                                st.ragged | cm.graph_less(B * np.asarray(st.inp))), cm, n, P[st.req])
         V1, V0, D1, D0 = sums[key]
         pre = cm.forward(0.0, B * P)
         verify = pre + B * V1 + V0

@@ -251,18 +251,25 @@ def test_exact_against_reference_loop_with_a_ragged_forward(seed, known, batchin
     flat.ragged_target = None
     trace = random_trace(seed, known_draft_len=known)
     differs = 0
-    for props, policy in ((["ngram"], "fixed-1"), (["ngram"], "fixed-3"), (["eagle"], "fixed-2"),
-                          (["draft"], "fixed-4"), (["ngram"], "oracle"), (["ngram", "eagle"], "oracle-combine")):
-        df = simulate(trace, cm, props, policy, batch_sizes=[1, 2, 5], batching=batching, progress=False, seed=seed)
-        df0 = simulate(trace, flat, props, policy, batch_sizes=[1, 2, 5], batching=batching, progress=False,
-                       seed=seed)
+    cases = ((["ngram"], "fixed-1"), (["ngram"], "fixed-3"), (["eagle"], "fixed-2"), (["draft"], "fixed-4"),
+             (["ngram"], "oracle"), (["ngram", "eagle"], "oracle-combine"))
+    for props, policy, row, row0 in rows_against_reference(trace, cm, flat, cases, batching, seed):
+        differs += row.sd_time_s != row0.sd_time_s
+        if policy.startswith("oracle") or props != ["ngram"]:   # no ragged step: the regular F throughout
+            assert row.sd_time_s == row0.sd_time_s
+    assert differs >= 6   # every n-gram fixed-K row has steps with no (or a shorter) match
+
+
+def rows_against_reference(trace, cm, other, cases, batching, seed, batch_sizes=(1, 2, 5)):
+    """(props, policy, row, row of ``other``) for every (props, policy) in ``cases`` and batch size, after checking
+    that ``cm``'s row matches the plain reference loop."""
+    for props, policy in cases:
+        kw = dict(batch_sizes=list(batch_sizes), batching=batching, progress=False, seed=seed)
+        df, df0 = simulate(trace, cm, props, policy, **kw), simulate(trace, other, props, policy, **kw)
         for (_, row), (_, row0) in zip(df.iterrows(), df0.iterrows()):
             assert_matches(row, reference_simulate(trace, cm, props, policy, "ngram-only", row.batch_size, batching,
                                                    seed=seed))
-            differs += row.sd_time_s != row0.sd_time_s
-            if policy.startswith("oracle") or props != ["ngram"]:   # no ragged step: the regular F throughout
-                assert row.sd_time_s == row0.sd_time_s
-    assert differs >= 6   # every n-gram fixed-K row has steps with no (or a shorter) match
+            yield props, policy, row, row0
 
 
 # ---- the adaptive policies --------------------------------------------------------------------------------------

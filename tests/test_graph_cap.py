@@ -15,9 +15,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from reference_sim import reference_simulate  # noqa: E402
-from test_costmodel_ragged import FRAC, OVER, PA, F, Fr, L, model, two_requests  # noqa: E402
-from test_simulate import assert_matches, random_trace  # noqa: E402
+from test_costmodel_ragged import FRAC, OVER, PA, F, Fr, L, model, rows_against_reference  # noqa: E402
+from test_simulate import random_trace  # noqa: E402
 
 from spec_repro import adaptive as AD  # noqa: E402
 from spec_repro.costmodel import CostModel, CostModelError, TargetForward, load_cost_model  # noqa: E402
@@ -113,17 +112,12 @@ def test_exact_against_reference_loop_with_a_cap(seed, known, batching):
     trace = random_trace(seed, known_draft_len=known)
     nocap = replace(cm, graph_cap=None)
     differs = 0
-    for props, policy in ((["ngram"], "fixed-1"), (["ngram"], "fixed-3"), (["eagle"], "fixed-2"),
-                          (["ngram"], "oracle"), (["ngram", "eagle"], "oracle-combine")):
-        df = simulate(trace, cm, props, policy, batch_sizes=[1, 2, 5], batching=batching, progress=False, seed=seed)
-        df0 = simulate(trace, nocap, props, policy, batch_sizes=[1, 2, 5], batching=batching, progress=False,
-                       seed=seed)
-        for (_, row), (_, row0) in zip(df.iterrows(), df0.iterrows()):
-            assert_matches(row, reference_simulate(trace, cm, props, policy, "ngram-only", row.batch_size, batching,
-                                                   seed=seed))
-            differs += row.sd_time_s != row0.sd_time_s
-            if policy.startswith("oracle"):
-                assert row.sd_time_s == row0.sd_time_s
+    cases = ((["ngram"], "fixed-1"), (["ngram"], "fixed-3"), (["eagle"], "fixed-2"), (["ngram"], "oracle"),
+             (["ngram", "eagle"], "oracle-combine"))
+    for props, policy, row, row0 in rows_against_reference(trace, cm, nocap, cases, batching, seed):
+        differs += row.sd_time_s != row0.sd_time_s
+        if policy.startswith("oracle"):
+            assert row.sd_time_s == row0.sd_time_s
     assert differs >= 4
 
 
