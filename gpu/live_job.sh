@@ -192,6 +192,7 @@ mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1')
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
          r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; x) echo qwen6 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
+         u|v|z) echo qwen9 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -210,7 +211,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g|k|m|s|x) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k|m|s|x|u|v|z) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -251,6 +252,13 @@ profile_committed() {  # profile_committed HEAD OUT: the committed code-edit no-
   $PY -m spec_repro.engines.vllm.live profile --trace data/gpu/live/hybrid_trace.jsonl --head $1 --device cuda \
     --out $2 > $R/log_p.txt 2>&1 && touch $R/done_p
   echo "profile rc=$?" >> $R/log_p.txt
+}
+profile_raw() {  # profile_raw WORKLOAD HEAD OUT: this run's no-SD outputs of WORKLOAD (bs 64, repeat 0, in OUT's
+                 # folder) profiled with HEAD on the GPU (the predictor's input); once per workload (done_p_WORKLOAD)
+  [ $(left) -gt 60 ] && [ ! -f $R/done_p_$1 ] || return 0
+  $PY -m spec_repro.engines.vllm.live profile --raw $(dirname $3) --workload $1 --head $2 --device cuda --out $3 \
+    > $R/log_p_$1.txt 2>&1 && touch $R/done_p_$1
+  echo "profile rc=$?" >> $R/log_p_$1.txt
 }
 case "$1" in
   plan)       # CPU, no vLLM: the stages, engines, seconds and total; rc 1 when over the plan limit
@@ -332,6 +340,25 @@ case "$1" in
     [ $(left) -gt 150 ] && HEAD=$H6 part x qwen6      # adaptive-rule's first live run, in the time left (~115 s)
     [ $(left) -gt 60 ] && profile_committed $H6 $R/qwen6/hybrid_trace_s8.jsonl
     echo PIPE_FINISHED ;;
+  start9)     # the eighth session (`plan --session 5`): the seventh session's head from the cache (HEADS=ff44a72f...),
+              # parts u (code-edit) and v (sharegpt): ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, the host
+              # machinery idle (eagle-only) and adaptive-rule (host-side, padded), beside no SD; both workloads'
+              # no-SD outputs profiled with the head; part z (n-gram, code-edit) in the time left.
+              # LEFT=S: the lease's budget_left_s now
+    detach run9 ;;
+  run9)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    HEAD=${HEAD9:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
+    D=$R/qwen9; mkdir -p $D
+    sha256sum $HEAD/model.safetensors > $D/head.sha256
+    cp $HEAD/TRAINING.json $D/head_TRAINING.json; cp $HEAD/config.json $D/head_config.json
+    host_txt $D
+    for p in ${PARTS:-u v}; do part $p qwen9; done
+    profile_raw code-edit $HEAD $D/hybrid_trace_s9.jsonl
+    profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s9.jsonl
+    [ $(left) -gt 170 ] && part z qwen9      # n-gram alone on code-edit, in the time left (~140 s)
+    echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh setup ;;
@@ -369,7 +396,7 @@ case "$1" in
               # brings them back: a machine lost between calls loses at most what ran since the last poll)
     [ -n "${2:-}" ] && bash gpu/live_job.sh pack $2 > /dev/null
     [ -n "${3:-}" ] && bash gpu/live_job.sh headback $3 > /dev/null     # status k 0-2: also head pieces 0..2
-    for f in $R/pipeline.log $R/log_[a-z].txt; do
+    for f in $R/pipeline.log $R/log_[a-z].txt $R/log_p_*.txt; do
       [ -f $f ] && { echo "== $f"; tail -c 1500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 5; }
     done
     ls $R/done_* 2>/dev/null | sed 's|.*/done_|part done: |'
@@ -394,5 +421,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 stop status pack headback send"; exit 2 ;;
 esac

@@ -283,7 +283,7 @@ def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_on
                             f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
         assert r.stdout.strip() == "qwen5", r.stderr
     run = (ROOT / "gpu/live_job.sh").read_text()
-    assert "b|e|f|g|k|m|s|x) $PY -m spec_repro.engines.vllm.jobs lossless" in run
+    assert "b|e|f|g|k|m|s|x|u|v|z) $PY -m spec_repro.engines.vllm.jobs lossless" in run
     assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run
 
 
@@ -356,3 +356,56 @@ def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_o
     assert "data/gpu/live/hybrid_trace.jsonl" in profiles[1]
     assert not any("cli train" in c for c in calls)      # the head was there: no training
     assert (res / "qwen6" / "head.sha256").is_file() and (res / "done_s").exists()
+
+
+def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_once(tmp_path):
+    """Session 5 (``gpu/live_job.sh start9``): the head staged from the cache (no training); parts u (code-edit)
+    and v (sharegpt) each ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, eagle-only and adaptive-rule (host
+    policies padded, adaptive-rule priced with ADAPTIVE_COST) beside no SD, into one folder (qwen9) with distinct
+    names; the device-side policy keeps its name (it always drafts k: no -pad); ``run9`` runs u, v, both no-SD
+    profiles (this run's outputs, --raw), then z, and a second run repeats nothing."""
+    from spec_repro.engines.vllm import jobs as J
+
+    pl = S.plan(session=5)
+    assert pl["fits"] and pl["parts"] == ["u", "v", "z"] and pl["total_s"] < S.PLAN_LIMIT_S
+    u, v, z = (S.part_specs(p, "H", "M") for p in "uvz")
+    assert [x["name"] for x in u + v + z] == ["hybrid-default-rotate-s9", "hybrid-default-none-s9",
+                                              "hybrid-default-rotate-sharegpt-s9", "hybrid-default-none-sharegpt-s9",
+                                              "hybrid-default-ngram-s9"]
+    for rot, wl in ((u[0], "code-edit"), (v[0], "sharegpt")):
+        c = rot["config"]
+        assert c["hybrid_rotate"] == list(S.ROTATE_POLICIES_9) and c["hybrid_pad"] and c["draft"] == "H"
+        assert c["hybrid_cost_model"] == S.ADAPTIVE_COST and rot["tasks"][0]["workloads"] == [wl]
+        assert rot["tasks"][0]["repeats"] == S.ROTATED_REPEATS == len(S.ROTATE_POLICIES_9)
+        assert [J.config_label(J.rotated_run_config(c, p)) for p in c["hybrid_rotate"]] == [
+            "eagle", "gpu-pr24344", "eagle-only-pad", "adaptive-rule-pad"]
+    with pytest.raises(ValueError, match="cost model"):
+        J.rotated_spec("H", policies=("off", "adaptive-rule"), model_dir="M")
+    res, head = tmp_path / "res", tmp_path / "head"
+    head.mkdir()
+    for f, b in (("TRAINING.json", b"{}"), ("config.json", b"{}"), ("model.safetensors", b"w")):
+        (head / f).write_bytes(b)
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
+    fake.chmod(0o755)
+    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10), "HEAD9": str(head)}
+    for p in "uvz":
+        r = subprocess.run(["bash", "-c", f"source <(sed -n '/^pdir()/,/^detach()/p' gpu/live_job.sh | head -n -1); "
+                            f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert r.stdout.strip() == "qwen9", r.stderr
+    for _ in range(2):
+        r = subprocess.run(["bash", "gpu/live_job.sh", "run9"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    d = res / "qwen9"
+    runs = [c.split()[3] for c in calls if c.startswith("-m spec_repro.engines.vllm.session run ")]
+    assert runs == ["u", "v", "z"] and all(f"--out {d} " in c and f"--head {head} " in c
+                                           for c in calls if " session run " in c)
+    prof = [c for c in calls if "live profile" in c]
+    assert len(prof) == 2 and all(f"--raw {d} " in c and f"--head {head} " in c for c in prof)
+    assert ["--workload code-edit" in prof[0], "--workload sharegpt" in prof[1]] == [True, True]
+    assert calls.index(prof[1]) < next(i for i, c in enumerate(calls) if " run z " in c)
+    assert sum("jobs lossless" in c for c in calls) == 3
+    assert (d / "head.sha256").is_file() and (d / "head_config.json").is_file() and (d / "head_TRAINING.json").is_file()
+    assert all((res / f"done_{p}").exists() for p in "uvz")

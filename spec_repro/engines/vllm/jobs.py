@@ -238,7 +238,9 @@ def config_label(cfg: dict) -> str:
         return "rotate"          # the engine; each of its runs names the policy it ran (rotated_run_config)
     if not pol:
         return cfg.get("method")
-    if cfg.get("hybrid_pad"):
+    from .gpu_hybrid import GPU_POLICIES
+
+    if cfg.get("hybrid_pad") and pol not in GPU_POLICIES:    # a device-side policy drafts k tokens always: no -pad
         return "ngram-pad" if pol == "ngram-only" else f"{pol}-pad"
     return pol
 
@@ -323,14 +325,24 @@ def hybrid_plan(specs: list[dict], done: set | None = None) -> list[dict]:
     return rows
 
 
-def rotated_spec(head: str, policies=ROTATE_POLICIES, **kw) -> dict:
+def rotated_spec(head: str, policies=ROTATE_POLICIES, pad: bool = False, cost_model: str | None = None,
+                 **kw) -> dict:
     """One EAGLE engine that runs every policy of ``policies`` (``off``: vLLM's EAGLE alone; ``idle``; the
-    device-side hybrids) on the same task, switched between runs (``VLLMEngine.set_hybrid``) in a Latin-square
-    order (``rotated_order``): engine-to-engine host noise, which the fourth GPU session found larger than the
-    effects measured (same code, two engines: 0.75x and 1.15x), falls on every policy alike. Spec name
-    ``hybrid-<engine_config>-rotate``; ``kw`` as :func:`hybrid_specs` (repeats default 4: one per order)."""
+    device-side hybrids; host-side ones too) on the same task, switched between runs (``VLLMEngine.set_hybrid``)
+    in a Latin-square order (``rotated_order``): engine-to-engine host noise, which the fourth GPU session found
+    larger than the effects measured (same code, two engines: 0.75x and 1.15x), falls on every policy alike. Spec
+    name ``hybrid-<engine_config>-rotate``; ``kw`` as :func:`hybrid_specs` (repeats default 4: one per order).
+    ``pad``: the host-side policies' drafts padded to k (the engine's ``hybrid_pad``; the device-side ones always
+    draft k); ``cost_model``: adaptive-rule's (required when it rotates)."""
+    if "adaptive-rule" in policies and not cost_model:
+        raise ValueError("the adaptive-rule hybrid needs a cost model (cost_model=: an H200 preset fitted on this "
+                         "model's measured steps, or its file)")
     spec = hybrid_specs(head, methods=("eagle",), **{"repeats": len(policies), **kw})[0]
     spec["config"]["hybrid_rotate"] = list(policies)
+    if pad:
+        spec["config"]["hybrid_pad"] = True
+    if cost_model:
+        spec["config"]["hybrid_cost_model"] = str(cost_model)
     spec["name"] = spec["name"].replace("-eagle", "-rotate")
     return spec
 

@@ -147,6 +147,15 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         specs = hybrid_specs(head, **{**kw, "workloads": ("sharegpt",), "repeats": 1}, methods=("adaptive-rule-pad",),
                              cost_model=ADAPTIVE_COST)
         return [{**s, "name": s["name"] + "-sharegpt" + S8} for s in specs]
+    if part in ("u", "v"):  # the eighth session: adaptive-rule live in the rotated engine, beside no SD
+        wl = ("code-edit",) if part == "u" else ("sharegpt",)
+        kw = {**kw, "workloads": wl, "repeats": ROTATED_REPEATS}
+        specs = [rotated_spec(head, policies=ROTATE_POLICIES_9, pad=True, cost_model=ADAPTIVE_COST, **kw)] + \
+            hybrid_specs(head, methods=("none",), **kw)
+        return [{**s, "name": s["name"] + ("" if part == "u" else "-sharegpt") + S9} for s in specs]
+    if part == "z":         # the eighth session, time left: vLLM's n-gram on code-edit (bs 1's best single)
+        kw = {**kw, "workloads": ("code-edit",), "repeats": ROTATED_REPEATS}
+        return [{**s, "name": s["name"] + S9} for s in hybrid_specs(head, methods=("ngram",), **kw)]
     raise ValueError(f"unknown part {part!r}")
 
 
@@ -164,7 +173,11 @@ DRAFT_SWEEP = {
 }
 S6 = "-s6"     # the sixth session's engines (part w)
 S8 = "-s8"     # the seventh session's (part x)
-ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # part x: adaptive-rule's cost model (fitted on live5's measured steps)
+ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # parts x, u, v: adaptive-rule's cost model (fitted on live5's steps)
+S9 = "-s9"     # the eighth session's (parts u, v, z)
+# parts u, v: EAGLE alone, the device-side rule, the host-side machinery idle (eagle-only: the hybrid term the
+# predictor fits for adaptive-rule, out of sample) and the simulator's best causal policy, host-side, padded
+ROTATE_POLICIES_9 = ("off", "gpu-pr24344", "eagle-only", "adaptive-rule")
 
 
 def _drafting_spec(target: str, k: int) -> dict:
@@ -218,6 +231,11 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "s": "part m on sharegpt",
            "x": "the adaptive-rule hybrid's first live run (host-side, padded; priced with qwen2.5-coder-1.5b-h200) "
                 "on sharegpt, bs 1/8/32/64, 1 repeat, after part s (lossless against its no SD); only in time left",
+           "u": "ONE EAGLE engine rotating EAGLE alone (off), gpu-pr24344, eagle-only and adaptive-rule (host-side, "
+                "drafts padded to k, priced with qwen2.5-coder-1.5b-h200; Latin square, 4 repeats) beside no SD "
+                "(code-edit, bs 1/8/32/64, k 5); lossless",
+           "v": "part u on sharegpt",
+           "z": "vLLM's n-gram alone on code-edit (bs 1's best single proposer in part m), 4 repeats; lossless",
            "w": "EAGLE drafting time at k = 1, 3, 5, 8, 12: Qwen2.5-Coder-1.5B and Llama-3.1-8B dims with their "
                 "heads' dims, dummy weights, bs 1/8/32/64, 2 repeats (costmodel's d0 + k*d1)"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
@@ -228,7 +246,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
-SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x")}
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -250,6 +268,15 @@ DEFERRED_4 = ["the adaptive-rule hybrid live (the simulator's best causal policy
               "priced with qwen2.5-coder-1.5b-h200) beside gpu-pr24344 on code-edit, and part m again, each run "
               "predicted at its own host speed (`live.host_index`): a head again (~530 s)",
               "the code-edit profile with this session's head (~35 s), if the run has time left"]
+# session 5 (gpu/live_job.sh start9): the seventh session's head staged from the cache (no training), parts u, v;
+# the profiles of both workloads' no-SD outputs with that head on the GPU (the predictor's input), then part z
+STAGING_5 = [("machine start + vllm c1..c7 (measured in the seventh GPU session: ~180 s)", 6, 180),
+             ("20 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the seventh's 18 took ~100 s)", 20, 120),
+             ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 141 s)", 1, 150),
+             ("in the run, after part v: code-edit's and sharegpt's no-SD outputs profiled with the head (part m's "
+              "measured 34 s each)", 0, 70)]
+DEFERRED_5 = ["n-gram on sharegpt at bs 32 / 64 (the seventh session's deadline cut it; 0.20-0.23x of no SD "
+              "where it ran)", "the idle hybrid (pass-through) again: its overhead stays inside the repeat spread"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -280,7 +307,12 @@ ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
             "hybrid-default-eagle-only": ("hybrid-default-pr24344", 0),
             "hybrid-default-rotate-s5": ("hybrid-default-rotate-s5", 0),     # part s: part m's engines, sharegpt
             "hybrid-default-none-s5": ("hybrid-default-none-s5", 0),
-            "hybrid-default-ngram-s5": ("hybrid-default-ngram-s5", 0)}
+            "hybrid-default-ngram-s5": ("hybrid-default-ngram-s5", 0),
+            # parts u, v: part m's rotated engine with two host-side policies of four (the third GPU session's
+            # eagle-only ran 110 s where EAGLE alone ran 91: ~+20% on half the runs)
+            "hybrid-default-rotate-s9": ("hybrid-default-rotate-s5", 25),
+            "hybrid-default-none-s9": ("hybrid-default-none-s5", 0),
+            "hybrid-default-ngram-s9": ("hybrid-default-ngram-s5", 0)}
 
 
 def _batches_calibration() -> float:
@@ -293,7 +325,8 @@ def measured_seconds(spec: dict) -> tuple[float, str]:
     """(seconds, basis) of a second-session engine: its analogue's measured seconds (``ANALOGUE``), else (no
     analogue ran: part d's drafting-time engines) ``spec_seconds`` scaled by the first session's measured/modelled
     ratio for batches engines."""
-    base = spec["name"].removesuffix(S2).removesuffix("-sharegpt").replace("-sharegpt-s5", "-s5")
+    base = (spec["name"].removesuffix(S2).removesuffix("-sharegpt").replace("-sharegpt-s5", "-s5")
+            .replace("-sharegpt-s9", "-s9"))
     if base in ANALOGUE:
         ref, add = ANALOGUE[base]
         return MEASURED_S[ref] + add, f"{ref} {MEASURED_S[ref]} s" + (f" {add:+d} s" if add else "")
@@ -344,10 +377,10 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4}[session]
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4}[session])
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
