@@ -481,10 +481,37 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     return m
 
 
+ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"    # the cost model the live adaptive-rule priced its proposals with
+
+
+def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=ADAPTIVE_COST) -> list[list[tuple[int, int, bool]]]:
+    """adaptive-rule's steps over profiled requests (``load_profiles`` records) at batch size ``B``, as the
+    simulator takes them (``adaptive.adaptive_steps``, the decisions the live policy takes step for step:
+    tests/test_hybrid.py): per request, per step, (draft tokens verified, tokens accepted, EAGLE drafted)."""
+    from ... import adaptive as AD
+    from ...costmodel import load_cost_model
+    from ...simcore import group_arrays
+    from ...traces import Trace
+
+    props = ["ngram", "eagle"]
+    t = Trace.from_arrays({r["key"]: {q: r["acc"][q] for q in props} for r in reqs},
+                          prompt_lens={r["key"]: r["prompt_len"] for r in reqs}, dataset="live", model=QWEN,
+                          draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs})
+    ids = [r["key"] for r in reqs]
+    g = group_arrays(t.acc, t.requests, props, ids)
+    st = AD.adaptive_steps(g, t.requests, props, "adaptive-rule", int(B), load_cost_model(cost_model), int(k))
+    out: list[list] = [[] for _ in reqs]
+    for i, p, inp, gen, v, ea in zip(st.req.tolist(), st.p.tolist(), st.inp.tolist(), st.gen.tolist(),
+                                     st.verified.tolist(), st.ran[props.index("eagle")].tolist()):
+        out[i].append((p, int(inp) - 1 if v in (0, 1) else 0, int(gen) - 1, bool(ea)))
+    return [[x[1:] for x in sorted(o)] for o in out]
+
+
 def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: int = K, host: float = 1.0) -> dict:
     """One chunk of requests decoded together, step by step, as the live engine runs ``config``: returns tokens,
     steps, seconds (the model's), ragged steps. ``host``: the host terms (overhead, drafting, the hybrid's own
-    work; not the target's forward or the prefill) times this (a run's ``host_index``)."""
+    work; not the target's forward or the prefill) times this (a run's ``host_index``). ``adaptive-rule[-pad]``:
+    each request's steps are the simulator's (``rule_steps``), its host machinery the hybrid's own term."""
     import numpy as np
 
     B = len(reqs)
@@ -497,14 +524,23 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     gpu = config.startswith("gpu-")                    # the device-side hybrid: k tokens per request, uniform
     pad = config.endswith("-pad") or gpu               # every draft padded to k: uniform batches
     base = config.removesuffix("-pad").removeprefix("gpu-")
-    hov = model.get("hybrid_overhead") if base.startswith("pr24344") or base == "eagle-only" else None
+    rule = base == "adaptive-rule"
+    hov = model.get("hybrid_overhead") if base.startswith("pr24344") or base in ("eagle-only", "adaptive-rule") \
+        else None
     by = model.get("by_bs", {})                        # per-batch-size host terms (fit_step_model(per_bs=True))
+    plan = rule_steps(reqs, B, k) if rule else None
+    at = np.zeros(B, int)                              # adaptive-rule: each request's next step in its plan
     while (p < max_tokens).any():
         act = p < max_tokens
         d = np.zeros(B, int)
         a = np.zeros(B, int)
         eagle_for = 0
-        for i in np.flatnonzero(act):
+        if rule:
+            for i in np.flatnonzero(act):
+                d[i], a[i], ea = plan[i][min(at[i], len(plan[i]) - 1)]
+                eagle_for += ea
+                at[i] += 1
+        for i in (() if rule else np.flatnonzero(act)):
             ng_dl = min(reqs[i]["draft_len"]["ngram"][p[i] - 1], k)
             use_ng = base == "ngram" or (base.startswith("pr24344") and ng_dl > 0)
             if config == "none":
@@ -522,7 +558,8 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
         step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
-        if base in ("eagle", "pr24344", "eagle-only", "idle") or (base == "pr24344-skip" and eagle_for):
+        if base in ("eagle", "pr24344", "eagle-only", "idle") or (base in ("pr24344-skip", "adaptive-rule")
+                                                                    and eagle_for):
             m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
             step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
         if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
