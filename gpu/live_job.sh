@@ -180,6 +180,19 @@
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live6` (copy
 # hybrid_trace_sharegpt_s8.jsonl, head.sha256, head_TRAINING.json, host.txt in first) and device_hybrid_table on
 # sharegpt (throughput(workload="sharegpt"); each run at its own host speed: ratio_host).
+# EIGHTH SESSION, start9 (2026-12-03; PREPARED): `plan --session 5` (~1,560 s of 1,800: staging ~450, part u ~440,
+# part v ~440, the two profiles ~70, part z ~150 in the time left). The seventh session's head from the cache (no
+# training). Parts u (code-edit) and v (sharegpt): ONE EAGLE engine rotating `off` (EAGLE alone), gpu-pr24344,
+# eagle-only (the host-side machinery idle: the hybrid term the predictor fits for adaptive-rule) and adaptive-rule
+# (the simulator's best causal policy, host-side, its drafts padded to k, priced with qwen2.5-coder-1.5b-h200),
+# Latin square over 4 repeats, beside no SD; then both workloads' no-SD outputs profiled with the head (GPU), then
+# part z (vLLM's n-gram on code-edit). Here first:
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt" HEADS=ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 19 pieces, the head included
+# Calls: move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece p00..p18 (the last with .carry/extra);
+# restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=45 bash
+# gpu/live_job.sh start9; polls `sleep 240; bash gpu/live_job.sh status u` (then `status v`: both pack qwen9);
+# give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live7`.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \

@@ -376,7 +376,7 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
         c = rot["config"]
         assert c["hybrid_rotate"] == list(S.ROTATE_POLICIES_9) and c["hybrid_pad"] and c["draft"] == "H"
         assert c["hybrid_cost_model"] == S.ADAPTIVE_COST and rot["tasks"][0]["workloads"] == [wl]
-        assert rot["tasks"][0]["repeats"] == S.ROTATED_REPEATS == len(S.ROTATE_POLICIES_9)
+        assert rot["tasks"][0]["repeats"] == S.REPEATS_9 == 3
         assert [J.config_label(J.rotated_run_config(c, p)) for p in c["hybrid_rotate"]] == [
             "eagle", "gpu-pr24344", "eagle-only-pad", "adaptive-rule-pad"]
     with pytest.raises(ValueError, match="cost model"):
