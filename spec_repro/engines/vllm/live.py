@@ -50,7 +50,8 @@ FILE_DOCS = {
                          "(device_hybrid_table)",
     "device_hybrid_sharegpt.csv": "the same on sharegpt (part s; device_hybrid_table(workload='sharegpt'))",
     "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
-                                      "the head the seventh GPU session trained (`gpu/live_job.sh run8`)",
+                                      "the head the seventh GPU session trained (`gpu/live_job.sh run8`; profiled on "
+                                      "the CPU, torch float32, the next session: the run's deadline left no time)",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
@@ -187,12 +188,19 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     for name in sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")):  # not locks
         if name in ("MANIFEST.json", "README.md"):
             continue
-        cpu = name == "hybrid_trace.jsonl"
+        cpu = name.startswith("hybrid_trace") and _profiled_on(out / name) != "cuda"    # `live profile` here
         kind = ("computed on the CPU from the H200's no-SD outputs (torch float32)" if cpu else
                 "measured on the lent H200 (see _device_runs), or computed from those measurements")
         record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
                sha256=sha256_file(out / name), kind=kind, **({} if cpu else dev))
     return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
+
+
+def _profiled_on(path: Path) -> str | None:
+    """The device a ``live profile`` file was profiled on (its records' ``device``; None in the first session's)."""
+    with open(path) as f:
+        first = f.readline()
+    return json.loads(first).get("device") if first.strip() else None
 
 
 # ---- tables ---------------------------------------------------------------------------------------------------
