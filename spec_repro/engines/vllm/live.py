@@ -164,10 +164,11 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
+    ta = table_args(out)
     if device_trace(out) is not None:            # parts k, m (copied from the raw qwen4/, qwen5/: made on the GPU)
-        write_via(device_hybrid_table(out).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
+        write_via(device_hybrid_table(out, **ta).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
     if device_trace(out, "sharegpt") is not None:     # part s (its profile copied from the raw qwen6/)
-        write_via(device_hybrid_table(out, workload="sharegpt").to_csv, out / "device_hybrid_sharegpt.csv",
+        write_via(device_hybrid_table(out, workload="sharegpt", **ta).to_csv, out / "device_hybrid_sharegpt.csv",
                   index=False, float_format="%.6g")
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
@@ -657,20 +658,27 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     predicted at its own host speed (``predict_runs`` with ``fit_step_model(host_scaled=True)``, the same split in
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
     own runs' t_other, its drafting from the idle hybrid's fitted term. ``workload``: the runs, steps and fits of
-    that workload (``profiles_path`` then the profile of its requests)."""
+    that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
+    idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. the eighth GPU session's
+    ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
+    host-side policy, none for the device-side one (its idle counterpart did not run there)."""
     prof = load_profiles(profiles_path)
     t = throughput(out=out, workload=workload)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
+    # which idle configuration's hybrid term prices each hybrid (None: none, the EAGLE path's terms alone)
+    idle_of = dict(idle) if isinstance(idle, dict) else {h: idle for h in hybrids}
+    idles = sorted({i for i in idle_of.values() if i})
     # each model fitted once; per_bs only adds its ``by_bs`` terms, which the line prediction leaves out
     kw = dict(configs=("none", "eagle"), ragged=False, workload=workload)
-    m0 = fit_step_model(out, per_bs=per_bs, **kw)
-    m1 = fit_step_model(out, hybrid_configs=(idle,), per_bs=per_bs, **kw)
+    fits = {None: fit_step_model(out, per_bs=per_bs, **kw)}
+    fits.update({i: fit_step_model(out, hybrid_configs=(i,), per_bs=per_bs, **kw) for i in idles})
+    model_of = {"none": None, "eagle": None, **{i: i for i in idles}, **{h: idle_of.get(h) for h in hybrids}}
     import pandas as pd
 
     def pred(by_bs: bool):
-        use = [m if by_bs else {k: v for k, v in m.items() if k != "by_bs"} for m in (m0, m1)]
-        return pd.concat([predict(prof, use[0], configs=("none", "eagle")),
-                          predict(prof, use[1], configs=(idle, *hybrids))], ignore_index=True)
+        use = {k: m if by_bs else {x: v for x, v in m.items() if x != "by_bs"} for k, m in fits.items()}
+        return pd.concat([predict(prof, use[m], configs=tuple(c for c, mm in model_of.items() if mm == m))
+                          for m in use if any(mm == m for mm in model_of.values())], ignore_index=True)
 
     p = pred(False)
     res = res.merge(p[["config", "batch_size", "predicted_tok_s", "predicted_steps"]], on=["config", "batch_size"])
@@ -680,16 +688,16 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
         res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
     if host_scaled:
-        h0 = fit_step_model(out, host_scaled=True, **kw)
-        h1 = fit_step_model(out, hybrid_configs=(idle,), host_scaled=True, **kw)
+        hfits = {None: fit_step_model(out, host_scaled=True, **kw)}
+        hfits.update({i: fit_step_model(out, hybrid_configs=(i,), host_scaled=True, **kw) for i in idles})
         runs = pd.read_csv(Path(out) / "runs.csv")
         runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == "default")
                     & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
-        q = predict_runs(prof, {c: h0 if c in ("none", "eagle") else h1 for c in res["config"]}, runs,
-                         h1["host_index"])
+        q = predict_runs(prof, {c: hfits[model_of.get(c)] for c in res["config"]}, runs,
+                         hfits[idles[0] if idles else None]["host_index"])
         res = res.merge(q, on=["config", "batch_size"])
         res["ratio_host"] = res["tok_s"] / res["predicted_host_tok_s"]
-    res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", idle) else
+    res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", *idles) else
                                          "out of sample")
     return res.reset_index(drop=True)
 
@@ -725,6 +733,21 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
             .agg(paired_median="median", paired_min="min", paired_max="max", pairs="count").reset_index())
 
 
+def table_args(out: str | Path) -> dict:
+    """``device_hybrid_table``'s hybrids and idle configurations for the run in ``out``: the device-side rule
+    against its idle machinery (parts k, m, s), and where adaptive-rule ran (parts u, v) also adaptive-rule
+    against the host-side machinery idle (eagle-only), gpu-pr24344 then without a hybrid term unless its own idle
+    counterpart ran beside it."""
+    import pandas as pd
+
+    cfgs = set(pd.read_csv(Path(out) / "runs.csv", usecols=["config"])["config"].astype(str))
+    if "adaptive-rule-pad" not in cfgs:
+        return {}
+    return {"hybrid": ("gpu-pr24344", "adaptive-rule-pad"),
+            "idle": {"gpu-pr24344": "gpu-eagle-only" if "gpu-eagle-only" in cfgs else None,
+                     "adaptive-rule-pad": "eagle-only-pad"}}
+
+
 def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
                         idle: str = "gpu-eagle-only", host_scaled: bool | None = None, workload: str = "code-edit"):
     """Part k's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``) per
@@ -745,7 +768,8 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
                            .str.contains("-rotate", regex=False).any())
 
     profiles_path = profiles_path or device_trace(out, workload)
-    res = predicted_padded(out, profiles_path, idle=idle, hybrids=(hybrid,), per_bs=True, host_scaled=host_scaled,
+    hybrids = (hybrid,) if isinstance(hybrid, str) else tuple(hybrid)     # several: the eighth session's (u, v)
+    res = predicted_padded(out, profiles_path, idle=idle, hybrids=hybrids, per_bs=True, host_scaled=host_scaled,
                            workload=workload)
     t = throughput(out=out, workload=workload)
     t = t[t["model"] == QWEN]
