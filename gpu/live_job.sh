@@ -367,8 +367,9 @@ case "$1" in
     sha256sum $HEAD/model.safetensors > $D/head.sha256
     cp $HEAD/TRAINING.json $D/head_TRAINING.json; cp $HEAD/config.json $D/head_config.json
     host_txt $D
-    for p in ${PARTS:-u v}; do part $p qwen9; done
+    part u qwen9                                               # each workload's profile right after its part
     profile_raw code-edit $HEAD $D/hybrid_trace_s9.jsonl
+    part v qwen9
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s9.jsonl
     [ $(left) -gt 170 ] && part z qwen9      # n-gram alone on code-edit, in the time left (~140 s)
     echo PIPE_FINISHED ;;

@@ -405,7 +405,8 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
     prof = [c for c in calls if "live profile" in c]
     assert len(prof) == 2 and all(f"--raw {d} " in c and f"--head {head} " in c for c in prof)
     assert ["--workload code-edit" in prof[0], "--workload sharegpt" in prof[1]] == [True, True]
-    assert calls.index(prof[1]) < next(i for i, c in enumerate(calls) if " run z " in c)
+    at = {k: next(i for i, c in enumerate(calls) if f" run {k} " in c) for k in "uvz"}
+    assert at["u"] < calls.index(prof[0]) < at["v"] < calls.index(prof[1]) < at["z"]
     assert sum("jobs lossless" in c for c in calls) == 3
     assert (d / "head.sha256").is_file() and (d / "head_config.json").is_file() and (d / "head_TRAINING.json").is_file()
     assert all((res / f"done_{p}").exists() for p in "uvz")
