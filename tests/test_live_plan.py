@@ -362,8 +362,8 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
     """Session 5 (``gpu/live_job.sh start9``): the head staged from the cache (no training); parts u (code-edit)
     and v (sharegpt) each ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, eagle-only and adaptive-rule (host
     policies padded, adaptive-rule priced with ADAPTIVE_COST) beside no SD, into one folder (qwen9) with distinct
-    names; the device-side policy keeps its name (it always drafts k: no -pad); ``run9`` runs u, v, both no-SD
-    profiles (this run's outputs, --raw), then z, and a second run repeats nothing."""
+    names; the device-side policy keeps its name (it always drafts k: no -pad); ``run9`` runs u, its no-SD profile, v, its
+    profile (this run's outputs, --raw), then z, and a second run repeats nothing."""
     from spec_repro.engines.vllm import jobs as J
 
     pl = S.plan(session=5)
