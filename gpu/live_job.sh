@@ -180,7 +180,9 @@
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live6` (copy
 # hybrid_trace_sharegpt_s8.jsonl, head.sha256, head_TRAINING.json, host.txt in first) and device_hybrid_table on
 # sharegpt (throughput(workload="sharegpt"); each run at its own host speed: ratio_host).
-# EIGHTH SESSION, start9 (2026-12-03; PREPARED): `plan --session 5` (~1,560 s of 1,800: staging ~450, part u ~440,
+# EIGHTH SESSION, start9 (2026-12-03; RAN, results in data/gpu/live7/: five refused starts and a machine lost
+# between calls took ~1,000 s of budget, so parts u, v ran at 3 repeats from 710 s left: setup 136, part u ~330
+# (rotate + none 87) + profile ~20, part v's rotated engine ~230, its no SD cut by the deadline; z not run): `plan --session 5` (~1,560 s of 1,800: staging ~450, part u ~440,
 # part v ~440, the two profiles ~70, part z ~150 in the time left). The seventh session's head from the cache (no
 # training). Parts u (code-edit) and v (sharegpt): ONE EAGLE engine rotating `off` (EAGLE alone), gpu-pr24344,
 # eagle-only (the host-side machinery idle: the hybrid term the predictor fits for adaptive-rule) and adaptive-rule

@@ -44,6 +44,8 @@ FILE_DOCS = {
     "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
                              "this session trained (n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
     "hybrid_trace_s5.jsonl": "the same, profiled with the head the fifth GPU session trained (`gpu/live_job.sh run6`)",
+    "hybrid_trace_s9.jsonl": "this run's code-edit no-SD outputs (bs 64) profiled with the seventh GPU session's head "
+                             "(n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run9`)",
     "host.txt": "the H200 host during the run: lscpu, CPU clocks, the GPU's clocks and performance state",
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
