@@ -305,3 +305,65 @@ def test_the_prediction_takes_a_workload_and_says_which_runs_it_lacks():
     with pytest.raises(ValueError, match="no sharegpt steps of none"):
         live.fit_step_model(LIVE5, configs=("none", "eagle"), workload="sharegpt")
     assert set(live.throughput(out=LIVE5, workload="sharegpt")["batch_size"]) == {1}
+
+
+LIVE6, LIVE7 = data_dir() / "gpu" / "live6", data_dir() / "gpu" / "live7"
+
+
+def test_part_u_adaptive_rule_live_is_what_the_committed_data_give():
+    """Part u (the eighth GPU session, data/gpu/live7): adaptive-rule (host-side, padded) in the rotated engine.
+    ``table_args`` picks both hybrids, adaptive-rule priced with the host machinery's term (eagle-only-pad),
+    gpu-pr24344 without one (its idle counterpart did not run); the table recomputed equals the committed one;
+    adaptive-rule is the fastest configuration at bs 1 and within 10% of its out-of-sample prediction at every
+    batch size (at each run's host speed), its decode steps within 4%; sharegpt's rotated runs (part v) are
+    there without a no SD."""
+    import pandas as pd
+
+    ta = live.table_args(LIVE7)
+    assert ta["hybrid"] == ("gpu-pr24344", "adaptive-rule-pad")
+    assert ta["idle"] == {"gpu-pr24344": None, "adaptive-rule-pad": "eagle-only-pad"}
+    assert live.table_args(LIVE5) == {}
+    got = live.device_hybrid_table(LIVE7, **ta)
+    want = pd.read_csv(LIVE7 / "device_hybrid.csv")
+    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
+    for c in ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"):
+        a, b = got[c].to_numpy(), want[c].to_numpy()
+        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    fit = got.set_index(["config", "batch_size"])["fitted_on"]
+    assert fit[("adaptive-rule-pad", 1)] == "out of sample" == fit[("gpu-pr24344", 1)]
+    assert fit[("eagle-only-pad", 1)] == "in sample"
+    ar = got[got["config"] == "adaptive-rule-pad"].set_index("batch_size")
+    assert ((ar["ratio_host"] - 1).abs() < 0.10).all() and ((ar["steps_over_predicted"] - 1).abs() < 0.04).all()
+    bs1 = got[got["batch_size"] == 1].set_index("config")["tok_s"]
+    assert bs1.idxmax() == "adaptive-rule-pad"
+    sg = live.throughput(out=LIVE7, workload="sharegpt")
+    assert "none" not in set(sg["config"]) and set(sg["batch_size"]) == {1, 8, 32, 64}
+
+
+def test_rule_steps_walk_each_request_to_its_end_as_the_simulator_decides():
+    """``rule_steps`` over the committed code-edit profile: per request the simulator's steps cover its output
+    exactly (tokens per step = accepted + 1, summing to the output's length less the prefill's token), draft
+    lengths within k, an n-gram draft only where n-gram matched that long; EAGLE drafted on some steps and not on
+    others (the rule skips it where it verifies n-gram)."""
+    prof = live.load_profiles(LIVE7 / "hybrid_trace_s9.jsonl")[:8]
+    steps = live.rule_steps(prof, 8)
+    assert len(steps) == 8
+    ran = set()
+    for r, st in zip(prof, steps):
+        assert sum(a + 1 for _d, a, _e in st) >= len(r["output"]) - 1
+        assert all(0 <= a <= d <= live.K for d, a, _e in st)
+        ran |= {e for _d, _a, e in st}
+    assert ran == {True, False}
+
+
+def test_the_sharegpt_prediction_is_what_the_committed_data_give():
+    """Part s (data/gpu/live6) against the profile of its own no-SD outputs (CPU, float32): the device-side rule
+    out of sample within 10% at every batch size at each run's host speed, as committed."""
+    import pandas as pd
+
+    got = live.device_hybrid_table(LIVE6, workload="sharegpt")
+    want = pd.read_csv(LIVE6 / "device_hybrid_sharegpt.csv")
+    a, b = got["predicted_host_tok_s"].to_numpy(), want["predicted_host_tok_s"].to_numpy()
+    assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all()
+    hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
+    assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["fitted_on"] == "out of sample").all()
