@@ -492,17 +492,16 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     return m
 
 
-ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"    # the cost model the live adaptive-rule priced its proposals with
-
-
-def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=ADAPTIVE_COST) -> list[list[tuple[int, int, bool]]]:
+def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[list[tuple[int, int, bool]]]:
     """adaptive-rule's steps over profiled requests (``load_profiles`` records) at batch size ``B``, as the
     simulator takes them (``adaptive.adaptive_steps``, the decisions the live policy takes step for step:
-    tests/test_hybrid.py): per request, per step, (draft tokens verified, tokens accepted, EAGLE drafted)."""
+    tests/test_hybrid.py): per request, per step, (draft tokens verified, tokens accepted, EAGLE drafted).
+    ``cost_model``: the rule's (default: the one the live runs priced proposals with, ``session.ADAPTIVE_COST``)."""
     from ... import adaptive as AD
     from ...costmodel import load_cost_model
     from ...simcore import group_arrays
     from ...traces import Trace
+    from .session import ADAPTIVE_COST
 
     props = ["ngram", "eagle"]
     t = Trace.from_arrays({r["key"]: {q: r["acc"][q] for q in props} for r in reqs},
@@ -510,7 +509,8 @@ def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=ADAPTIVE_COST) -
                           draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs})
     ids = [r["key"] for r in reqs]
     g = group_arrays(t.acc, t.requests, props, ids)
-    st = AD.adaptive_steps(g, t.requests, props, "adaptive-rule", int(B), load_cost_model(cost_model), int(k))
+    cm = load_cost_model(cost_model or ADAPTIVE_COST)
+    st = AD.adaptive_steps(g, t.requests, props, "adaptive-rule", int(B), cm, int(k))
     out: list[list] = [[] for _ in reqs]
     for i, p, inp, gen, v, ea in zip(st.req.tolist(), st.p.tolist(), st.inp.tolist(), st.gen.tolist(),
                                      st.verified.tolist(), st.ran[props.index("eagle")].tolist()):

@@ -274,7 +274,7 @@ DEFERRED_4 = ["the adaptive-rule hybrid live (the simulator's best causal policy
 STAGING_5 = [("machine start + vllm c1..c7 (measured in the seventh GPU session: ~180 s)", 6, 180),
              ("20 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the seventh's 18 took ~100 s)", 20, 120),
              ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 141 s)", 1, 150),
-             ("in the run, after part v: code-edit's and sharegpt's no-SD outputs profiled with the head (part m's "
+             ("in the run, after parts u and v: each workload's no-SD outputs profiled with the head (part m's "
               "measured 34 s each)", 0, 70)]
 DEFERRED_5 = ["n-gram on sharegpt at bs 32 / 64 (the seventh session's deadline cut it; 0.20-0.23x of no SD "
               "where it ran)", "the idle hybrid (pass-through) again: its overhead stays inside the repeat spread"]
