@@ -180,15 +180,16 @@
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live6` (copy
 # hybrid_trace_sharegpt_s8.jsonl, head.sha256, head_TRAINING.json, host.txt in first) and device_hybrid_table on
 # sharegpt (throughput(workload="sharegpt"); each run at its own host speed: ratio_host).
-# EIGHTH SESSION, start9 (2026-12-03; RAN, results in data/gpu/live7/: five refused starts and a machine lost
-# between calls took ~1,000 s of budget, so parts u, v ran at 3 repeats from 710 s left: setup 136, part u ~330
-# (rotate + none 87) + profile ~20, part v's rotated engine ~230, its no SD cut by the deadline; z not run): `plan --session 5` (~1,560 s of 1,800: staging ~450, part u ~440,
-# part v ~440, the two profiles ~70, part z ~150 in the time left). The seventh session's head from the cache (no
-# training). Parts u (code-edit) and v (sharegpt): ONE EAGLE engine rotating `off` (EAGLE alone), gpu-pr24344,
+# EIGHTH SESSION, start9 (2026-12-03; RAN, results in data/gpu/live7/). Planned (`plan --session 5`): ~1,560 s of
+# 1,800 at 4 repeats (staging ~450, part u ~440, part v ~440, the two profiles ~70, part z ~150 in the time left),
+# ~1,364 s at the 3 repeats it ran with. Used: five refused starts and a machine lost between calls took ~815 s of
+# budget; then staging 125, setup 142, the run from 710 s left: part u ~330 (its no SD 87) + its profile ~20, part
+# v's rotated engine ~230, its no SD cut by the deadline, part z not run. The seventh session's head from the cache
+# (no training). Parts u (code-edit) and v (sharegpt): ONE EAGLE engine rotating `off` (EAGLE alone), gpu-pr24344,
 # eagle-only (the host-side machinery idle: the hybrid term the predictor fits for adaptive-rule) and adaptive-rule
 # (the simulator's best causal policy, host-side, its drafts padded to k, priced with qwen2.5-coder-1.5b-h200),
-# Latin square over 4 repeats, beside no SD; then both workloads' no-SD outputs profiled with the head (GPU), then
-# part z (vLLM's n-gram on code-edit). Here first:
+# rotated over 3 repeats, beside no SD; each workload's no-SD outputs profiled with the head (GPU) after its part,
+# then part z (vLLM's n-gram on code-edit). Here first:
 #   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt" HEADS=ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c \
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 19 pieces, the head included
 # Calls: move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece p00..p18 (the last with .carry/extra);

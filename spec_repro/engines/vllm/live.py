@@ -546,12 +546,12 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         d = np.zeros(B, int)
         a = np.zeros(B, int)
         eagle_for = 0
-        if rule:
-            for i in np.flatnonzero(act):
-                d[i], a[i], ea = plan[i][min(at[i], len(plan[i]) - 1)]
+        for i in np.flatnonzero(act):
+            if rule:                                   # the simulator's step: its plan covers the output
+                d[i], a[i], ea = plan[i][at[i]]
                 eagle_for += ea
                 at[i] += 1
-        for i in (() if rule else np.flatnonzero(act)):
+                continue
             ng_dl = min(reqs[i]["draft_len"]["ngram"][p[i] - 1], k)
             use_ng = base == "ngram" or (base.startswith("pr24344") and ng_dl > 0)
             if config == "none":
@@ -696,7 +696,7 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == "default")
                     & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
         q = predict_runs(prof, {c: hfits[model_of.get(c)] for c in res["config"]}, runs,
-                         hfits[idles[0] if idles else None]["host_index"])
+                         hfits[None]["host_index"])      # every run of the workload: alike in every fit
         res = res.merge(q, on=["config", "batch_size"])
         res["ratio_host"] = res["tok_s"] / res["predicted_host_tok_s"]
     res["fitted_on"] = res["config"].map(lambda c: "in sample" if c in ("none", "eagle", *idles) else
