@@ -196,6 +196,19 @@
 # restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=45 bash
 # gpu/live_job.sh start9; polls `sleep 240; bash gpu/live_job.sh status u` (then `status v`: both pack qwen9);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live7`.
+# NINTH SESSION, start10 (2026-12-03; PREPARED, NOT YET RUN). What the eighth left: sharegpt's no SD beside its
+# rotated engine (adaptive-rule on sharegpt against no SD and its prediction) and vLLM's n-gram alone (code-edit
+# beside its no SD, sharegpt at every batch size). Planned (`plan --session 6`): ~1,344 s of 1,800: staging ~440
+# (machine start + vllm c1..c7 ~180, 19 pieces ~110, setup ~150); the run ~905: part y ~416 (no SD on sharegpt
+# 83, then ONE EAGLE engine rotating off, gpu-pr24344, gpu-eagle-only (gpu-pr24344's hybrid term), eagle-only
+# (adaptive-rule's) and adaptive-rule, 3 repeats ~333), sharegpt's no-SD profile ~35, part o ~433 (no SD 83 and
+# n-gram 140 on code-edit, n-gram on sharegpt ~210). Here first:
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt" HEADS=ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 19 pieces, the head included
+# Calls: move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece p00..p18 (the last with .carry/extra);
+# restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=50 bash
+# gpu/live_job.sh start10; polls `sleep 200; bash gpu/live_job.sh status y` (then `status o`: both pack qwen10);
+# give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live8`.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -208,7 +221,7 @@ mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1')
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
          r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; x) echo qwen6 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
-         u|v|z) echo qwen9 ;;
+         u|v|z) echo qwen9 ;; y|o) echo qwen10 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -227,7 +240,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g|k|m|s|x|u|v|z) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k|m|s|x|u|v|z|y|o) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -376,6 +389,23 @@ case "$1" in
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s9.jsonl
     [ $(left) -gt 170 ] && part z qwen9      # n-gram alone on code-edit, in the time left (~140 s)
     echo PIPE_FINISHED ;;
+  start10)    # the ninth session (`plan --session 6`): the seventh session's head from the cache (HEADS=ff44a72f...),
+              # part y (sharegpt: no SD, then ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, gpu-eagle-only,
+              # eagle-only, adaptive-rule), sharegpt's no-SD outputs profiled with the head, then part o (n-gram
+              # beside no SD on code-edit, n-gram on sharegpt). LEFT=S: the lease's budget_left_s now
+    detach run10 ;;
+  run10)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    HEAD=${HEAD10:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
+    D=$R/qwen10; mkdir -p $D
+    sha256sum $HEAD/model.safetensors > $D/head.sha256
+    cp $HEAD/TRAINING.json $D/head_TRAINING.json; cp $HEAD/config.json $D/head_config.json
+    host_txt $D
+    part y qwen10
+    profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s10.jsonl
+    part o qwen10
+    echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh setup ;;
@@ -438,5 +468,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 start10 run10 stop status pack headback send"; exit 2 ;;
 esac

@@ -283,7 +283,7 @@ def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_on
                             f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
         assert r.stdout.strip() == "qwen5", r.stderr
     run = (ROOT / "gpu/live_job.sh").read_text()
-    assert "b|e|f|g|k|m|s|x|u|v|z) $PY -m spec_repro.engines.vllm.jobs lossless" in run
+    assert "b|e|f|g|k|m|s|x|u|v|z|y|o) $PY -m spec_repro.engines.vllm.jobs lossless" in run
     assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run
 
 
@@ -410,3 +410,69 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
     assert sum("jobs lossless" in c for c in calls) == 3
     assert (d / "head.sha256").is_file() and (d / "head_config.json").is_file() and (d / "head_TRAINING.json").is_file()
     assert all((res / f"done_{p}").exists() for p in "uvz")
+
+
+def test_the_ninth_sessions_plan_fits_and_run10_runs_y_its_profile_then_o_once(tmp_path):
+    """Session 6 (``gpu/live_job.sh start10``): part y on sharegpt runs no SD FIRST (what the eighth session's
+    deadline cut), then ONE EAGLE engine rotating five policies (the device-side machinery idle beside the
+    host-side one: both hybrids get their own hybrid term); part o runs n-gram beside no SD on code-edit, then
+    n-gram on sharegpt; ``run10`` profiles sharegpt's no-SD outputs between them, into qwen10, once."""
+    from spec_repro.engines.vllm import jobs as J
+
+    pl = S.plan(session=6)
+    assert pl["fits"] and pl["parts"] == ["y", "o"] and pl["total_s"] < S.PLAN_LIMIT_S
+    y, o = S.part_specs("y", "H", "M"), S.part_specs("o", "H", "M")
+    assert [x["name"] for x in y + o] == ["hybrid-default-none-sharegpt-s10", "hybrid-default-rotate-sharegpt-s10",
+                                          "hybrid-default-none-s10", "hybrid-default-ngram-s10",
+                                          "hybrid-default-ngram-sharegpt-s10"]
+    assert [x["tasks"][0]["workloads"] for x in y + o] == [["sharegpt"]] * 2 + [["code-edit"]] * 2 + [["sharegpt"]]
+    assert all(x["tasks"][0]["repeats"] == S.REPEATS_9 for x in y + o)
+    c = y[1]["config"]
+    assert c["hybrid_rotate"] == list(S.ROTATE_POLICIES_10) and c["hybrid_pad"] and c["draft"] == "H"
+    assert c["hybrid_cost_model"] == S.ADAPTIVE_COST
+    assert [J.config_label(J.rotated_run_config(c, p)) for p in c["hybrid_rotate"]] == [
+        "eagle", "gpu-pr24344", "gpu-eagle-only", "eagle-only-pad", "adaptive-rule-pad"]
+    # priced by the eighth session's measured engines: the rotated one a fifth policy and a cold compile longer
+    secs = {e["spec"]: e["seconds"] for st in pl["stages"] for e in st.get("engines", [])}
+    assert secs["hybrid-default-rotate-sharegpt-s10"] == S.MEASURED_S["hybrid-default-rotate-sharegpt-s9"] + 92
+    assert secs["hybrid-default-ngram-sharegpt-s10"] == S.MEASURED_S["hybrid-default-ngram-sharegpt-s5"]
+    res, head = tmp_path / "res", tmp_path / "head"
+    head.mkdir()
+    for f, b in (("TRAINING.json", b"{}"), ("config.json", b"{}"), ("model.safetensors", b"w")):
+        (head / f).write_bytes(b)
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
+    fake.chmod(0o755)
+    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10), "HEAD10": str(head)}
+    for _ in range(2):
+        r = subprocess.run(["bash", "gpu/live_job.sh", "run10"], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    d = res / "qwen10"
+    runs = [c.split()[3] for c in calls if c.startswith("-m spec_repro.engines.vllm.session run ")]
+    assert runs == ["y", "o"] and all(f"--out {d} " in c and f"--head {head} " in c
+                                      for c in calls if " session run " in c)
+    (prof,) = [c for c in calls if "live profile" in c]
+    assert f"--raw {d} " in prof and "--workload sharegpt" in prof and str(d / "hybrid_trace_sharegpt_s10.jsonl") in prof
+    assert next(i for i, c in enumerate(calls) if " run y " in c) < calls.index(prof) < \
+        next(i for i, c in enumerate(calls) if " run o " in c)
+    assert sum("jobs lossless" in c for c in calls) == 2
+    assert (d / "head.sha256").is_file() and all((res / f"done_{p}").exists() for p in "yo")
+
+
+def test_device_trace_reads_the_latest_sessions_profile_of_the_workload(tmp_path):
+    """``device_trace``: a code-edit profile never matches another workload's (``hybrid_trace_sharegpt_s8`` starts
+    with ``hybrid_trace_s``), and s10 is later than s9 (by number, not by name)."""
+    from spec_repro.engines.vllm import live
+
+    for n in ("hybrid_trace_s9.jsonl", "hybrid_trace_s10.jsonl", "hybrid_trace_sharegpt_s8.jsonl",
+              "hybrid_trace_sharegpt_s10.jsonl", "hybrid_trace.jsonl"):
+        (tmp_path / n).write_text("")
+    assert live.device_trace(tmp_path) == tmp_path / "hybrid_trace_s10.jsonl"
+    assert live.device_trace(tmp_path, "sharegpt") == tmp_path / "hybrid_trace_sharegpt_s10.jsonl"
+    (tmp_path / "hybrid_trace_s10.jsonl").unlink()
+    (tmp_path / "hybrid_trace_sharegpt_s10.jsonl").unlink()
+    assert live.device_trace(tmp_path) == tmp_path / "hybrid_trace_s9.jsonl"
+    assert live.device_trace(tmp_path, "sharegpt") == tmp_path / "hybrid_trace_sharegpt_s8.jsonl"
+    assert live.device_trace(tmp_path, "mt-bench") is None

@@ -54,6 +54,8 @@ FILE_DOCS = {
     "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
                                       "the head the seventh GPU session trained (`gpu/live_job.sh run8`; profiled on "
                                       "the CPU, torch float32, the next session: the run's deadline left no time)",
+    "hybrid_trace_sharegpt_s10.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the seventh GPU "
+                                       "session's head (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run10`)",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
@@ -710,9 +712,11 @@ SINGLES = ("eagle", "ngram")       # the single proposers a hybrid is held again
 def device_trace(out: str | Path, workload: str = "code-edit") -> Path | None:
     """The device-side hybrid's profile in ``out`` (``hybrid_trace_s4.jsonl``: part k; ``_s5``: part m; another
     workload's ``hybrid_trace_<workload>_sN.jsonl``: part s's sharegpt), or None."""
-    name = "hybrid_trace_s[0-9].jsonl" if workload == "code-edit" else f"hybrid_trace_{workload}_s[0-9].jsonl"
-    found = sorted(Path(out).glob(name))
-    return found[-1] if found else None
+    pat = re.compile(r"hybrid_trace_s(\d+)\.jsonl" if workload == "code-edit" else
+                     rf"hybrid_trace_{re.escape(workload)}_s(\d+)\.jsonl")
+    found = sorted((int(m.group(1)), p) for p in Path(out).glob("hybrid_trace_*.jsonl")
+                   if (m := pat.fullmatch(p.name)))
+    return found[-1][1] if found else None     # the latest session's (s10 after s9)
 
 
 def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit"):

@@ -153,6 +153,16 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         specs = [rotated_spec(head, policies=ROTATE_POLICIES_9, pad=True, cost_model=ADAPTIVE_COST, **kw)] + \
             hybrid_specs(head, methods=("none",), **kw)
         return [{**s, "name": s["name"] + ("" if part == "u" else "-sharegpt") + S9} for s in specs]
+    if part == "y":         # the ninth session: part v again, no SD first, the device-side machinery idle too
+        kw = {**kw, "workloads": ("sharegpt",), "repeats": REPEATS_9}
+        specs = hybrid_specs(head, methods=("none",), **kw) + \
+            [rotated_spec(head, policies=ROTATE_POLICIES_10, pad=True, cost_model=ADAPTIVE_COST, **kw)]
+        return [{**s, "name": s["name"] + "-sharegpt" + S10} for s in specs]
+    if part == "o":         # the ninth session: vLLM's n-gram beside no SD on code-edit, then n-gram on sharegpt
+        kw = {**kw, "repeats": REPEATS_9}
+        ce = hybrid_specs(head, methods=("none", "ngram"), **{**kw, "workloads": ("code-edit",)})
+        sg = hybrid_specs(head, methods=("ngram",), **{**kw, "workloads": ("sharegpt",)})
+        return [{**s, "name": s["name"] + S10} for s in ce] + [{**s, "name": s["name"] + "-sharegpt" + S10} for s in sg]
     if part == "z":         # the eighth session, time left: vLLM's n-gram on code-edit (bs 1's best single)
         kw = {**kw, "workloads": ("code-edit",), "repeats": REPEATS_9}
         return [{**s, "name": s["name"] + S9} for s in hybrid_specs(head, methods=("ngram",), **kw)]
@@ -179,6 +189,10 @@ S9 = "-s9"     # the eighth session's (parts u, v, z)
 # predictor fits for adaptive-rule, out of sample) and the simulator's best causal policy, host-side, padded
 ROTATE_POLICIES_9 = ("off", "gpu-pr24344", "eagle-only", "adaptive-rule")
 REPEATS_9 = 3     # not the full square (4): the session's budget, after two refusals and a lost machine, fits 3
+S10 = "-s10"   # the ninth session's (parts y, o)
+# part y: part v's four policies and the device-side machinery idle (gpu-eagle-only: gpu-pr24344's hybrid term, so
+# both hybrids are predicted out of sample in one run)
+ROTATE_POLICIES_10 = ("off", "gpu-pr24344", "gpu-eagle-only", "eagle-only", "adaptive-rule")
 
 
 def _drafting_spec(target: str, k: int) -> dict:
@@ -237,6 +251,9 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
                 "(code-edit, bs 1/8/32/64, k 5); lossless",
            "v": "part u on sharegpt",
            "z": "vLLM's n-gram alone on code-edit (bs 1's best single proposer in part m), 3 repeats; lossless",
+           "y": "sharegpt: no SD, then ONE EAGLE engine rotating EAGLE alone (off), gpu-pr24344, gpu-eagle-only, "
+                "eagle-only and adaptive-rule (host-side padded; 3 repeats), bs 1/8/32/64, k 5; lossless",
+           "o": "vLLM's n-gram alone beside no SD on code-edit, then n-gram alone on sharegpt (3 repeats); lossless",
            "w": "EAGLE drafting time at k = 1, 3, 5, 8, 12: Qwen2.5-Coder-1.5B and Llama-3.1-8B dims with their "
                 "heads' dims, dummy weights, bs 1/8/32/64, 2 repeats (costmodel's d0 + k*d1)"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
@@ -247,7 +264,8 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # n-gram alone last (the first live session measured it far below EAGLE at every batch size)
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
-SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z")}
+SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z"),
+                 6: ("y", "o")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -278,6 +296,19 @@ STAGING_5 = [("machine start + vllm c1..c7 (measured in the seventh GPU session:
               "measured 34 s each)", 0, 70)]
 DEFERRED_5 = ["n-gram on sharegpt at bs 32 / 64 (the seventh session's deadline cut it; 0.20-0.23x of no SD "
               "where it ran)", "the idle hybrid (pass-through) again: its overhead stays inside the repeat spread"]
+# session 6 (gpu/live_job.sh start10): the seventh session's head from the cache again; part y (sharegpt, no SD first,
+# then the rotated engine), sharegpt's no-SD outputs profiled with the head, part o (n-gram and no SD on code-edit,
+# n-gram on sharegpt); priced by what the eighth session measured
+STAGING_6 = [("machine start + vllm c1..c7 (measured in the eighth GPU session: 125 s with the pieces, ~180 s "
+              "with a slow first call)", 6, 180),
+             ("19 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the eighth's, in the same call run)", 19, 110),
+             ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 142 s)", 1, 150),
+             ("in the run, after part y: sharegpt's no-SD outputs profiled with the head (~20 s measured for "
+              "code-edit's in the eighth session)", 0, 35)]
+DEFERRED_6 = ["the adaptive rule on the device (its host-side machinery costs 21-41% of EAGLE's throughput from "
+              "bs 8 on: eagle-only in the eighth session)",
+              "code-edit's rotated engine with gpu-eagle-only beside adaptive-rule (the eighth session ran it without: "
+              "gpu-pr24344 predicted there without its hybrid term)"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -288,7 +319,13 @@ MEASURED_S = {"hybrid-default-eagle": 180, "hybrid-default-ngram": 158, "agree-d
               "hybrid-default-pr24344": 110, "hybrid-default-pr24344-skip": 78, "llama8b-none-default": 131,
               "llama8b-none-study-like": 126,
               # the fifth GPU session's part m (code-edit; part s runs the same engines on sharegpt)
-              "hybrid-default-rotate-s5": 307, "hybrid-default-none-s5": 101, "hybrid-default-ngram-s5": 140}
+              "hybrid-default-rotate-s5": 307, "hybrid-default-none-s5": 101, "hybrid-default-ngram-s5": 140,
+              # the eighth GPU session's parts u, v (its results.jsonl: `done` seconds, engine start included;
+              # u's rotated engine started first: 89 s of start, v's 46 with the compile cache warm)
+              "hybrid-default-rotate-s9": 239, "hybrid-default-rotate-sharegpt-s9": 241, "hybrid-default-none-s9": 83,
+              # the seventh session's n-gram on sharegpt: cut at 159 s in bs 32's first repeat (3.6 s a repeat
+              # there, bs 64 assumed twice that): ~159 + 4 x 3.6 + 5 x 7
+              "hybrid-default-ngram-sharegpt-s5": 210}
 STAGING_2 = [("staging as the first session: machine start, vllm c1..c7, cache pieces p00..p26 (measured)", 34, 254),
              ("setup: install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point (measured)",
               1, 255)]
@@ -314,7 +351,14 @@ ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
             # (its engine start 83 s, the rest scaled by 3/4)
             "hybrid-default-rotate-s9": ("hybrid-default-rotate-s5", -56 + 20),
             "hybrid-default-none-s9": ("hybrid-default-none-s5", -20),
-            "hybrid-default-ngram-s9": ("hybrid-default-ngram-s5", -30)}
+            "hybrid-default-ngram-s9": ("hybrid-default-ngram-s5", -30),
+            # parts y, o: the rotated engine a fifth policy longer (its per-policy share (241 - 46) / 4 = 49 s) and
+            # starting without the compile cache (+43 s: u's start over v's); the other engines as measured
+            "hybrid-default-rotate-sharegpt-s10": ("hybrid-default-rotate-sharegpt-s9", 49 + 43),
+            "hybrid-default-none-sharegpt-s10": ("hybrid-default-none-s9", 0),
+            "hybrid-default-none-s10": ("hybrid-default-none-s9", 0),
+            "hybrid-default-ngram-s10": ("hybrid-default-ngram-s5", 0),
+            "hybrid-default-ngram-sharegpt-s10": ("hybrid-default-ngram-sharegpt-s5", 0)}
 
 
 def _batches_calibration() -> float:
@@ -327,8 +371,9 @@ def measured_seconds(spec: dict) -> tuple[float, str]:
     """(seconds, basis) of a second-session engine: its analogue's measured seconds (``ANALOGUE``), else (no
     analogue ran: part d's drafting-time engines) ``spec_seconds`` scaled by the first session's measured/modelled
     ratio for batches engines."""
-    base = (spec["name"].removesuffix(S2).removesuffix("-sharegpt").replace("-sharegpt-s5", "-s5")
-            .replace("-sharegpt-s9", "-s9"))
+    base = spec["name"] if spec["name"] in ANALOGUE else (
+        spec["name"].removesuffix(S2).removesuffix("-sharegpt").replace("-sharegpt-s5", "-s5")
+        .replace("-sharegpt-s9", "-s9"))
     if base in ANALOGUE:
         ref, add = ANALOGUE[base]
         return MEASURED_S[ref] + add, f"{ref} {MEASURED_S[ref]} s" + (f" {add:+d} s" if add else "")
@@ -379,10 +424,10 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5}[session]
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5}[session])
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
