@@ -54,8 +54,10 @@ FILE_DOCS = {
     "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
                                       "the head the seventh GPU session trained (`gpu/live_job.sh run8`; profiled on "
                                       "the CPU, torch float32, the next session: the run's deadline left no time)",
-    "hybrid_trace_sharegpt_s10.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the seventh GPU "
-                                       "session's head (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run10`)",
+    "hybrid_trace_sharegpt_s10.jsonl": "the ninth GPU session's sharegpt no-SD outputs (bs 64) profiled with the "
+                                       "seventh session's head (n-gram, EAGLE; torch float32 on the CPU: the 61 "
+                                       "of 64 outputs equal to the seventh session's are its profile's records, "
+                                       "the 3 others profiled here; the machine was lost before run10's profile)",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
@@ -506,9 +508,13 @@ def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[li
     from .session import ADAPTIVE_COST
 
     props = ["ngram", "eagle"]
+    # the profile's k_max: n-gram's draft lengths reach it even where no acceptance does (sharegpt's low
+    # acceptance: the longest acc_len there is below k_max + 1, which from_arrays would otherwise take as k_max)
+    k_max = max([int(k)] + [max(r["draft_len"]["ngram"], default=0) for r in reqs] +
+                [max(r["acc"][q], default=1) - 1 for r in reqs for q in props])
     t = Trace.from_arrays({r["key"]: {q: r["acc"][q] for q in props} for r in reqs},
                           prompt_lens={r["key"]: r["prompt_len"] for r in reqs}, dataset="live", model=QWEN,
-                          draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs})
+                          draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs}, k_max=k_max)
     ids = [r["key"] for r in reqs]
     g = group_arrays(t.acc, t.requests, props, ids)
     cm = load_cost_model(cost_model or ADAPTIVE_COST)
