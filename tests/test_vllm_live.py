@@ -367,3 +367,35 @@ def test_the_sharegpt_prediction_is_what_the_committed_data_give():
     assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all()
     hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
     assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["fitted_on"] == "out of sample").all()
+
+
+LIVE8 = data_dir() / "gpu" / "live8"
+
+
+def test_sharegpts_adaptive_rule_prediction_is_what_the_committed_data_give():
+    """data/gpu/live8: the ninth session's sharegpt no SD beside the eighth's rotated engine (part v), predicted
+    over the profile of the no-SD outputs. That profile's acceptance never reaches k_max + 1 while n-gram drafts
+    k_max tokens (what ``rule_steps`` once read as a draft longer than k_max); its records are in the run's
+    request order (the predictor walks the first B: out of order, bs 1 and 8 walked other requests and their
+    steps missed by 11-13%); the table recomputed equals the committed one, adaptive-rule's decode steps within
+    3% of the simulator's at every batch size."""
+    import pandas as pd
+
+    prof = live.load_profiles(LIVE8 / "hybrid_trace_sharegpt_s10.jsonl")
+    low = [r for r in prof if max(max(r["acc"][q]) for q in ("ngram", "eagle")) - 1 < max(r["draft_len"]["ngram"])]
+    assert low                                       # e.g. request 8 (bs 1 walked it alone when it came 6th)
+    for chunk in [low[:1], prof[:8]]:
+        steps = live.rule_steps(chunk, len(chunk))
+        assert all(sum(a + 1 for _d, a, _e in st) - (len(r["output"]) - 1) in (0, 1) for r, st in zip(chunk, steps))
+    ta = live.table_args(LIVE8)
+    assert ta["idle"] == {"gpu-pr24344": None, "adaptive-rule-pad": "eagle-only-pad"}
+    got = live.device_hybrid_table(LIVE8, workload="sharegpt", **ta)
+    want = pd.read_csv(LIVE8 / "device_hybrid_sharegpt.csv")
+    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
+    for c in ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"):
+        a, b = got[c].to_numpy(), want[c].to_numpy()
+        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    ar = got[got["config"] == "adaptive-rule-pad"].set_index("batch_size")
+    assert ((ar["steps_over_predicted"] - 1).abs() < 0.03).all() and (ar["fitted_on"] == "out of sample").all()
+    assert (got[got["config"] != "none"].groupby("batch_size")["tok_s"].max()
+            < got[got["config"] == "none"].set_index("batch_size")["tok_s"]).all()    # nothing speculative pays
