@@ -196,7 +196,14 @@
 # restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=45 bash
 # gpu/live_job.sh start9; polls `sleep 240; bash gpu/live_job.sh status u` (then `status v`: both pack qwen9);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live7`.
-# NINTH SESSION, start10 (2026-12-03; PREPARED, NOT YET RUN). What the eighth left: sharegpt's no SD beside its
+# NINTH SESSION, start10 (2026-12-03; RAN IN PART: results in data/gpu/live8/). USED 1,272 of 1,800 device s:
+# the machine was lost three times between calls (a reply reached the session after the 30 s a machine stays warm):
+# after vllm c1..c7 (131 s held), after piece p00 (120 s: a fresh start and one piece), then after the first poll
+# with part y running (the second poll, 295 s, started a bare machine and found nothing); each fresh start ~115 s.
+# Came back: part y's no SD on sharegpt (128 s, the machine's first engine), in the first poll's pack. Left 528 s:
+# less than staging again (~460 s) plus one engine, so unused. The next session
+# runs this plan again (start10, `plan --session 6`), polls `sleep 500` (fewer returns, fewer windows to lose a
+# machine in). What the eighth left: sharegpt's no SD beside its
 # rotated engine (adaptive-rule on sharegpt against no SD and its prediction) and vLLM's n-gram alone (code-edit
 # beside its no SD, sharegpt at every batch size). Planned (`plan --session 6`): ~1,344 s of 1,800: staging ~440
 # (machine start + vllm c1..c7 ~180, 19 pieces ~110, setup ~150); the run ~905: part y ~416 (no SD on sharegpt
@@ -207,7 +214,7 @@
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 19 pieces, the head included
 # Calls: move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece p00..p18 (the last with .carry/extra);
 # restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=50 bash
-# gpu/live_job.sh start10; polls `sleep 200; bash gpu/live_job.sh status y` (then `status o`: both pack qwen10);
+# gpu/live_job.sh start10; polls `sleep 500; bash gpu/live_job.sh status y` (then `status o`: both pack qwen10);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live8`.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \

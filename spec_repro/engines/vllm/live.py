@@ -57,7 +57,8 @@ FILE_DOCS = {
     "hybrid_trace_sharegpt_s10.jsonl": "the ninth GPU session's sharegpt no-SD outputs (bs 64) profiled with the "
                                        "seventh session's head (n-gram, EAGLE; torch float32 on the CPU: the 61 "
                                        "of 64 outputs equal to the seventh session's are its profile's records, "
-                                       "the 3 others profiled here; the machine was lost before run10's profile)",
+                                       "the 3 others profiled here; the machine was lost before run10's profile), in "
+                                       "the run's request order (the predictor walks the first B)",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",

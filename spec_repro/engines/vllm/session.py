@@ -325,7 +325,9 @@ MEASURED_S = {"hybrid-default-eagle": 180, "hybrid-default-ngram": 158, "agree-d
               "hybrid-default-rotate-s9": 239, "hybrid-default-rotate-sharegpt-s9": 241, "hybrid-default-none-s9": 83,
               # the seventh session's n-gram on sharegpt: cut at 159 s in bs 32's first repeat (3.6 s a repeat
               # there, bs 64 assumed twice that): ~159 + 4 x 3.6 + 5 x 7
-              "hybrid-default-ngram-sharegpt-s5": 210}
+              "hybrid-default-ngram-sharegpt-s5": 210,
+              # the ninth GPU session's first engine (part y's no SD, the machine's first: 85 s of cold start)
+              "hybrid-default-none-sharegpt-s10": 128}
 STAGING_2 = [("staging as the first session: machine start, vllm c1..c7, cache pieces p00..p26 (measured)", 34, 254),
              ("setup: install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point (measured)",
               1, 255)]
@@ -355,7 +357,7 @@ ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
             # parts y, o: the rotated engine a fifth policy longer (its per-policy share (241 - 46) / 4 = 49 s) and
             # starting without the compile cache (+43 s: u's start over v's); the other engines as measured
             "hybrid-default-rotate-sharegpt-s10": ("hybrid-default-rotate-sharegpt-s9", 49 + 43),
-            "hybrid-default-none-sharegpt-s10": ("hybrid-default-none-s9", 0),
+            "hybrid-default-none-sharegpt-s10": ("hybrid-default-none-sharegpt-s10", 0),   # measured (ninth)
             "hybrid-default-none-s10": ("hybrid-default-none-s9", 0),
             "hybrid-default-ngram-s10": ("hybrid-default-ngram-s5", 0),
             "hybrid-default-ngram-sharegpt-s10": ("hybrid-default-ngram-sharegpt-s5", 0)}
