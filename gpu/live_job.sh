@@ -275,6 +275,14 @@ new_head() {  # new_head DIR: the host into DIR/host.txt, then a head trained in
   sha256sum $1/head/model.safetensors > $1/head.sha256
   cp $1/head/TRAINING.json $1/head_TRAINING.json
 }
+head_into() {  # head_into DIR: the staged head $HEAD checked, its sha256, TRAINING.json, config.json and the host
+               # into DIR; rc 1 when no head is staged
+  [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; return 1; }
+  mkdir -p $1
+  sha256sum $HEAD/model.safetensors > $1/head.sha256
+  cp $HEAD/TRAINING.json $1/head_TRAINING.json; cp $HEAD/config.json $1/head_config.json
+  host_txt $1 || true       # the host's description: best effort (no nvidia-smi on a CPU machine)
+}
 profile_sharegpt() {  # profile_sharegpt DIR OUT: part s's no-SD sharegpt outputs (DIR's runs) profiled with DIR/head
                       # (the predictor's input); once (done_q)
   [ $(left) -gt 20 ] && [ ! -f $R/done_q ] || return 0
@@ -385,11 +393,7 @@ case "$1" in
   run9)
     END=${END:-$(( $(date +%s) + 1100 ))}
     HEAD=${HEAD9:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
-    [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
-    D=$R/qwen9; mkdir -p $D
-    sha256sum $HEAD/model.safetensors > $D/head.sha256
-    cp $HEAD/TRAINING.json $D/head_TRAINING.json; cp $HEAD/config.json $D/head_config.json
-    host_txt $D
+    D=$R/qwen9; head_into $D || { echo PIPE_FINISHED; exit 3; }
     part u qwen9                                               # each workload's profile right after its part
     profile_raw code-edit $HEAD $D/hybrid_trace_s9.jsonl
     part v qwen9
@@ -404,11 +408,7 @@ case "$1" in
   run10)
     END=${END:-$(( $(date +%s) + 1100 ))}
     HEAD=${HEAD10:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
-    [ -f $HEAD/model.safetensors ] || { echo "no head $HEAD: stage it (HEADS=)"; echo PIPE_FINISHED; exit 3; }
-    D=$R/qwen10; mkdir -p $D
-    sha256sum $HEAD/model.safetensors > $D/head.sha256
-    cp $HEAD/TRAINING.json $D/head_TRAINING.json; cp $HEAD/config.json $D/head_config.json
-    host_txt $D
+    D=$R/qwen10; head_into $D || { echo PIPE_FINISHED; exit 3; }
     part y qwen10
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s10.jsonl
     part o qwen10

@@ -358,6 +358,30 @@ def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_o
     assert (res / "qwen6" / "head.sha256").is_file() and (res / "done_s").exists()
 
 
+def _staged_head_run(tmp_path, head_var: str):
+    """(res, head, env) for running a live_job.sh case against a stand-in head (``head_var``: the case's head
+    variable) and a fake interpreter that logs every call to ``tmp_path/calls``."""
+    res, head = tmp_path / "res", tmp_path / "head"
+    head.mkdir()
+    for f, b in (("TRAINING.json", b"{}"), ("config.json", b"{}"), ("model.safetensors", b"w")):
+        (head / f).write_bytes(b)
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
+    fake.chmod(0o755)
+    return res, head, {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10),
+                       head_var: str(head)}
+
+
+def _run_twice(case: str, env: dict, tmp_path):
+    """live_job.sh CASE run twice (the second must repeat nothing): (every logged call, the parts run in order)."""
+    for _ in range(2):
+        r = subprocess.run(["bash", "gpu/live_job.sh", case], cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    return calls, [c.split()[3] for c in calls if c.startswith("-m spec_repro.engines.vllm.session run ")]
+
+
 def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_once(tmp_path):
     """Session 5 (``gpu/live_job.sh start9``): the head staged from the cache (no training); parts u (code-edit)
     and v (sharegpt) each ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, eagle-only and adaptive-rule (host
@@ -381,25 +405,13 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
             "eagle", "gpu-pr24344", "eagle-only-pad", "adaptive-rule-pad"]
     with pytest.raises(ValueError, match="cost model"):
         J.rotated_spec("H", policies=("off", "adaptive-rule"), model_dir="M")
-    res, head = tmp_path / "res", tmp_path / "head"
-    head.mkdir()
-    for f, b in (("TRAINING.json", b"{}"), ("config.json", b"{}"), ("model.safetensors", b"w")):
-        (head / f).write_bytes(b)
-    fake = tmp_path / "py"
-    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
-    fake.chmod(0o755)
-    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10), "HEAD9": str(head)}
+    res, head, env = _staged_head_run(tmp_path, "HEAD9")
     for p in "uvz":
         r = subprocess.run(["bash", "-c", f"source <(sed -n '/^pdir()/,/^detach()/p' gpu/live_job.sh | head -n -1); "
                             f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
         assert r.stdout.strip() == "qwen9", r.stderr
-    for _ in range(2):
-        r = subprocess.run(["bash", "gpu/live_job.sh", "run9"], cwd=ROOT, capture_output=True, text=True, env=env,
-                           timeout=60)
-        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
+    calls, runs = _run_twice("run9", env, tmp_path)
     d = res / "qwen9"
-    runs = [c.split()[3] for c in calls if c.startswith("-m spec_repro.engines.vllm.session run ")]
     assert runs == ["u", "v", "z"] and all(f"--out {d} " in c and f"--head {head} " in c
                                            for c in calls if " session run " in c)
     prof = [c for c in calls if "live profile" in c]
@@ -436,21 +448,9 @@ def test_the_ninth_sessions_plan_fits_and_run10_runs_y_its_profile_then_o_once(t
     secs = {e["spec"]: e["seconds"] for st in pl["stages"] for e in st.get("engines", [])}
     assert secs["hybrid-default-rotate-sharegpt-s10"] == S.MEASURED_S["hybrid-default-rotate-sharegpt-s9"] + 92
     assert secs["hybrid-default-ngram-sharegpt-s10"] == S.MEASURED_S["hybrid-default-ngram-sharegpt-s5"]
-    res, head = tmp_path / "res", tmp_path / "head"
-    head.mkdir()
-    for f, b in (("TRAINING.json", b"{}"), ("config.json", b"{}"), ("model.safetensors", b"w")):
-        (head / f).write_bytes(b)
-    fake = tmp_path / "py"
-    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
-    fake.chmod(0o755)
-    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10), "HEAD10": str(head)}
-    for _ in range(2):
-        r = subprocess.run(["bash", "gpu/live_job.sh", "run10"], cwd=ROOT, capture_output=True, text=True, env=env,
-                           timeout=60)
-        assert r.returncode == 0 and "PIPE_FINISHED" in r.stdout, r.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
+    res, head, env = _staged_head_run(tmp_path, "HEAD10")
+    calls, runs = _run_twice("run10", env, tmp_path)
     d = res / "qwen10"
-    runs = [c.split()[3] for c in calls if c.startswith("-m spec_repro.engines.vllm.session run ")]
     assert runs == ["y", "o"] and all(f"--out {d} " in c and f"--head {head} " in c
                                       for c in calls if " session run " in c)
     (prof,) = [c for c in calls if "live profile" in c]
