@@ -201,15 +201,16 @@
 # after vllm c1..c7 (131 s held), after piece p00 (120 s: a fresh start and one piece), then after the first poll
 # with part y running (the second poll, 295 s, started a bare machine and found nothing); each fresh start ~115 s.
 # Came back: part y's no SD on sharegpt (128 s, the machine's first engine), in the first poll's pack. Left 528 s:
-# less than staging again (~460 s) plus one engine, so unused. The next session
-# runs this plan again (start10, `plan --session 6`), polls `sleep 500` (fewer returns, fewer windows to lose a
-# machine in). What the eighth left: sharegpt's no SD beside its
-# rotated engine (adaptive-rule on sharegpt against no SD and its prediction) and vLLM's n-gram alone (code-edit
-# beside its no SD, sharegpt at every batch size). Planned (`plan --session 6`): ~1,344 s of 1,800: staging ~440
-# (machine start + vllm c1..c7 ~180, 19 pieces ~110, setup ~150); the run ~905: part y ~416 (no SD on sharegpt
-# 83, then ONE EAGLE engine rotating off, gpu-pr24344, gpu-eagle-only (gpu-pr24344's hybrid term), eagle-only
-# (adaptive-rule's) and adaptive-rule, 3 repeats ~333), sharegpt's no-SD profile ~35, part o ~433 (no SD 83 and
-# n-gram 140 on code-edit, n-gram on sharegpt ~210). Here first:
+# less than staging again (~460 s) plus one engine, so unused. The next session runs this plan again (start10,
+# `plan --session 6`; part y again whole: its rotated engine and no SD on one machine), polling with `sleep 500`
+# (fewer replies, fewer windows to lose a machine in). What the eighth left, which this plan covers: sharegpt's no
+# SD beside its rotated engine (adaptive-rule on sharegpt against no SD and its prediction) and vLLM's n-gram alone
+# (code-edit beside its no SD, sharegpt at every batch size). Planned (`plan --session 6`, priced with this
+# session's measured no SD): ~1,389 s of 1,800: staging ~440 (machine start + vllm c1..c7 ~180, 19 pieces ~110,
+# setup ~150); the run ~950: part y ~471 (no SD on sharegpt 128, the machine's first engine, then ONE EAGLE engine
+# rotating off, gpu-pr24344, gpu-eagle-only (gpu-pr24344's hybrid term), eagle-only (adaptive-rule's) and
+# adaptive-rule, 3 repeats ~333), sharegpt's no-SD profile ~35, part o ~443 (no SD 83 and n-gram 140 on code-edit,
+# n-gram on sharegpt ~210). Here first:
 #   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt" HEADS=ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c \
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 19 pieces, the head included
 # Calls: move data/ notebooks/ figures/ aside; vllm c1..c5, c6+c7; piece p00..p18 (the last with .carry/extra);
