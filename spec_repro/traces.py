@@ -152,7 +152,8 @@ class Trace:
         """Build a trace from ``arrays[request_id][proposer] = acc_len list``.
 
         Every proposer's array of a request is cut to the shortest one (L = the shortest, as the study does).
-        ``k_max`` defaults to max(acc_len) - 1 over the whole trace. Requests with an empty array are skipped
+        ``k_max`` defaults to the longest draft over the whole trace: max(acc_len) - 1, or the longest of
+        ``draft_lens`` where that is longer. Requests with an empty array are skipped
         (their ids are listed in ``meta['skipped_empty']``)."""
         cols: dict[str, list] = {c: [] for c in ("request_id", "proposer", "position", "acc_len", "draft_len",
                                                   "prompt_len", "output_len")}
@@ -190,7 +191,11 @@ class Trace:
         acc = pd.DataFrame({"request_id": flat.pop("request_id"), "dataset": dataset, "model": model,
                             "proposer": flat.pop("proposer"), **flat})
         acc.insert(acc.columns.get_loc("prompt_len"), "draft_len", dl.to_numpy())
-        kmax = int(acc["acc_len"].max()) - 1 if k_max is None else int(k_max)
+        # by default the longest draft the trace shows: a drafted length (draft_lens) or an acceptance (acc_len - 1);
+        # a trace of low acceptance (sharegpt) has drafts longer than anything accepted
+        dmax = acc["draft_len"].max()
+        kmax = (max(int(acc["acc_len"].max()) - 1, 0 if pd.isna(dmax) else int(dmax)) if k_max is None
+                else int(k_max))
         if kmax < 1:
             kmax = 1
         if int(acc["acc_len"].max()) > kmax + 1:

@@ -154,6 +154,20 @@ def test_schema_rejects_bad_values():
         Trace.from_arrays({"a": {"ngram": [1, 9]}}, prompt_lens={"a": 1}, dataset="d", model="m", k_max=3)
 
 
+def test_k_max_defaults_to_the_longest_draft_drafted_or_accepted():
+    """Without ``k_max``: the longest draft the trace shows, a drafted length where nothing that long was accepted
+    (low acceptance: sharegpt's profiles draft 8 and accept at most 7), else the longest acceptance; an explicit
+    ``k_max`` below a drafted length is still an error."""
+    kw = dict(prompt_lens={"a": 3}, dataset="d", model="m")
+    t = Trace.from_arrays({"a": {"ngram": [3, 1, 2], "eagle": [2, 2, 1]}}, **kw, draft_lens={"a": {"ngram": [8, 0, 5]}})
+    assert set(t.acc["k_max"]) == {8}
+    assert set(Trace.from_arrays({"a": {"ngram": [3, 1, 2]}}, **kw, draft_lens={"a": {"ngram": [1, 0, 1]}})
+               .acc["k_max"]) == {2}
+    assert set(Trace.from_arrays({"a": {"ngram": [3, 1, 2]}}, **kw).acc["k_max"]) == {2}
+    with pytest.raises(TraceError, match="draft_len must lie"):
+        Trace.from_arrays({"a": {"ngram": [3, 1, 2]}}, **kw, draft_lens={"a": {"ngram": [8, 0, 5]}}, k_max=4)
+
+
 def test_concat_rejects_duplicates_and_dataset_default(tmp_path):
     t = _trace()
     with pytest.raises(TraceError, match="duplicate"):

@@ -509,13 +509,9 @@ def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[li
     from .session import ADAPTIVE_COST
 
     props = ["ngram", "eagle"]
-    # the profile's k_max: n-gram's draft lengths reach it even where no acceptance does (sharegpt's low
-    # acceptance: the longest acc_len there is below k_max + 1, which from_arrays would otherwise take as k_max)
-    k_max = max([int(k)] + [max(r["draft_len"]["ngram"], default=0) for r in reqs] +
-                [max(r["acc"][q], default=1) - 1 for r in reqs for q in props])
     t = Trace.from_arrays({r["key"]: {q: r["acc"][q] for q in props} for r in reqs},
                           prompt_lens={r["key"]: r["prompt_len"] for r in reqs}, dataset="live", model=QWEN,
-                          draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs}, k_max=k_max)
+                          draft_lens={r["key"]: {"ngram": r["draft_len"]["ngram"]} for r in reqs})
     ids = [r["key"] for r in reqs]
     g = group_arrays(t.acc, t.requests, props, ids)
     cm = load_cost_model(cost_model or ADAPTIVE_COST)
