@@ -386,8 +386,8 @@ def test_the_eighth_sessions_plan_fits_and_run9_runs_u_v_the_profiles_then_z_onc
     """Session 5 (``gpu/live_job.sh start9``): the head staged from the cache (no training); parts u (code-edit)
     and v (sharegpt) each ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, eagle-only and adaptive-rule (host
     policies padded, adaptive-rule priced with ADAPTIVE_COST) beside no SD, into one folder (qwen9) with distinct
-    names; the device-side policy keeps its name (it always drafts k: no -pad); ``run9`` runs u, its no-SD profile, v, its
-    profile (this run's outputs, --raw), then z, and a second run repeats nothing."""
+    names; the device-side policy keeps its name (it always drafts k: no -pad); ``run9`` runs u, its no-SD
+    profile, v, its profile (this run's outputs, --raw), then z, and a second run repeats nothing."""
     from spec_repro.engines.vllm import jobs as J
 
     pl = S.plan(session=5)
@@ -454,7 +454,8 @@ def test_the_ninth_sessions_plan_fits_and_run10_runs_y_its_profile_then_o_once(t
     assert runs == ["y", "o"] and all(f"--out {d} " in c and f"--head {head} " in c
                                       for c in calls if " session run " in c)
     (prof,) = [c for c in calls if "live profile" in c]
-    assert f"--raw {d} " in prof and "--workload sharegpt" in prof and str(d / "hybrid_trace_sharegpt_s10.jsonl") in prof
+    assert f"--raw {d} " in prof and "--workload sharegpt" in prof
+    assert str(d / "hybrid_trace_sharegpt_s10.jsonl") in prof
     assert next(i for i, c in enumerate(calls) if " run y " in c) < calls.index(prof) < \
         next(i for i, c in enumerate(calls) if " run o " in c)
     assert sum("jobs lossless" in c for c in calls) == 2

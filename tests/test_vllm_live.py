@@ -132,6 +132,17 @@ def test_predicted_table_is_what_the_committed_data_give():
 LIVE4 = data_dir() / "gpu" / "live4"
 
 
+def _same_table(got, want, columns):
+    """A table recomputed from committed data against the committed file: the same (config, batch size) rows in
+    order, each of ``columns`` within 1e-4 relative (NaN where the committed one has NaN)."""
+    import pandas as pd
+
+    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
+    for c in columns:
+        a, b = got[c].to_numpy(), want[c].to_numpy()
+        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+
+
 def test_device_hybrid_table_is_what_the_committed_part_k_gives():
     """Part k (the fourth session's H200 run, data/gpu/live4): the table recomputed from its runs, steps and trace
     equals the committed one; the profile of the same requests predicts the hybrid's decode steps within 4% (the
@@ -140,10 +151,7 @@ def test_device_hybrid_table_is_what_the_committed_part_k_gives():
 
     got = live.device_hybrid_table(LIVE4)
     want = pd.read_csv(LIVE4 / "device_hybrid.csv")
-    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
-    for c in ("tok_s", "predicted_tok_s", "vs_best_single", "vs_eagle", "steps"):
-        a, b = got[c].to_numpy(), want[c].to_numpy()
-        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    _same_table(got, want, ("tok_s", "predicted_tok_s", "vs_best_single", "vs_eagle", "steps"))
     hy = got[got["config"] == "gpu-pr24344"]
     assert len(hy) == 4 and ((hy["steps_over_predicted"] - 1).abs() < 0.04).all()
     singles = got[got["config"].isin(live.SINGLES)]
@@ -170,10 +178,8 @@ def test_part_m_one_engine_rotation_is_what_the_committed_data_give():
 
     got = live.device_hybrid_table(LIVE5)
     want = pd.read_csv(LIVE5 / "device_hybrid.csv")
-    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
-    for c in ("tok_s", "predicted_tok_s", "predicted_per_bs_tok_s", "vs_best_single", "paired_median", "steps"):
-        a, b = got[c].to_numpy(), want[c].to_numpy()
-        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    _same_table(got, want, ("tok_s", "predicted_tok_s", "predicted_per_bs_tok_s", "vs_best_single", "paired_median",
+                            "steps"))
     t = live.throughput(out=LIVE5)
     assert (t["repeats"] == 4).all() and set(t["batch_size"]) == {1, 8, 32, 64}
     sg = live.throughput(out=LIVE5, workload="sharegpt")          # bs 1 only: the deadline cut part s
@@ -325,10 +331,7 @@ def test_part_u_adaptive_rule_live_is_what_the_committed_data_give():
     assert live.table_args(LIVE5) == {}
     got = live.device_hybrid_table(LIVE7, **ta)
     want = pd.read_csv(LIVE7 / "device_hybrid.csv")
-    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
-    for c in ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"):
-        a, b = got[c].to_numpy(), want[c].to_numpy()
-        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    _same_table(got, want, ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"))
     fit = got.set_index(["config", "batch_size"])["fitted_on"]
     assert fit[("adaptive-rule-pad", 1)] == "out of sample" == fit[("gpu-pr24344", 1)]
     assert fit[("eagle-only-pad", 1)] == "in sample"
@@ -363,8 +366,7 @@ def test_the_sharegpt_prediction_is_what_the_committed_data_give():
 
     got = live.device_hybrid_table(LIVE6, workload="sharegpt")
     want = pd.read_csv(LIVE6 / "device_hybrid_sharegpt.csv")
-    a, b = got["predicted_host_tok_s"].to_numpy(), want["predicted_host_tok_s"].to_numpy()
-    assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all()
+    _same_table(got, want, ("predicted_host_tok_s",))
     hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
     assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["fitted_on"] == "out of sample").all()
 
@@ -375,7 +377,7 @@ LIVE8 = data_dir() / "gpu" / "live8"
 def test_sharegpts_adaptive_rule_prediction_is_what_the_committed_data_give():
     """data/gpu/live8: the ninth session's sharegpt no SD beside the eighth's rotated engine (part v), predicted
     over the profile of the no-SD outputs. That profile's acceptance never reaches k_max + 1 while n-gram drafts
-    k_max tokens (what ``rule_steps`` once read as a draft longer than k_max); its records are in the run's
+    k_max tokens (``Trace.from_arrays``' default k_max once missed those drafts); its records are in the run's
     request order (the predictor walks the first B: out of order, bs 1 and 8 walked other requests and their
     steps missed by 11-13%); the table recomputed equals the committed one, adaptive-rule's decode steps within
     3% of the simulator's at every batch size."""
@@ -391,10 +393,7 @@ def test_sharegpts_adaptive_rule_prediction_is_what_the_committed_data_give():
     assert ta["idle"] == {"gpu-pr24344": None, "adaptive-rule-pad": "eagle-only-pad"}
     got = live.device_hybrid_table(LIVE8, workload="sharegpt", **ta)
     want = pd.read_csv(LIVE8 / "device_hybrid_sharegpt.csv")
-    assert list(zip(got["config"], got["batch_size"])) == list(zip(want["config"], want["batch_size"]))
-    for c in ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"):
-        a, b = got[c].to_numpy(), want[c].to_numpy()
-        assert ((abs(a - b) <= 1e-4 * abs(b)) | (pd.isna(a) & pd.isna(b))).all(), c
+    _same_table(got, want, ("tok_s", "predicted_tok_s", "predicted_host_tok_s", "paired_median", "steps"))
     ar = got[got["config"] == "adaptive-rule-pad"].set_index("batch_size")
     assert ((ar["steps_over_predicted"] - 1).abs() < 0.03).all() and (ar["fitted_on"] == "out of sample").all()
     assert (got[got["config"] != "none"].groupby("batch_size")["tok_s"].max()

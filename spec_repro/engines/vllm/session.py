@@ -301,7 +301,8 @@ DEFERRED_5 = ["n-gram on sharegpt at bs 32 / 64 (the seventh session's deadline 
 # n-gram on sharegpt); priced by what the eighth session measured
 STAGING_6 = [("machine start + vllm c1..c7 (measured in the eighth GPU session: 125 s with the pieces, ~180 s "
               "with a slow first call)", 6, 180),
-             ("19 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the eighth's, in the same call run)", 19, 110),
+             ("19 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the eighth's, in the same call run)",
+              19, 110),
              ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 142 s)", 1, 150),
              ("in the run, after part y: sharegpt's no-SD outputs profiled with the head (~20 s measured for "
               "code-edit's in the eighth session)", 0, 35)]
