@@ -328,7 +328,11 @@ MEASURED_S = {"hybrid-default-eagle": 180, "hybrid-default-ngram": 158, "agree-d
               # there, bs 64 assumed twice that): ~159 + 4 x 3.6 + 5 x 7
               "hybrid-default-ngram-sharegpt-s5": 210,
               # the ninth GPU session's first engine (part y's no SD, the machine's first: 85 s of cold start)
-              "hybrid-default-none-sharegpt-s10": 128}
+              "hybrid-default-none-sharegpt-s10": 128,
+              # the tenth GPU session's parts y, o (its log; no SD on sharegpt 121 s there, the machine's first
+              # engine again): the next plans' prices for these shapes
+              "hybrid-default-rotate-sharegpt-s10": 327, "hybrid-default-none-s10": 81,
+              "hybrid-default-ngram-s10": 140, "hybrid-default-ngram-sharegpt-s10": 122}
 STAGING_2 = [("staging as the first session: machine start, vllm c1..c7, cache pieces p00..p26 (measured)", 34, 254),
              ("setup: install vLLM, reassemble + verify the cache, convert both GGUFs, plugin entry point (measured)",
               1, 255)]
