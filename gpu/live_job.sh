@@ -196,12 +196,6 @@
 # restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=45 bash
 # gpu/live_job.sh start9; polls `sleep 240; bash gpu/live_job.sh status u` (then `status v`: both pack qwen9);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live7`.
-# TENTH SESSION, start10 again (2026-12-03 17:00-17:35 UTC; RAN WHOLE: results in data/gpu/live9/). USED 1,642 of
-# 1,800 device s: the machine was lost once, after piece p08 (a reply past the 30 s), so vllm c1..c7 and p00..p08
-# were carried again on a fresh start (~117 s lost); then setup 165 s, start10 with 1,140 s left, two polls
-# (`sleep 500; status y`, `sleep 455; status o`), give_back. The run: part y 448 s (no SD on sharegpt 121, the
-# rotated engine 327), the no-SD outputs profiled on the H200 (~10 s: 0.1-0.2 s a request), part o 343 s
-# (no SD 81, n-gram 140 on code-edit, n-gram on sharegpt 122). MEASURED_S holds these for the next plans.
 # NINTH SESSION, start10 (2026-12-03; RAN IN PART: results in data/gpu/live8/). USED 1,272 of 1,800 device s:
 # the machine was lost three times between calls (a reply reached the session after the 30 s a machine stays warm):
 # after vllm c1..c7 (131 s held), after piece p00 (120 s: a fresh start and one piece), then after the first poll
@@ -223,6 +217,12 @@
 # restore the tree; setup (carry [".stage/run", ".carry/extra"]); LEFT=<budget_left_s> RESERVE=50 bash
 # gpu/live_job.sh start10; polls `sleep 500; bash gpu/live_job.sh status y` (then `status o`: both pack qwen10);
 # give_back. Then here: `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live8`.
+# TENTH SESSION, start10 again (2026-12-03 17:00-17:35 UTC; RAN WHOLE: results in data/gpu/live9/). USED 1,642 of
+# 1,800 device s: the machine was lost once, after piece p08 (a reply past the 30 s), so vllm c1..c7 and p00..p08
+# were carried again on a fresh start (~117 s lost); then setup 165 s, start10 with 1,140 s left, two polls
+# (`sleep 500; status y`, `sleep 455; status o`), give_back. The run: part y 448 s (no SD on sharegpt 121, the
+# rotated engine 327), the no-SD outputs profiled on the H200 (~10 s: 0.1-0.2 s a request), part o 343 s
+# (no SD 81, n-gram 140 on code-edit, n-gram on sharegpt 122). MEASURED_S holds these for the next plans.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \

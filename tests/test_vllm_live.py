@@ -409,8 +409,8 @@ def test_the_tenth_sessions_one_machine_tables_are_what_the_committed_data_give(
     (gpu-pr24344's fitted on gpu-eagle-only, which ran here): the table recomputed equals the committed one;
     adaptive-rule within 10% of its prediction at every batch size at each run's host speed; both hybrids' decode
     steps within 4% of the simulator's, while gpu-pr24344's cost half misses by 11-19% at bs 32 / 64 (the README's
-    departure: the idle counterpart's host index);
-    nothing speculative faster than no SD on sharegpt, and vLLM's n-gram alone below no SD on code-edit."""
+    departure: the host index); nothing speculative faster than no SD on sharegpt; vLLM's n-gram alone below no SD
+    on code-edit."""
     import pandas as pd
 
     ta = live.table_args(LIVE9)
