@@ -240,6 +240,19 @@ def test_host_probe_times_its_loop():
     assert 0 < small < big
 
 
+def test_the_workers_probe_times_the_loop_in_its_own_process():
+    """The plugin's ``op="probe"`` (what ``VLLMEngine.engine_probe`` reads before and after each run) times
+    ``host_probe`` where the RPC runs (here: this process, as in vLLM's worker) and touches no step-log state."""
+    import os
+
+    from spec_repro.engines.vllm import plugin
+
+    before = plugin._worker_rpc(None, op="status")
+    got = plugin._worker_rpc(None, op="probe")
+    assert set(got) == {"probe_ms", "pid"} and got["pid"] == os.getpid() and got["probe_ms"] > 0
+    assert plugin._worker_rpc(None, op="status")["rows"] == before["rows"]
+
+
 def test_rotated_runs_come_in_run_order_and_show_the_host_drift():
     """``measured.live_rotated_runs`` on part m: every timed run of the rotated engine once, in the order run
     (bs 1: 4 policies x 4 repeats x 8 chunks; the others 4 x 4); each policy's verification is flat within

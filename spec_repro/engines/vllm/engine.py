@@ -305,6 +305,8 @@ class RunResult:
     outputs: list | None = None                  # generated token ids per request (when kept)
     host_steal_s: float | None = None            # CPU time the hypervisor took from this VM during the run
     host_probe_ms: float | None = None           # host_probe() just before the run: the host CPU's speed then
+    engine_probe_ms: float | None = None         # host_probe() in the engine's worker just before the run
+    engine_probe_end_ms: float | None = None     # ... and just after it (VLLMEngine.engine_probe)
 
     @classmethod
     def from_counts(cls, *, spec: dict, **kw) -> "RunResult":
@@ -370,6 +372,17 @@ class VLLMEngine:
         except Exception as e:  # plugin not loaded (not installed as an entry point, or disabled)
             return [{"error": f"{type(e).__name__}: {e}", "patched": False}]
 
+    def engine_probe(self) -> float | None:
+        """``host_probe()`` timed in the engine's worker (the engine core's process under vLLM 0.25's default
+        executor: where a step's t_draft and t_other accrue), in ms; None without the plugin. The driver's own probe
+        (``host_probe_ms``) does not track that process's host speed on the lent H200 (data/gpu/hostdrift), and a
+        run's t_other, which ``live.host_index`` reads instead, also holds the policy's own work (data/gpu/live9:
+        one policy's t_other ran 35% above its idle counterpart's at bs 64 while their drafting agreed). Read just
+        before and after each run, outside its timed window, beside both."""
+        st = self.steps("probe")
+        v = st[0].get("probe_ms") if st and isinstance(st[0], dict) else None
+        return None if v is None else round(float(v), 3)
+
     def set_hybrid(self, policy: str) -> dict:
         """Switch the engine's hybrid to ``policy`` (one of ``cfg.hybrid_rotate``) for the runs that follow; returns
         the plugin's status (its ``hybrid_error``: a policy that went off, vLLM's EAGLE running in its place)."""
@@ -396,6 +409,7 @@ class VLLMEngine:
                    k=cfg.k if cfg.method != "none" else 0, batch_size=int(batch_size), detail=detail, record=record)
         sp = self._sampling(max_tokens, ignore_eos, stop_token_ids)
         before = parse_spec_metrics(self.llm.get_metrics())
+        eprobe = self.engine_probe()
         probe = host_probe()
         steal0 = cpu_steal_s()
         t0 = time.perf_counter()
@@ -409,6 +423,7 @@ class VLLMEngine:
         steal1 = cpu_steal_s()
         after = parse_spec_metrics(self.llm.get_metrics())
         st = self.steps("flush")
+        eprobe_end = self.engine_probe()
         gen = [list(o.outputs[0].token_ids) for o in outs]
         n_out = sum(len(g) for g in gen)
         return RunResult.from_counts(
@@ -419,7 +434,7 @@ class VLLMEngine:
             instrumented=bool(record and st and st[0].get("patched")), label=label,
             outputs=gen if keep_outputs else None,
             host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3),
-            host_probe_ms=round(probe, 3))
+            host_probe_ms=round(probe, 3), engine_probe_ms=eprobe, engine_probe_end_ms=eprobe_end)
 
     def run_batch(self, prompt: Sequence[int], batch_size: int, max_tokens: int, *, run_id: str | None = None,
                   **kw) -> RunResult:

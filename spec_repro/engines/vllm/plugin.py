@@ -129,7 +129,9 @@ Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs=
 ``op="instrument"`` with ``on=False`` restores vLLM's original methods (for overhead measurements),
 ``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="hybrid"`` with
 ``policy=`` switches the installed hybrid between runs (``set_hybrid``: one engine measures EAGLE alone, the idle
-hybrid and the hybrids interleaved, so engine-to-engine host noise cancels).
+hybrid and the hybrids interleaved, so engine-to-engine host noise cancels), ``op="probe"`` times
+``engine.host_probe`` in the worker (``VLLMEngine.engine_probe``: the host's speed where t_draft and t_other
+accrue, read just before and after each run, outside its timed window).
 """
 from __future__ import annotations
 
@@ -703,6 +705,10 @@ def _worker_rpc(self, op: str = "status", **kw):
         instrument(bool(kw.get("on", True)))
     elif op == "hybrid":
         set_hybrid(kw.get("policy"))
+    elif op == "probe":      # the host's speed in THIS process (the engine core's worker), between runs
+        from .engine import host_probe
+
+        return {"probe_ms": host_probe(), "pid": os.getpid()}
     return {**status(), "rows": rec.rows_written, "pid": os.getpid(), "context": dict(rec.ctx)}
 
 
