@@ -223,6 +223,17 @@
 # (`sleep 500; status y`, `sleep 455; status o`), give_back. The run: part y 448 s (no SD on sharegpt 121, the
 # rotated engine 327), the no-SD outputs profiled on the H200 (~10 s: 0.1-0.2 s a request), part o 343 s
 # (no SD 81, n-gram 140 on code-edit, n-gram on sharegpt 122). MEASURED_S holds these for the next plans.
+# ELEVENTH SESSION, start11 (PREPARED, NOT YET RUN): `plan --session 7`, ~1,403 s of 1,800. What the tenth left:
+# gpu-pr24344 measured 11% / 19% over its prediction at bs 32 / 64 on sharegpt (data/gpu/live9/README.md: the
+# t_other host index read one policy's t_other as the host's speed). Every run now records the worker's own host
+# probe before and after it (`VLLMEngine.engine_probe`, runs.csv's engine_probe_ms / engine_probe_end_ms), a
+# reading no policy's work enters. Part l: code-edit's no SD, then the five-policy rotated engine (gpu-eagle-only
+# beside adaptive-rule on code-edit for the first time: both hybrids with their own terms); part q: part y again on
+# sharegpt. Afterwards, here: does the probe track a run's drafting time within a policy (data/gpu/hostdrift's
+# test), and does an index from it hold gpu-pr24344 within 10% where t_other's did not, without losing the others
+# (live5-live9)? Calls as the tenth session's (staging ~490 s, then `LEFT=<budget_left_s> RESERVE=50 bash
+# gpu/live_job.sh start11`, polls `sleep 480; status l`, then `status q`: both pack qwen11). Then
+# `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live10`.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -235,7 +246,7 @@ mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1')
 left() { echo $(( END - $(date +%s) )); }   # seconds to this session's run deadline (END: set by start / run)
 pdir() { case $1 in a|b) echo qwen ;; c) echo llama8b ;; d) echo draftk ;; e|f|g|i) echo qwen2 ;; h) echo draftk2 ;;
          r) echo rep ;; j|n) echo rep/gpu/raw/qwen2 ;; k|t|p) echo qwen4 ;; x) echo qwen6 ;; m|s) [ -d $R/qwen6 ] && echo qwen6 || echo qwen5 ;; w) echo draftk6 ;;
-         u|v|z) echo qwen9 ;; y|o) echo qwen10 ;;
+         u|v|z) echo qwen9 ;; y|o) echo qwen10 ;; l|q) echo qwen11 ;;
          *) echo "unknown part $1" >&2; return 1 ;; esac; }   # a part's results folder under $R
 detach() {  # detach RUNCASE: that case of this script in its own session (survives between calls); LEFT=S: the
             # lease's budget_left_s now (the deadline: LEFT - RESERVE from now)
@@ -254,7 +265,7 @@ part() {  # part NAME: its engines (resumable), then its post-steps; a marker wh
   case $p in
     a) ses predict --out $out --head $HEAD >> $R/log_$p.txt 2>&1 && ses agreement --out $out >> $R/log_$p.txt 2>&1
        rc=$(( rc + $? )) ;;
-    b|e|f|g|k|m|s|x|u|v|z|y|o) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
+    b|e|f|g|k|m|s|x|u|v|z|y|o|l|q) $PY -m spec_repro.engines.vllm.jobs lossless --out $out > $out/lossless.jsonl 2>> $R/log_$p.txt
        rc=$(( rc + $? )) ;;
   esac
   echo "part $p rc=$rc" >> $R/log_$p.txt
@@ -420,6 +431,20 @@ case "$1" in
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s10.jsonl
     part o qwen10
     echo PIPE_FINISHED ;;
+  start11)    # the eleventh session (`plan --session 7`): the seventh session's head from the cache (HEADS=ff44a72f...),
+              # part l (code-edit: no SD, then ONE EAGLE engine rotating EAGLE alone, gpu-pr24344, gpu-eagle-only,
+              # eagle-only, adaptive-rule), its no-SD outputs profiled, then part q (the same on sharegpt) and its
+              # profile; every run with the worker's host probe before and after. LEFT=S: the lease's budget_left_s now
+    detach run11 ;;
+  run11)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    HEAD=${HEAD11:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    D=$R/qwen11; head_into $D || { echo PIPE_FINISHED; exit 3; }
+    part l qwen11
+    profile_raw code-edit $HEAD $D/hybrid_trace_s11.jsonl
+    part q qwen11
+    profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s11.jsonl
+    echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh setup ;;
@@ -482,5 +507,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 start10 run10 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 start10 run10 start11 run11 stop status pack headback send"; exit 2 ;;
 esac

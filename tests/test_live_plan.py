@@ -283,7 +283,7 @@ def test_the_sixth_sessions_parts_rotate_one_engine_and_file_their_results_in_on
                             f"pdir {p}"], cwd=ROOT, capture_output=True, text=True, env=env)
         assert r.stdout.strip() == "qwen5", r.stderr
     run = (ROOT / "gpu/live_job.sh").read_text()
-    assert "b|e|f|g|k|m|s|x|u|v|z|y|o) $PY -m spec_repro.engines.vllm.jobs lossless" in run
+    assert "b|e|f|g|k|m|s|x|u|v|z|y|o|l|q) $PY -m spec_repro.engines.vllm.jobs lossless" in run
     assert "for p in ${PARTS:-m s}; do part $p qwen5; done" in run
 
 
@@ -460,6 +460,32 @@ def test_the_ninth_sessions_plan_fits_and_run10_runs_y_its_profile_then_o_once(t
         next(i for i, c in enumerate(calls) if " run o " in c)
     assert sum("jobs lossless" in c for c in calls) == 2
     assert (d / "head.sha256").is_file() and all((res / f"done_{p}").exists() for p in "yo")
+
+
+def test_the_eleventh_sessions_plan_fits_and_run11_runs_l_its_profile_q_its_profile_once(tmp_path):
+    """Session 7 (``gpu/live_job.sh start11``): parts l (code-edit) and q (sharegpt), each no SD FIRST then ONE
+    EAGLE engine rotating part y's five policies, priced by the tenth session's measured engines; ``run11`` profiles
+    each part's no-SD outputs after it, into qwen11, and a second run repeats nothing."""
+    pl = S.plan(session=7)
+    assert pl["fits"] and pl["parts"] == ["l", "q"] and pl["total_s"] < S.PLAN_LIMIT_S
+    lq = S.part_specs("l", "H", "M") + S.part_specs("q", "H", "M")
+    assert [x["name"] for x in lq] == ["hybrid-default-none-s11", "hybrid-default-rotate-s11",
+                                       "hybrid-default-none-sharegpt-s11", "hybrid-default-rotate-sharegpt-s11"]
+    assert [x["tasks"][0]["workloads"] for x in lq] == [["code-edit"]] * 2 + [["sharegpt"]] * 2
+    assert lq[1]["config"]["hybrid_rotate"] == list(S.ROTATE_POLICIES_10) == lq[3]["config"]["hybrid_rotate"]
+    secs = {e["spec"]: e["seconds"] for st in pl["stages"] for e in st.get("engines", [])}
+    assert secs["hybrid-default-rotate-s11"] == S.MEASURED_S["hybrid-default-rotate-sharegpt-s10"]
+    res, head, env = _staged_head_run(tmp_path, "HEAD11")
+    calls, runs = _run_twice("run11", env, tmp_path)
+    d = res / "qwen11"
+    assert runs == ["l", "q"] and all(f"--out {d} " in c and f"--head {head} " in c
+                                      for c in calls if " session run " in c)
+    profs = [c for c in calls if "live profile" in c]
+    assert [("--workload code-edit" in c, str(d / "hybrid_trace_s11.jsonl") in c) for c in profs[:1]] == [(True, True)]
+    assert len(profs) == 2 and "--workload sharegpt" in profs[1] and str(d / "hybrid_trace_sharegpt_s11.jsonl") in profs[1]
+    at = lambda key: next(i for i, c in enumerate(calls) if key in c)
+    assert at(" run l ") < calls.index(profs[0]) < at(" run q ") < calls.index(profs[1])
+    assert sum("jobs lossless" in c for c in calls) == 2 and all((res / f"done_{p}").exists() for p in "lq")
 
 
 def test_device_trace_reads_the_latest_sessions_profile_of_the_workload(tmp_path):

@@ -54,11 +54,15 @@ FILE_DOCS = {
     "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
                                       "the head the seventh GPU session trained (`gpu/live_job.sh run8`; profiled on "
                                       "the CPU, torch float32, the next session: the run's deadline left no time)",
-    "hybrid_trace_sharegpt_s10.jsonl": "the ninth GPU session's sharegpt no-SD outputs (bs 64) profiled with the "
-                                       "seventh session's head (n-gram, EAGLE; torch float32 on the CPU: the 61 "
-                                       "of 64 outputs equal to the seventh session's are its profile's records, "
-                                       "the 3 others profiled here; the machine was lost before run10's profile), in "
-                                       "the run's request order (the predictor walks the first B)",
+    "hybrid_trace_sharegpt_s10.jsonl": "part y's sharegpt no-SD outputs (bs 64) profiled with the seventh GPU "
+                                       "session's head (n-gram, EAGLE), in the run's request order (the predictor "
+                                       "walks the first B); the device is each record's `device`: the ninth "
+                                       "session's (data/gpu/live8) on the CPU in float32, 61 of its 64 records "
+                                       "from the seventh session's profile of equal outputs (the machine was lost "
+                                       "before run10's profile); the tenth's (live9) bf16 on the H200",
+    "hybrid_trace_s11.jsonl": "part l's code-edit no-SD outputs (bs 64) profiled with the seventh GPU session's "
+                              "head (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run11`)",
+    "hybrid_trace_sharegpt_s11.jsonl": "part q's sharegpt no-SD outputs (bs 64), profiled as hybrid_trace_s11.jsonl",
     "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",

@@ -163,6 +163,12 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         ce = hybrid_specs(head, methods=("none", "ngram"), **{**kw, "workloads": ("code-edit",)})
         sg = hybrid_specs(head, methods=("ngram",), **{**kw, "workloads": ("sharegpt",)})
         return [{**s, "name": s["name"] + S10} for s in ce] + [{**s, "name": s["name"] + "-sharegpt" + S10} for s in sg]
+    if part in ("l", "q"):  # the eleventh session: each workload's no SD, then the five-policy rotated engine on
+        wl = "code-edit" if part == "l" else "sharegpt"          # one machine; the engine probe around every run
+        kw = {**kw, "workloads": (wl,), "repeats": REPEATS_9}
+        specs = hybrid_specs(head, methods=("none",), **kw) + \
+            [rotated_spec(head, policies=ROTATE_POLICIES_10, pad=True, cost_model=ADAPTIVE_COST, **kw)]
+        return [{**s, "name": s["name"] + ("" if part == "l" else "-sharegpt") + S11} for s in specs]
     if part == "z":         # the eighth session, time left: vLLM's n-gram on code-edit (bs 1's best single)
         kw = {**kw, "workloads": ("code-edit",), "repeats": REPEATS_9}
         return [{**s, "name": s["name"] + S9} for s in hybrid_specs(head, methods=("ngram",), **kw)]
@@ -193,6 +199,7 @@ S10 = "-s10"   # the ninth session's (parts y, o)
 # part y: part v's four policies and the device-side machinery idle (gpu-eagle-only: gpu-pr24344's hybrid term, so
 # both hybrids are predicted out of sample in one run)
 ROTATE_POLICIES_10 = ("off", "gpu-pr24344", "gpu-eagle-only", "eagle-only", "adaptive-rule")
+S11 = "-s11"   # the eleventh session's (parts l, q: part y's engines on both workloads, engine probes recorded)
 
 
 def _drafting_spec(target: str, k: int) -> dict:
@@ -254,6 +261,9 @@ PARTS_2 = {"e": "padded hybrids pr24344-pad, pr24344-skip-pad, ngram-pad + no SD
            "y": "sharegpt: no SD, then ONE EAGLE engine rotating EAGLE alone (off), gpu-pr24344, gpu-eagle-only, "
                 "eagle-only and adaptive-rule (host-side padded; 3 repeats), bs 1/8/32/64, k 5; lossless",
            "o": "vLLM's n-gram alone beside no SD on code-edit, then n-gram alone on sharegpt (3 repeats); lossless",
+           "l": "code-edit: no SD, then part y's rotated engine (EAGLE alone, gpu-pr24344, gpu-eagle-only, "
+                "eagle-only, adaptive-rule; 3 repeats), bs 1/8/32/64, k 5, the engine probe around every run; lossless",
+           "q": "part l on sharegpt (part y again, with the engine probe)",
            "w": "EAGLE drafting time at k = 1, 3, 5, 8, 12: Qwen2.5-Coder-1.5B and Llama-3.1-8B dims with their "
                 "heads' dims, dummy weights, bs 1/8/32/64, 2 repeats (costmodel's d0 + k*d1)"}
 S4 = "-s4"     # the fourth session's engines (part k, with the head that session trained)
@@ -265,7 +275,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
 SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z"),
-                 6: ("y", "o")}
+                 6: ("y", "o"), 7: ("l", "q")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -310,6 +320,17 @@ DEFERRED_6 = ["the adaptive rule on the device (its host-side machinery costs 21
               "bs 8 on: eagle-only in the eighth session)",
               "code-edit's rotated engine with gpu-eagle-only beside adaptive-rule (the eighth session ran it without: "
               "gpu-pr24344 predicted there without its hybrid term)"]
+# session 7 (gpu/live_job.sh start11): the seventh session's head from the cache; parts l (code-edit) and q (sharegpt),
+# each no SD then the five-policy rotated engine, every run with the worker's host probe before and after
+# (``VLLMEngine.engine_probe``: is it the host index that t_other was not in data/gpu/live9?); each part's no-SD
+# outputs profiled on the H200 after it; priced by what the tenth session measured
+STAGING_7 = [("machine start + vllm c1..c7 (measured in the tenth GPU session: ~120 s on a warm start)", 6, 180),
+             ("19 cache pieces: Qwen 1.5B + the head + code-edit, sharegpt (the tenth's: ~7 s a call)", 19, 140),
+             ("setup: install vLLM, reassemble + verify the cache, convert the GGUF (measured: 165 s)", 1, 170),
+             ("in the run, after each part: its no-SD outputs profiled with the head on the H200 (the tenth "
+              "session's: ~10 s)", 0, 30)]
+DEFERRED_7 = [DEFERRED_6[0], "vLLM's n-gram alone again (the tenth session measured it beside no SD on both "
+              "workloads: 0.29-0.71x)"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -365,7 +386,13 @@ ANALOGUE = {"hybrid-default-none": ("hybrid-default-none", 0),
             "hybrid-default-none-sharegpt-s10": ("hybrid-default-none-sharegpt-s10", 0),   # measured (ninth)
             "hybrid-default-none-s10": ("hybrid-default-none-s9", 0),
             "hybrid-default-ngram-s10": ("hybrid-default-ngram-s5", 0),
-            "hybrid-default-ngram-sharegpt-s10": ("hybrid-default-ngram-sharegpt-s5", 0)}
+            "hybrid-default-ngram-sharegpt-s10": ("hybrid-default-ngram-sharegpt-s5", 0),
+            # parts l, q: the tenth session's engines on both workloads (code-edit's rotated engine priced as
+            # sharegpt's: the eighth session's four-policy pair ran 239 and 241 s); two probes a run (~10 ms each)
+            "hybrid-default-none-s11": ("hybrid-default-none-s10", 0),
+            "hybrid-default-rotate-s11": ("hybrid-default-rotate-sharegpt-s10", 0),
+            "hybrid-default-none-sharegpt-s11": ("hybrid-default-none-sharegpt-s10", 0),
+            "hybrid-default-rotate-sharegpt-s11": ("hybrid-default-rotate-sharegpt-s10", 0)}
 
 
 def _batches_calibration() -> float:
@@ -431,10 +458,10 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6}[session]
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6, 7: STAGING_7}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6}[session])
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6, 7: DEFERRED_7}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
