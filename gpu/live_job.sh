@@ -240,6 +240,8 @@ export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=
   DO_NOT_TRACK=1
 R=${RES:-/root/res}; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
 HEAD=/root/cache/heads/${HEAD_SHA:-6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44}
+# the seventh GPU session's head, staged from the cache (run9, run10, run11; HEAD9 / HEAD10 / HEAD11 override)
+HEAD7=/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c
 PY=${PY:-python3}
 ses() { $PY -m spec_repro.engines.vllm.session "$@"; }
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
@@ -410,7 +412,7 @@ case "$1" in
     detach run9 ;;
   run9)
     END=${END:-$(( $(date +%s) + 1100 ))}
-    HEAD=${HEAD9:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    HEAD=${HEAD9:-$HEAD7}
     D=$R/qwen9; head_into $D || { echo PIPE_FINISHED; exit 3; }
     part u qwen9                                               # each workload's profile right after its part
     profile_raw code-edit $HEAD $D/hybrid_trace_s9.jsonl
@@ -425,7 +427,7 @@ case "$1" in
     detach run10 ;;
   run10)
     END=${END:-$(( $(date +%s) + 1100 ))}
-    HEAD=${HEAD10:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    HEAD=${HEAD10:-$HEAD7}
     D=$R/qwen10; head_into $D || { echo PIPE_FINISHED; exit 3; }
     part y qwen10
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s10.jsonl
@@ -438,7 +440,7 @@ case "$1" in
     detach run11 ;;
   run11)
     END=${END:-$(( $(date +%s) + 1100 ))}
-    HEAD=${HEAD11:-/root/cache/heads/ff44a72f312766fc393c0a850dddcf84d767e0a9074f7bb3d037fdd17800d87c}
+    HEAD=${HEAD11:-$HEAD7}
     D=$R/qwen11; head_into $D || { echo PIPE_FINISHED; exit 3; }
     part l qwen11
     profile_raw code-edit $HEAD $D/hybrid_trace_s11.jsonl

@@ -153,22 +153,20 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
         specs = [rotated_spec(head, policies=ROTATE_POLICIES_9, pad=True, cost_model=ADAPTIVE_COST, **kw)] + \
             hybrid_specs(head, methods=("none",), **kw)
         return [{**s, "name": s["name"] + ("" if part == "u" else "-sharegpt") + S9} for s in specs]
-    if part == "y":         # the ninth session: part v again, no SD first, the device-side machinery idle too
-        kw = {**kw, "workloads": ("sharegpt",), "repeats": REPEATS_9}
+    if part in ("y", "l", "q"):   # no SD first, then ONE engine rotating five policies (the device-side machinery
+        # idle too): y, the ninth and tenth sessions' (part v again, sharegpt); l, q the eleventh's (code-edit,
+        # sharegpt; the engine probe around every run)
+        wl = "code-edit" if part == "l" else "sharegpt"
+        kw = {**kw, "workloads": (wl,), "repeats": REPEATS_9}
         specs = hybrid_specs(head, methods=("none",), **kw) + \
             [rotated_spec(head, policies=ROTATE_POLICIES_10, pad=True, cost_model=ADAPTIVE_COST, **kw)]
-        return [{**s, "name": s["name"] + "-sharegpt" + S10} for s in specs]
+        tag = ("" if part == "l" else "-sharegpt") + (S10 if part == "y" else S11)
+        return [{**s, "name": s["name"] + tag} for s in specs]
     if part == "o":         # the ninth session: vLLM's n-gram beside no SD on code-edit, then n-gram on sharegpt
         kw = {**kw, "repeats": REPEATS_9}
         ce = hybrid_specs(head, methods=("none", "ngram"), **{**kw, "workloads": ("code-edit",)})
         sg = hybrid_specs(head, methods=("ngram",), **{**kw, "workloads": ("sharegpt",)})
         return [{**s, "name": s["name"] + S10} for s in ce] + [{**s, "name": s["name"] + "-sharegpt" + S10} for s in sg]
-    if part in ("l", "q"):  # the eleventh session: each workload's no SD, then the five-policy rotated engine on
-        wl = "code-edit" if part == "l" else "sharegpt"          # one machine; the engine probe around every run
-        kw = {**kw, "workloads": (wl,), "repeats": REPEATS_9}
-        specs = hybrid_specs(head, methods=("none",), **kw) + \
-            [rotated_spec(head, policies=ROTATE_POLICIES_10, pad=True, cost_model=ADAPTIVE_COST, **kw)]
-        return [{**s, "name": s["name"] + ("" if part == "l" else "-sharegpt") + S11} for s in specs]
     if part == "z":         # the eighth session, time left: vLLM's n-gram on code-edit (bs 1's best single)
         kw = {**kw, "workloads": ("code-edit",), "repeats": REPEATS_9}
         return [{**s, "name": s["name"] + S9} for s in hybrid_specs(head, methods=("ngram",), **kw)]
@@ -458,10 +456,12 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     the session runs (``PARTS="e i f" bash gpu/live_job.sh start``)."""
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
-    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6, 7: STAGING_7}[session]
+    staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6,
+               7: STAGING_7}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
-    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6, 7: DEFERRED_7}[session])
+    deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6,
+                     7: DEFERRED_7}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
