@@ -234,6 +234,15 @@
 # (live5-live9)? Calls as the tenth session's (staging ~490 s, then `LEFT=<budget_left_s> RESERVE=50 bash
 # gpu/live_job.sh start11`, polls `sleep 480; status l`, then `status q`: both pack qwen11). Then
 # `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/live10`.
+# TWELFTH SESSION, start12 (PREPARED, NOT YET RUN): `plan --session 8`, ~1,505 s of 1,800. The checkout is new and
+# no cache keeps the seventh session's head (ff44a72f...), so the run trains one first (start8's recipe, ~530 s,
+# into qwen11/head), then part q (sharegpt, where live9's gpu-pr24344 missed: no SD, then the five-policy rotated
+# engine, the engine probe around every run) and its profile with the new head, then part l and its profile only
+# in the time left. Here first:
+#   PATH=/work/main/.venv/bin:$PATH WORKLOADS="code-edit sharegpt py-functions py-write humaneval mt-bench gsm-symbolic" \
+#     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
+# Calls as the tenth session's with p00..p17 (the last with .carry/extra), then `LEFT=<budget_left_s> RESERVE=50
+# bash gpu/live_job.sh start12`; polls `sleep 480; bash gpu/live_job.sh status q` (then `status l`: both pack qwen11).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -293,7 +302,7 @@ new_head() {  # new_head DIR: the host into DIR/host.txt, then a head trained in
   [ -f $1/head/TRAINING.json ] || return 1
   touch $R/done_t
   sha256sum $1/head/model.safetensors > $1/head.sha256
-  cp $1/head/TRAINING.json $1/head_TRAINING.json
+  cp $1/head/TRAINING.json $1/head_TRAINING.json; cp $1/head/config.json $1/head_config.json
 }
 head_into() {  # head_into DIR: the staged head $HEAD checked, its sha256, TRAINING.json, config.json and the host
                # into DIR; rc 1 when no head is staged
@@ -447,6 +456,19 @@ case "$1" in
     part q qwen11
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s11.jsonl
     echo PIPE_FINISHED ;;
+  start12)    # the twelfth session (`plan --session 8`): start11's parts on a machine whose cache holds no head
+              # (a new checkout: ff44a72f... is gone): a head trained in the run first (start8's recipe, into
+              # qwen11/head), then part q (sharegpt: live9's miss) and its profile, then part l and its profile in
+              # the time left (the deadline cuts what does not fit). LEFT=S: the lease's budget_left_s now
+    detach run12 ;;
+  run12)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    D=$R/qwen11; HEAD=$D/head
+    new_head $D || { echo "no head: stop"; echo PIPE_FINISHED; exit 3; }
+    part q qwen11
+    profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s11.jsonl
+    [ $(left) -gt 200 ] && { part l qwen11; profile_raw code-edit $HEAD $D/hybrid_trace_s11.jsonl; }
+    echo PIPE_FINISHED ;;
   setup7)     # the sixth session's setup: vLLM and the plugin only (part w runs dummy weights: no cache, no model)
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh setup ;;
@@ -509,5 +531,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 start10 run10 start11 run11 stop status pack headback send"; exit 2 ;;
+  *) echo "stages: plan vllm piece setup setup7 start run start3 run3 start4 run4 start5 run5 start6 run6 start7 run7 start8 run8 start9 run9 start10 run10 start11 run11 start12 run12 stop status pack headback send"; exit 2 ;;
 esac

@@ -336,6 +336,7 @@ def test_the_seventh_sessions_plan_fits_and_run8_runs_part_s_with_its_own_head_o
     head = res / "qwen6" / "head"
     head.mkdir(parents=True)
     (head / "TRAINING.json").write_text("{}")
+    (head / "config.json").write_text("{}")
     (head / "model.safetensors").write_bytes(b"w")
     fake = tmp_path / "py"
     fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n")
@@ -504,3 +505,34 @@ def test_device_trace_reads_the_latest_sessions_profile_of_the_workload(tmp_path
     assert live.device_trace(tmp_path) == tmp_path / "hybrid_trace_s9.jsonl"
     assert live.device_trace(tmp_path, "sharegpt") == tmp_path / "hybrid_trace_sharegpt_s8.jsonl"
     assert live.device_trace(tmp_path, "mt-bench") is None
+
+
+def test_the_twelfth_sessions_plan_trains_a_head_then_q_first_and_run12_trains_once(tmp_path):
+    """Session 8 (``gpu/live_job.sh start12``): a new checkout keeps no head, so ``run12`` trains one into
+    qwen11/head (once: a second run finds it), runs part q (sharegpt, live9's miss) with it, profiles q's no-SD
+    outputs, then part l and its profile in the time left; the plan prices the training and defers l."""
+    pl = S.plan(session=8)
+    assert pl["fits"] and pl["parts"] == ["q"] and pl["dropped"] == ["l"] and pl["total_s"] < S.PLAN_LIMIT_S
+    assert any("train a head" in st["stage"] and st["seconds"] >= 530 for st in pl["stages"])
+    res = tmp_path / "res"
+    fake = tmp_path / "py"     # logs every call; `cli train` writes a head where --out says, as training does
+    fake.write_text("#!/bin/bash\necho \"$*\" >> " + str(tmp_path / "calls") + "\n"
+                    "if [[ \"$*\" == *\"cli train eagle\"* ]]; then a=($*); for i in ${!a[@]}; do\n"
+                    "  [ \"${a[$i]}\" = --out ] && { o=${a[$((i+1))]}; mkdir -p $o; echo '{}' > $o/TRAINING.json;\n"
+                    "  echo '{}' > $o/config.json; echo w > $o/model.safetensors; }; done; fi\n")
+    fake.chmod(0o755)
+    env = {"PY": str(fake), "PATH": "/usr/bin:/bin", "RES": str(res), "END": str(10 ** 10)}
+    calls, runs = _run_twice("run12", env, tmp_path)
+    d, head = res / "qwen11", res / "qwen11" / "head"
+    assert sum("cli train eagle" in c for c in calls) == 1 and f"--out {head} " in calls[0]
+    assert runs == ["q", "l"] and all(f"--out {d} " in c and f"--head {head} " in c
+                                      for c in calls if " session run " in c)
+    profs = [c for c in calls if "live profile" in c]
+    assert len(profs) == 2 and all(f"--head {head} " in c for c in profs)
+    assert "--workload sharegpt" in profs[0] and str(d / "hybrid_trace_sharegpt_s11.jsonl") in profs[0]
+    assert "--workload code-edit" in profs[1] and str(d / "hybrid_trace_s11.jsonl") in profs[1]
+    at = lambda key: next(i for i, c in enumerate(calls) if key in c)
+    assert at(" run q ") < calls.index(profs[0]) < at(" run l ") < calls.index(profs[1])
+    for f in ("head.sha256", "head_TRAINING.json", "head_config.json", "host.txt"):
+        assert (d / f).is_file(), f
+    assert all((res / f"done_{p}").exists() for p in "tql")

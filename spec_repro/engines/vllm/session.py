@@ -273,7 +273,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
 SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z"),
-                 6: ("y", "o"), 7: ("l", "q")}
+                 6: ("y", "o"), 7: ("l", "q"), 8: ("q", "l")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -329,6 +329,16 @@ STAGING_7 = [("machine start + vllm c1..c7 (measured in the tenth GPU session: ~
               "session's: ~10 s)", 0, 30)]
 DEFERRED_7 = [DEFERRED_6[0], "vLLM's n-gram alone again (the tenth session measured it beside no SD on both "
               "workloads: 0.29-0.71x)"]
+# session 8 (gpu/live_job.sh start12): session 7's parts on a machine whose cache holds no head (the checkout is new:
+# ff44a72f... is gone), so a head is trained in the run first (start8's recipe); sharegpt's part q first (live9's
+# miss was there), its profile, then part l if the plan fits it (it does not: deferred)
+STAGING_8 = [STAGING_7[0],
+             ("18 cache pieces: Qwen 1.5B + the seven workloads training and its split need, no head (the seventh "
+              "session's 18: ~100 s)", 18, 130),
+             STAGING_7[2],
+             ("in the run: train a head (start8's recipe, 520 s budget; the seventh session's took ~530 s), then "
+              "after part q its no-SD outputs profiled with that head (~10 s)", 0, 560)]
+DEFERRED_8 = DEFERRED_7 + ["the seventh session's head (ff44a72f...) again: no cache keeps it between checkouts"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -457,11 +467,11 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
     staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6,
-               7: STAGING_7}[session]
+               7: STAGING_7, 8: STAGING_8}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
     deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6,
-                     7: DEFERRED_7}[session])
+                     7: DEFERRED_7, 8: DEFERRED_8}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
