@@ -536,3 +536,14 @@ def test_the_twelfth_sessions_plan_trains_a_head_then_q_first_and_run12_trains_o
     for f in ("head.sha256", "head_TRAINING.json", "head_config.json", "host.txt"):
         assert (d / f).is_file(), f
     assert all((res / f"done_{p}").exists() for p in "tql")
+
+
+def test_the_ninth_plan_fits_a_1500_s_lease_by_cutting_the_heads_training():
+    """Session 9: session 8's run (``start12``) on a lease of 1,500 device seconds: the plan fits under the lease
+    less a 50 s reserve only with the training cut to ``TRAIN_BUDGET_9`` (session 8's stages do not), part q kept
+    and l deferred."""
+    limit = S.LEASE_9 - 50
+    assert not S.plan(limit, session=8)["parts"]           # session 8's plan at this lease: nothing fits
+    pl = S.plan(limit, session=9)
+    assert pl["fits"] and pl["parts"] == ["q"] and pl["dropped"] == ["l"] and pl["total_s"] <= limit
+    assert any(f"{S.TRAIN_BUDGET_9} s budget" in st["stage"] for st in pl["stages"])

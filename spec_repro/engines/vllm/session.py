@@ -273,7 +273,7 @@ GPU_HYBRID_ENGINES = ("eagle", "gpu-pr24344", "idle", "none", "gpu-eagle-only", 
 # each session's parts, in priority order; session 2: the issue's Must show first (padded hybrids >= the best single
 # proposer; the idle hybrid's overhead), then vLLM's true default, sharegpt, the drafting-time sweep
 SESSION_PARTS = {1: tuple(PARTS), 2: ("e", "i", "f", "g", "h"), 3: ("w",), 4: ("s", "x"), 5: ("u", "v", "z"),
-                 6: ("y", "o"), 7: ("l", "q"), 8: ("q", "l")}
+                 6: ("y", "o"), 7: ("l", "q"), 8: ("q", "l"), 9: ("q", "l")}
 # session 3 (gpu/live_job.sh start7): no model staged (dummy weights), so no cache pieces and no conversion
 STAGING_3 = [("machine start + vllm c1..c7 (measured in the fifth GPU session: 130 s)", 6, 130),
              ("setup7: install vLLM, the plugin entry point (no cache, no conversion)", 1, 110)]
@@ -339,6 +339,15 @@ STAGING_8 = [STAGING_7[0],
              ("in the run: train a head (start8's recipe, 520 s budget; the seventh session's took ~530 s), then "
               "after part q its no-SD outputs profiled with that head (~10 s)", 0, 560)]
 DEFERRED_8 = DEFERRED_7 + ["the seventh session's head (ff44a72f...) again: no cache keeps it between checkouts"]
+# session 9 (gpu/live_job.sh start12 with TRAIN_BUDGET): session 8's run on a lease of 1,500 device seconds, not
+# 1,800 (`status`'s budget_left_s at the session's start): the head's training budget cut from 520 s to what the
+# lease leaves (~450 s: its decoding and feature pass take ~300 s of it, so ~150 s of optimizer steps, not ~225)
+TRAIN_BUDGET_9 = 450
+LEASE_9 = 1500
+STAGING_9 = STAGING_8[:3] + [
+    (f"in the run: train a head (start8's recipe at a {TRAIN_BUDGET_9} s budget: TRAIN_BUDGET), then after part q "
+     "its no-SD outputs profiled with that head (~10 s)", 0, TRAIN_BUDGET_9 + 40)]
+DEFERRED_9 = DEFERRED_8 + [f"the head at start8's full training budget (520 s; this lease fits {TRAIN_BUDGET_9} s)"]
 DEFERRED_2 = ["adaptive-rule hybrid, padded or not (its cost model: an H200 preset fitted on the first session's Qwen "
               "steps)",
               "agreement on sharegpt; no SD on vLLM's true default (V2) for Qwen (part c measured it for Llama dims)",
@@ -467,11 +476,11 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
     if session not in SESSION_PARTS:
         raise ValueError(f"session must be one of {', '.join(map(str, SESSION_PARTS))}, got {session!r}")
     staging = {1: STAGING, 2: STAGING_2, 3: STAGING_3, 4: STAGING_4, 5: STAGING_5, 6: STAGING_6,
-               7: STAGING_7, 8: STAGING_8}[session]
+               7: STAGING_7, 8: STAGING_8, 9: STAGING_9}[session]
     rows = [{"stage": s, "calls": c, "seconds": t} for s, c, t in staging]
     parts = [_part_row(p, session) for p in SESSION_PARTS[session]]
     deferred = list({1: DEFERRED, 2: DEFERRED_2, 3: DEFERRED_3, 4: DEFERRED_4, 5: DEFERRED_5, 6: DEFERRED_6,
-                     7: DEFERRED_7, 8: DEFERRED_8}[session])
+                     7: DEFERRED_7, 8: DEFERRED_8, 9: DEFERRED_9}[session])
     dropped = []
     if session >= 2:
         while parts and sum(r["seconds"] for r in rows + parts) > budget:
@@ -621,7 +630,8 @@ def main(argv=None) -> int:
     p.add_argument("--session", type=int, default=1, choices=sorted(SESSION_PARTS),
                    help="1: the first session's plan (a-d, as run); 2: the second's (e-i, measured seconds); "
                         "3: the drafting-time sweep (part w, dummy weights: gpu/live_job.sh start7); "
-                        "4: part s on sharegpt with a head trained in the run (gpu/live_job.sh start8)")
+                        "4: part s on sharegpt with a head trained in the run (gpu/live_job.sh start8); 9: start12 "
+                        "on a 1,500 s lease (--budget 1450), the head's training cut to TRAIN_BUDGET_9")
     p.add_argument("--json", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("part", choices=sorted({**PARTS, **PARTS_2}))
@@ -652,8 +662,11 @@ def main(argv=None) -> int:
                           f"{' + '.join(e['tasks'])}; {e['hybrid_runs']} hybrid runs{extra}]")
             print(f"{pl['total_s']:>6.0f} s  total (plan limit {pl['budget_s']:.0f} s of {pl['device_budget_s']} s)")
             if later:
-                print(f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh "
-                      f"{ {3: 'start7', 4: 'start8'}.get(pl['session'], 'start')}"
+                run = {3: "bash gpu/live_job.sh start7", 4: "bash gpu/live_job.sh start8",
+                       8: "bash gpu/live_job.sh start12 (q, then l in the time left)",
+                       9: f"TRAIN_BUDGET={TRAIN_BUDGET_9} bash gpu/live_job.sh start12 (q, then l in the time left)"}
+                print(f"parts run: {run.get(pl['session'], 'bash gpu/live_job.sh start')}" if pl["session"] in run
+                      else f"parts run: PARTS=\"{' '.join(pl['parts'])}\" bash gpu/live_job.sh start"
                       + (f"   (dropped to fit: {' '.join(pl['dropped'])})" if pl["dropped"] else ""))
             print(f"deferred to {'a later' if later else 'a second'} session:", *pl["deferred"], sep="\n  - ")
         if not pl["fits"]:
