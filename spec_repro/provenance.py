@@ -58,6 +58,25 @@ def record(manifest: str | Path, name: str, **fields) -> dict:
         return _record_locked(manifest, name, fields)
 
 
+def update_entry(manifest: str | Path, name: str, **fields) -> dict:
+    """Merge ``fields`` into the existing entry ``name`` of a JSON manifest, keeping its date, machine and command
+    (where the file was first made): for a file recomputed from the same measurements, e.g. its new sha256 and a
+    note of the recomputation. KeyError when there is no such entry."""
+    from filelock import FileLock
+
+    from .io import atomic_write
+
+    manifest = Path(manifest)
+    with FileLock(str(manifest.parent / f".{manifest.name}.lock")):
+        data = check_manifest(manifest)
+        if name not in data:
+            raise KeyError(f"{manifest}: no entry {name!r} to update")
+        data[name] = {**data[name], **fields}
+        with atomic_write(manifest) as f:
+            f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    return data[name]
+
+
 def check_manifest(manifest: str | Path) -> dict:
     """The entries of a JSON manifest ({} when there is none); ValueError with one line when it is not a JSON
     object of entries. Commands call it before their work, so a bad manifest never fails a finished run."""

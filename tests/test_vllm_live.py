@@ -220,6 +220,23 @@ def test_walk_uses_per_batch_size_host_terms_where_fitted():
     assert other["seconds"] == line["seconds"]
 
 
+def test_walk_takes_wall_over_steps_per_batch_size_the_hybrids_from_their_idle_counterpart():
+    """``by_bs["wall_over_steps"]``: a path's wall over summed step time at the chunk's batch size in place of the
+    one median; a configuration priced with a hybrid term takes the hybrid's (its idle counterpart's), EAGLE alone
+    its path's; a batch size without one falls back to the median."""
+    L = 256
+    a = {"prompt_len": 10, "acc": {"eagle": [3] * L, "ngram": [1] * L}, "draft_len": {"ngram": [0] * L}}
+    model = {"F_uniform": [0, 0, 1.0], "F_ragged": [0, 0, 1.0], "eagle_draft": [0, 0.0], "ngram_draft": [0],
+             "overhead_none": [0, 0], "overhead_eagle": [0, 0], "overhead_ngram": [0, 0], "prefill": [0, 0],
+             "hybrid_overhead": [0, 0], "wall_over_steps": {"none": 1.0, "eagle": 1.0, "ngram": 1.0}}
+    base = {c: live._walk([a], c, model)["seconds"] for c in ("none", "eagle", "gpu-pr24344")}
+    by = {"wall_over_steps": {"none": {1: 0.8}, "eagle": {1: 0.9}, "hybrid": {1: 0.5}}}
+    got = {c: live._walk([a], c, {**model, "by_bs": by})["seconds"] for c in base}
+    assert got == pytest.approx({"none": 0.8 * base["none"], "eagle": 0.9 * base["eagle"],
+                                 "gpu-pr24344": 0.5 * base["gpu-pr24344"]})
+    assert live._walk([a, a], "none", {**model, "by_bs": by})["seconds"] == live._walk([a, a], "none", model)["seconds"]
+
+
 def test_cpu_steal_reads_the_steal_column(tmp_path):
     import os
 
@@ -302,7 +319,8 @@ def test_host_scaled_prediction_mends_part_m_and_leaves_the_committed_columns_al
     for c in ("predicted_tok_s", "predicted_per_bs_tok_s"):
         assert ((got[c] - want[c]).abs() <= 1e-4 * want[c].abs()).where(want[c].notna(), True).all(), c
     hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
-    assert hy["ratio_host"].round(3).to_dict() == {1: 1.033, 8: 0.969, 32: 0.983, 64: 1.05}
+    # (1.033 / 0.969 / 0.983 / 1.05 before wall over steps was taken per batch size, data/gpu/live10/README.md)
+    assert hy["ratio_host"].round(3).to_dict() == {1: 1.033, 8: 0.958, 32: 0.938, 64: 0.975}
     assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["ratio"] - 1).abs().max() > 0.2
     # the per-batch-size form with the hybrid's term taken beyond the per-batch-size EAGLE drafting it is added to
     # (before the fix: beyond the line's, 0.84 at bs 8)
@@ -421,9 +439,10 @@ def test_the_tenth_sessions_one_machine_tables_are_what_the_committed_data_give(
     (n-gram beside no SD on code-edit; n-gram on sharegpt). Both hybrids out of sample with their own hybrid terms
     (gpu-pr24344's fitted on gpu-eagle-only, which ran here): the table recomputed equals the committed one;
     adaptive-rule within 10% of its prediction at every batch size at each run's host speed; both hybrids' decode
-    steps within 4% of the simulator's, while gpu-pr24344's cost half misses by 11-19% at bs 32 / 64 (the README's
-    departure: the host index); nothing speculative faster than no SD on sharegpt; vLLM's n-gram alone below no SD
-    on code-edit."""
+    steps within 4% of the simulator's, while gpu-pr24344's cost half misses by 12% at bs 64 (11% / 19% at bs 32 /
+    64 before wall over steps was taken per batch size; what is left is the host index's: without it, 0.98), the
+    README's departure; nothing speculative faster than no SD on sharegpt; vLLM's n-gram alone below no SD on
+    code-edit."""
     import pandas as pd
 
     ta = live.table_args(LIVE9)
@@ -436,9 +455,100 @@ def test_the_tenth_sessions_one_machine_tables_are_what_the_committed_data_give(
     assert ((ar["ratio_host"] - 1).abs() < 0.10).all() and (ar["fitted_on"] == "out of sample").all()
     for h in (ar, pr):
         assert ((h["steps_over_predicted"] - 1).abs() < 0.04).all()
-    assert (pr.loc[[1, 8], "ratio_host"].sub(1).abs() < 0.10).all() and (pr.loc[[32, 64], "ratio_host"] > 1.10).all()
+    assert (pr.loc[[1, 8, 32], "ratio_host"].sub(1).abs() < 0.10).all() and pr.loc[64, "ratio_host"] > 1.10
+    assert abs(pr.loc[64, "ratio_per_bs"] - 1) < 0.05
     none = by.loc["none", "tok_s"]
     assert (got[got["config"] != "none"].groupby("batch_size")["tok_s"].max() < none).all()
     ce = live.throughput(out=LIVE9, workload="code-edit").pivot_table(index="config", columns="batch_size",
                                                                      values="tok_s")
     assert set(ce.index) == {"none", "ngram"} and (ce.loc["ngram"] < ce.loc["none"]).all()
+
+
+LIVE10 = data_dir() / "gpu" / "live10"
+
+
+def test_wall_over_steps_per_batch_size_is_what_no_sd_lacked_in_sample():
+    """The mend of the twelfth GPU session (data/gpu/live10/README.md): async scheduling hides a share of no SD's
+    step that grows with the batch (wall over summed step time ~0.9 at bs 1, under 0.8 at bs 64, in live9 and
+    live10), so one median for all sizes predicted no SD's throughput 9-11% low at bs 64 IN sample; per batch size
+    it is within 4% at every size of both runs; the device-side machinery (gpu-eagle-only) overlaps ~5% of its step
+    at bs 32 / 64 where EAGLE alone overlaps none (the hybrid's value, from its idle counterpart)."""
+    for out in (LIVE9, LIVE10):
+        m = live.fit_step_model(out, configs=("none", "eagle"), ragged=False, per_bs=True, workload="sharegpt",
+                                hybrid_configs=("gpu-eagle-only",))
+        w = m["by_bs"]["wall_over_steps"]
+        assert w["none"][1] - w["none"][64] > 0.08 and w["none"][64] < 0.8
+        assert all(w["hybrid"][b] < w["eagle"][b] - 0.02 for b in (32, 64))
+        assert all(abs(w["hybrid"][b] - w["eagle"][b]) < 0.01 for b in (1, 8))
+        t = live.device_hybrid_table(out, workload="sharegpt", **live.table_args(out))
+        none = t[t["config"] == "none"].set_index("batch_size")
+        assert ((none["ratio_per_bs"] - 1).abs() < 0.04).all() and none.loc[64, "ratio"] > 1.08
+
+
+def test_the_twelfth_sessions_tables_are_what_the_committed_data_give():
+    """data/gpu/live10: part q (sharegpt's no SD, then the five-policy rotated engine, one machine, a head trained in
+    the run, the worker's probe around every run). The table recomputed equals the committed one; BOTH hybrids out
+    of sample within 10% of their predictions at every batch size at each run's host speed, their decode steps within
+    3%; nothing speculative faster than no SD; the hybrid outputs as lossless as EAGLE alone's (bs 1: 21 of 24 each)."""
+    import pandas as pd
+
+    ta = live.table_args(LIVE10)
+    assert ta["idle"] == {"gpu-pr24344": "gpu-eagle-only", "adaptive-rule-pad": "eagle-only-pad"}
+    got = live.device_hybrid_table(LIVE10, workload="sharegpt", **ta)
+    want = pd.read_csv(LIVE10 / "device_hybrid_sharegpt.csv")
+    _same_table(got, want, ("tok_s", "predicted_tok_s", "predicted_per_bs_tok_s", "predicted_host_tok_s",
+                            "paired_median", "steps"))
+    by = got.set_index(["config", "batch_size"])
+    for h in ("gpu-pr24344", "adaptive-rule-pad"):
+        assert ((by.loc[h, "ratio_host"] - 1).abs() < 0.10).all() and (by.loc[h, "fitted_on"] == "out of sample").all()
+        assert ((by.loc[h, "steps_over_predicted"] - 1).abs() < 0.03).all()
+    none = by.loc["none", "tok_s"]
+    assert (got[got["config"] != "none"].groupby("batch_size")["tok_s"].max() < none).all()
+    ll = pd.read_csv(LIVE10 / "lossless.csv")
+    bs1 = ll[ll["batch_size"] == 1].groupby("config")["equal"].sum()
+    assert set(bs1.index) == {"eagle", "gpu-pr24344", "gpu-eagle-only", "eagle-only-pad", "adaptive-rule-pad"}
+    assert (bs1 == 21).all()
+
+
+def test_the_workers_probe_reads_the_host_less_well_than_the_runs_own_t_other():
+    """The eleventh session's question, answered on data/gpu/live10: the worker's probe (``engine_probe_ms`` before a
+    run, ``engine_probe_end_ms`` after) is bimodal (~3.8 / ~6.5 ms) and its two readings of one run agree on the mode
+    in under 3 of 4 runs: the host flips inside a run. Within a policy and batch size (log ratios to their medians,
+    the rotated engine's policies pooled) a run's drafting tracks its own t_other more closely than the probe at
+    every batch size from 8 on, which is why ``live.host_index`` keeps t_other."""
+    import numpy as np
+    import pandas as pd
+
+    r = pd.read_csv(LIVE10 / "runs.csv")
+    p = pd.concat([r["engine_probe_ms"], r["engine_probe_end_ms"]])
+    assert p.notna().all() and (p < 5).mean() > 0.5 and p[p >= 5].median() > 1.5 * p[p < 5].median()
+    assert ((r["engine_probe_ms"] < 5) == (r["engine_probe_end_ms"] < 5)).mean() < 0.75
+    s = pd.read_parquet(LIVE10 / "steps.parquet")
+    m = (s[s["phase"] == "decode"].groupby(["spec", "config", "batch_size", "run_id"])[["t_other", "t_draft"]]
+         .median().reset_index().merge(r[["spec", "run_id", "engine_probe_ms", "engine_probe_end_ms"]]))
+    m = m[m["spec"].str.contains("rotate")].assign(probe=lambda d: (d["engine_probe_ms"] + d["engine_probe_end_ms"]) / 2)
+    for c in ("t_other", "t_draft", "probe"):
+        m[c] = np.log(m[c] / m.groupby(["config", "batch_size"])[c].transform("median"))
+    for b, g in m[m["batch_size"] >= 8].groupby("batch_size"):
+        assert np.corrcoef(g["t_other"], g["t_draft"])[0, 1] > np.corrcoef(g["probe"], g["t_draft"])[0, 1] + 0.05, b
+
+
+def test_retable_recomputes_a_folders_tables_and_keeps_where_they_were_measured(tmp_path):
+    """``live retable``: a folder whose table is already this model's is left alone; a table that differs is
+    rewritten from the committed measurements and its manifest entry keeps its machine, date and command, with the
+    new sha256 and a ``recomputed`` note (``provenance.update_entry``); a folder without runs.csv: one line, rc 2."""
+    import shutil
+
+    from spec_repro.provenance import sha256_file
+
+    d = tmp_path / "live10"
+    shutil.copytree(LIVE10, d)
+    before = json.loads((d / "MANIFEST.json").read_text())["device_hybrid_sharegpt.csv"]
+    assert live.retable(d, "nothing changed") == []
+    f = d / "device_hybrid_sharegpt.csv"
+    f.write_text(f.read_text().replace("gpu-pr24344", "gpu-pr24344", 1) + "\n")     # other bytes, same table
+    assert live.retable(d, "a test") == ["device_hybrid_sharegpt.csv"]
+    after = json.loads((d / "MANIFEST.json").read_text())["device_hybrid_sharegpt.csv"]
+    assert sha256_file(f) == after["sha256"] == before["sha256"] and after["recomputed"]["why"] == "a test"
+    assert {k: v for k, v in after.items() if k != "recomputed"} == {k: v for k, v in before.items() if k != "recomputed"}
+    assert live.main(["retable", "--out", str(tmp_path), "--why", "x"]) == 2

@@ -60,10 +60,13 @@ FILE_DOCS = {
                                        "session's (data/gpu/live8) on the CPU in float32, 61 of its 64 records "
                                        "from the seventh session's profile of equal outputs (the machine was lost "
                                        "before run10's profile); the tenth's (live9) bf16 on the H200",
-    "hybrid_trace_s11.jsonl": "part l's code-edit no-SD outputs (bs 64) profiled with the seventh GPU session's "
-                              "head (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run11`)",
-    "hybrid_trace_sharegpt_s11.jsonl": "part q's sharegpt no-SD outputs (bs 64), profiled as hybrid_trace_s11.jsonl",
-    "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6`)",
+    "hybrid_trace_s11.jsonl": "part l's code-edit no-SD outputs (bs 64) profiled with the head of its run (n-gram, "
+                              "EAGLE; bf16 on the H200: `gpu/live_job.sh run11` / `run12`)",
+    "hybrid_trace_sharegpt_s11.jsonl": "part q's sharegpt no-SD outputs (bs 64) profiled with the head trained in "
+                                       "the same run (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run12`), in "
+                                       "the run's request order",
+    "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6` / "
+                   "`run8` / `run12`; else staged from the cache)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
 }
@@ -430,7 +433,9 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
     one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
     at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
-    fifth GPU session's steps); the target's forward stays the fit. ``host_scaled`` (implies ``per_bs``): every
+    fifth GPU session's steps); the target's forward stays the fit; and wall over summed step time per batch size
+    and path, the hybrids' from their idle counterpart (``hybrid_configs``): async scheduling hides a share of
+    no SD's step that grows with the batch, and of the device-side machinery's at bs 32 / 64 only. ``host_scaled`` (implies ``per_bs``): every
     step's host phases (``HOST_PHASES``) divided by its run's ``host_index`` first, so the host terms are those
     of the engine's typical host at each batch size, to be scaled back by the index of the run predicted
     (``_walk``'s ``host``, ``predict_runs``; the index of every run of the workload is kept as ``host_index``); the
@@ -477,6 +482,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == "default")]
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
+    bs_of = runs.set_index(["config", "run_id"])["batch_size"]
     hy = dec[dec["config"].isin(hybrid_configs)]
     if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
         eag = np.where(hy["config"].isin(("pr24344", "pr24344-pad", "eagle-only")) | hy["config"].str.startswith("gpu-")
@@ -496,6 +502,16 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
             # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in part m)
             extra = hy["t_draft"] - K * hy["batch_size"].map(m["by_bs"]["eagle_draft"]) * eag
             m["by_bs"]["hybrid_overhead"] = mean_by_bs(hy, pd.Series(extra, index=hy.index))
+        # wall over summed step time per batch size: async scheduling hides a share of the step that grows with
+        # the batch (no SD 0.89 at bs 1 to 0.77 at bs 64 in data/gpu/live9 and live10: one median for all sizes
+        # predicted no SD 10-11% slow at bs 64 IN sample), and the device-side machinery overlaps ~5% of its step at
+        # bs 32 / 64 where EAGLE alone overlaps none: the hybrids take their idle counterpart's (``hybrid_configs``)
+        wos = pd.DataFrame({"ratio": ratio, "batch_size": bs_of.reindex(ratio.index)}).dropna()
+        per = lambda cs: {int(b): float(x) for b, x in
+                          wos[wos.index.get_level_values("config").isin(cs)].groupby("batch_size")["ratio"].median().items()}
+        m["by_bs"]["wall_over_steps"] = {c: per((c,)) for c in ("none", "eagle", "ngram") if c in configs}
+        if len(hy):
+            m["by_bs"]["wall_over_steps"]["hybrid"] = per(tuple(hybrid_configs))
     pre = s[s["phase"] != "decode"]
     m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
     return m
@@ -590,8 +606,9 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         steps += 1
         ragged_steps += not uniform
         p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
-    return {"tokens": int(B * max_tokens), "steps": steps, "seconds": float(t * model["wall_over_steps"][path]),
-            "ragged_steps": ragged_steps}
+    wos = by.get("wall_over_steps", {}).get("hybrid" if hov is not None else path, {}).get(B)   # per_bs: this size's
+    wos = model["wall_over_steps"][path] if wos is None else wos
+    return {"tokens": int(B * max_tokens), "steps": steps, "seconds": float(t * wos), "ragged_steps": ragged_steps}
 
 
 def predict(profiles: list[dict], model: dict, configs=LIVE_CONFIGS, batch_sizes=(1, 8, 32, 64),
@@ -803,6 +820,36 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
     return res.sort_values(["batch_size", "config"]).reset_index(drop=True)
 
 
+TABLES = {"device_hybrid.csv": "code-edit", "device_hybrid_sharegpt.csv": "sharegpt"}   # file -> its workload
+
+
+def retable(out: str | Path, why: str, command: str = "") -> list[str]:
+    """Recompute a live folder's prediction tables (``TABLES``, those it has) from its committed measurements
+    (runs.csv, steps.parquet, the profile) with this package's step model, after the model changed; each file's
+    manifest entry keeps where and when it was measured and gains its new sha256 and ``recomputed`` (date, command,
+    ``why``). Returns the files rewritten; a file whose bytes come out the same is left alone."""
+    import datetime as dt
+
+    from ...provenance import sha256_file, update_entry
+
+    out = Path(out)
+    ta = table_args(out)
+    done = []
+    for name, wl in TABLES.items():
+        f = out / name
+        if not f.exists():
+            continue
+        before = sha256_file(f)
+        write_via(device_hybrid_table(out, workload=wl, **ta).to_csv, f, index=False, float_format="%.6g")
+        if sha256_file(f) == before:
+            continue
+        update_entry(out / "MANIFEST.json", name, sha256=sha256_file(f), recomputed={
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "why": why,
+            "command": command or "python -m spec_repro.engines.vllm.live retable"})
+        done.append(name)
+    return done
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.live", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -818,7 +865,17 @@ def main(argv=None) -> int:
     pf.add_argument("--workload", default="code-edit", help="the hybrid task's workload (--raw: its no-SD run)")
     t = sub.add_parser("tables")
     t.add_argument("--out", default=str(OUT))
+    rt = sub.add_parser("retable", help="recompute a folder's prediction tables from its committed measurements")
+    rt.add_argument("--out", required=True)
+    rt.add_argument("--why", required=True, help="what changed in the model (kept in the manifest)")
     a = ap.parse_args(argv)
+    if a.cmd == "retable":
+        if not (Path(a.out) / "runs.csv").is_file():
+            print(f"live retable: no runs.csv in {a.out}", file=sys.stderr)
+            return 2
+        got = retable(a.out, a.why, " ".join(["python -m spec_repro.engines.vllm.live", *sys.argv[1:]]))
+        print(f"{a.out}: " + (", ".join(got) + " recomputed" if got else "unchanged"))
+        return 0
     if a.cmd == "summarize":
         if not Path(a.raw).is_dir():
             print(f"live summarize: no folder {a.raw}", file=sys.stderr)
