@@ -243,6 +243,15 @@
 #     bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b          # 18 pieces, no head
 # Calls as the tenth session's with p00..p17 (the last with .carry/extra), then `LEFT=<budget_left_s> RESERVE=50
 # bash gpu/live_job.sh start12`; polls `sleep 480; bash gpu/live_job.sh status q` (then `status l`: both pack qwen11).
+# TWELFTH SESSION, start12 (2026-12-04 02:00-02:22 UTC; RAN part q whole: results in data/gpu/live10/). The lease
+# gave 1,500 device s, not 1,800: `plan --session 9 --budget 1450` (~1,435 s) prices the training at 450 s; staging
+# went faster than priced, so it ran at TRAIN_BUDGET=500. USED 1,377 of 1,500: machine start + vllm c1..c7 ~100 (the
+# first call held 74), 18 pieces ~70 (~3.5 s a call), setup 170 (held 345 at its end), `TRAIN_BUDGET=500 LEFT=1145
+# RESERVE=45 bash gpu/live_job.sh start12`, two polls (`sleep 545; status q`, `sleep 455; status q`), give_back. The
+# run: train 501 (800 optimizer steps; held-out walked tokens/step 2.07 / 2.24 at k = 3 / 5), part q 432 (no SD 95,
+# the rotated engine 337), the profile ~10; part l not started (81 s left). Summarized here at once:
+# `python -m spec_repro.engines.vllm.live summarize --raw /work/res12 --out data/gpu/live10`. Left for a later session:
+# part l (code-edit's five-policy engine: gpu-eagle-only beside adaptive-rule there) and the adaptive rule on the device.
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
