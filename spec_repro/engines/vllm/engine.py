@@ -378,7 +378,9 @@ class VLLMEngine:
         (``host_probe_ms``) does not track that process's host speed on the lent H200 (data/gpu/hostdrift), and a
         run's t_other, which ``live.host_index`` reads instead, also holds the policy's own work (data/gpu/live9:
         one policy's t_other ran 35% above its idle counterpart's at bs 64 while their drafting agreed). Read just
-        before and after each run, outside its timed window, beside both."""
+        before and after each run, outside its timed window, beside both. Measured (data/gpu/live10): bimodal, and
+        its two readings of one run agree on the mode in 64% of runs (the host flips inside a run); a run's drafting
+        tracks its own t_other far better (r = 0.85-0.96 against 0.11-0.75 at bs 8-64), so the index stays t_other."""
         st = self.steps("probe")
         v = st[0].get("probe_ms") if st and isinstance(st[0], dict) else None
         return None if v is None else round(float(v), 3)

@@ -413,7 +413,9 @@ def host_index(steps, phase: str = "t_other"):
     host terms by it; a batch size's reference cancels there (the host-scaled model is fitted on steps divided by
     the same index), so only the run-to-run ratio matters. The reference is per engine: it tells a policy's host
     apart only where it shares an engine with the configurations fitted (part m's rotated engine), not between
-    engines (part k's: one per policy)."""
+    engines (part k's: one per policy). The worker's probe read before and after each run (``engine_probe_ms``),
+    tried as this index on data/gpu/live10, tracks a run's drafting less well than its own t_other and predicts no
+    better; where one policy's t_other is not the host's (data/gpu/live9, gpu-pr24344 at bs 64) the index misses."""
     d = steps[steps["phase"] == "decode"]
     run = d.groupby(["spec", "batch_size", "run_id"])[phase].median()
     return (run / run.groupby(level=["spec", "batch_size"]).transform("median")).droplevel("batch_size")
