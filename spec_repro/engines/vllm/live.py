@@ -437,12 +437,12 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
     fifth GPU session's steps); the target's forward stays the fit; and wall over summed step time per batch size
     and path, the hybrids' from their idle counterpart (``hybrid_configs``): async scheduling hides a share of
-    no SD's step that grows with the batch, and of the device-side machinery's at bs 32 / 64 only. ``host_scaled`` (implies ``per_bs``): every
-    step's host phases (``HOST_PHASES``) divided by its run's ``host_index`` first, so the host terms are those
-    of the engine's typical host at each batch size, to be scaled back by the index of the run predicted
-    (``_walk``'s ``host``, ``predict_runs``; the index of every run of the workload is kept as ``host_index``); the
-    hybrid's own term is then its drafting beyond the per-batch-size EAGLE drafting (not beyond the line, which
-    would fold the line's miss at that size into it)."""
+    no SD's step that grows with the batch, and of the device-side machinery's at bs 32 / 64 only.
+    ``host_scaled`` (implies ``per_bs``): every step's host phases (``HOST_PHASES``) divided by its run's
+    ``host_index`` first, so the host terms are those of the engine's typical host at each batch size, to be
+    scaled back by the index of the run predicted (``_walk``'s ``host``, ``predict_runs``; the index of every run
+    of the workload is kept as ``host_index``); the hybrid's own term is then its drafting beyond the
+    per-batch-size EAGLE drafting (not beyond the line, which would fold the line's miss at that size into it)."""
     import numpy as np
     import pandas as pd
 
@@ -484,7 +484,6 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == "default")]
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
-    bs_of = runs.set_index(["config", "run_id"])["batch_size"]
     hy = dec[dec["config"].isin(hybrid_configs)]
     if len(hy):   # the hybrid's own per-step work (n-gram lookups, the policy, mixing): drafting beyond EAGLE's
         eag = np.where(hy["config"].isin(("pr24344", "pr24344-pad", "eagle-only")) | hy["config"].str.startswith("gpu-")
@@ -508,9 +507,10 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
         # the batch (no SD 0.89 at bs 1 to 0.77 at bs 64 in data/gpu/live9 and live10: one median for all sizes
         # predicted no SD 10-11% slow at bs 64 IN sample), and the device-side machinery overlaps ~5% of its step at
         # bs 32 / 64 where EAGLE alone overlaps none: the hybrids take their idle counterpart's (``hybrid_configs``)
+        bs_of = runs.set_index(["config", "run_id"])["batch_size"]
         wos = pd.DataFrame({"ratio": ratio, "batch_size": bs_of.reindex(ratio.index)}).dropna()
-        per = lambda cs: {int(b): float(x) for b, x in
-                          wos[wos.index.get_level_values("config").isin(cs)].groupby("batch_size")["ratio"].median().items()}
+        of = lambda cs: wos[wos.index.get_level_values("config").isin(cs)]
+        per = lambda cs: {int(b): float(x) for b, x in of(cs).groupby("batch_size")["ratio"].median().items()}
         m["by_bs"]["wall_over_steps"] = {c: per((c,)) for c in ("none", "eagle", "ngram") if c in configs}
         if len(hy):
             m["by_bs"]["wall_over_steps"]["hybrid"] = per(tuple(hybrid_configs))
