@@ -1,5 +1,7 @@
 """EAGLE's drafting time per k on the H200 (data/gpu/draftk, the sixth GPU session's part w) and its entry into the
 H200 presets as d0 + k * d1 (``costmodel.fit_drafting`` / ``enter_drafting``)."""
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,7 +43,9 @@ def test_the_h200_presets_hold_the_sweeps_fit():
     assert C.main(["fit-drafting", "--check"]) == 0
     llama = C.load_cost_model("llama3.1-8b-h200")
     dr, rec = C.fit_drafting(SWEEP, "llama31-8b")
-    assert llama.drafters["eagle"] == dr and llama.fit["drafting"]["k"] == [1, 3, 5, 8, 12]
+    # the refit to its last bits is this machine's BLAS's (same_fit)
+    assert C.same_fit(dataclasses.asdict(llama.drafters["eagle"]), dataclasses.asdict(dr))
+    assert llama.fit["drafting"]["k"] == [1, 3, 5, 8, 12]
     assert llama.fit["drafting"]["replaced"]["c0"] == pytest.approx(0.0004964345498216518)   # the k = 3-only fit
     # priced per drafted token: a 12-token proposal costs ~12 one-token ones at bs 1 (the study's linear fit: ~1)
     one, twelve = (llama.drafters["eagle"].time(600.0, 1, 0.0, 1, np.array([k], float))[0] for k in (1, 12))
@@ -74,3 +78,15 @@ def test_fit_separates_d0_over_several_k_and_takes_it_given_at_one_k():
     assert given.c_step == pytest.approx(3e-4) and given.c0 == pytest.approx(5e-4, rel=1e-6)
     with pytest.raises(C.CostModelError, match="several k"):
         C.fit(_steps([1, 4], 3e-4, 5e-4), kinds={"eagle": "per_token"}, ragged=False, d0={"eagle": 1e-4})
+
+
+def test_same_fit_takes_a_blas_last_bit_but_not_a_different_fit():
+    """A refit on another machine's BLAS differs in the last bits of its least-squares coefficients (the Llama H200
+    preset's c_kv: ...114e-09 against ...126e-09); ``same_fit`` calls that the same fit and anything more a different
+    one: a number off at 1e-7, another key, another string, an int for a float."""
+    a = {"c_kv": 2.2468183537224114e-09, "kind": "per_token", "n": 5080, "d1": [0.46, 0.485]}
+    assert C.same_fit(a, {**a, "c_kv": 2.2468183537224126e-09})
+    assert not C.same_fit(a, {**a, "c_kv": 2.2468183537224114e-09 * (1 + 1e-7)})
+    assert not C.same_fit(a, {**a, "extra": 1}) and not C.same_fit(a, {**a, "kind": "per_step"})
+    assert not C.same_fit(a, {**a, "d1": [0.46]}) and not C.same_fit(a, {**a, "n": True})
+    assert C.same_fit(a, {**a, "n": 5080.0}) and not C.same_fit(a, {**a, "n": 5081})
