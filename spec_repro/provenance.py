@@ -64,16 +64,13 @@ def update_entry(manifest: str | Path, name: str, **fields) -> dict:
     note of the recomputation. KeyError when there is no such entry."""
     from filelock import FileLock
 
-    from .io import atomic_write
-
     manifest = Path(manifest)
     with FileLock(str(manifest.parent / f".{manifest.name}.lock")):
         data = check_manifest(manifest)
         if name not in data:
             raise KeyError(f"{manifest}: no entry {name!r} to update")
         data[name] = {**data[name], **fields}
-        with atomic_write(manifest) as f:
-            f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        _save(manifest, data)
     return data[name]
 
 
@@ -95,16 +92,21 @@ def check_manifest(manifest: str | Path) -> dict:
 
 
 def _record_locked(manifest: Path, name: str, fields: dict) -> dict:
-    from .io import atomic_write
-
     data = check_manifest(manifest)
     entry = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              "machine": machine_info(), "versions": package_versions(),
              "command": " ".join(sys.argv), **fields}
     data[name] = entry
+    _save(manifest, data)
+    return entry
+
+
+def _save(manifest: Path, data: dict) -> None:
+    """The manifest's entries written whole, atomically (its lock held by the caller)."""
+    from .io import atomic_write
+
     with atomic_write(manifest) as f:
         f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    return entry
 
 
 # ---- reading: what a trace or a measured file is ----------------------------------------------------------

@@ -179,11 +179,9 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
         write_via(measured_vs_predicted(out).to_csv, out / "predicted.csv", index=False, float_format="%.6g")
     ta = table_args(out)
-    if device_trace(out) is not None:            # parts k, m (copied from the raw qwen4/, qwen5/: made on the GPU)
-        write_via(device_hybrid_table(out, **ta).to_csv, out / "device_hybrid.csv", index=False, float_format="%.6g")
-    if device_trace(out, "sharegpt") is not None:     # part s (its profile copied from the raw qwen6/)
-        write_via(device_hybrid_table(out, workload="sharegpt", **ta).to_csv, out / "device_hybrid_sharegpt.csv",
-                  index=False, float_format="%.6g")
+    for name, wl in TABLES.items():   # where a workload's profile is here (copied from the raw folder: the GPU's)
+        if device_trace(out, wl) is not None:
+            _write_table(out, name, wl, ta)
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
     # where the numbers were measured (the device), not where this summary ran (summarized_on)
@@ -825,6 +823,11 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
 TABLES = {"device_hybrid.csv": "code-edit", "device_hybrid_sharegpt.csv": "sharegpt"}   # file -> its workload
 
 
+def _write_table(out: Path, name: str, workload: str, ta: dict) -> None:
+    """``device_hybrid_table`` of ``workload`` into ``out / name`` (``summarize``, ``retable``)."""
+    write_via(device_hybrid_table(out, workload=workload, **ta).to_csv, out / name, index=False, float_format="%.6g")
+
+
 def retable(out: str | Path, why: str, command: str = "") -> list[str]:
     """Recompute a live folder's prediction tables (``TABLES``, those it has) from its committed measurements
     (runs.csv, steps.parquet, the profile) with this package's step model, after the model changed; each file's
@@ -842,7 +845,7 @@ def retable(out: str | Path, why: str, command: str = "") -> list[str]:
         if not f.exists():
             continue
         before = sha256_file(f)
-        write_via(device_hybrid_table(out, workload=wl, **ta).to_csv, f, index=False, float_format="%.6g")
+        _write_table(out, name, wl, ta)
         if sha256_file(f) == before:
             continue
         update_entry(out / "MANIFEST.json", name, sha256=sha256_file(f), recomputed={
