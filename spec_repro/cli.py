@@ -411,6 +411,10 @@ def _add_train(sub):
                    help="start from this head's weights (this target's, vLLM's eagle layout, e.g. an earlier "
                         "`train eagle` head) instead of a fresh head; with its TRAINING.json the held-out decodes "
                         "are prompts its run never decoded (recorded)")
+    p.add_argument("--decodes", default=None, metavar="FILE",
+                   help="the target's decodes of the training prompts: read from FILE when it exists (no decode; "
+                        "its held-out decodes stay held out), else decoded and written there (a parquet file, or "
+                        "its .parts.json when committed in parts)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -451,7 +455,7 @@ def _run_train(args):
                                       tokens_per_batch=args.tokens_per_batch, ttt_depth=args.ttt_depth,
                                       engine=args.engine, time_limit_s=args.time_limit, topk=args.topk,
                                       loss_vocab=args.loss_vocab, depth_decay=args.depth_decay,
-                                      init_head=args.init_head)
+                                      init_head=args.init_head, decodes=args.decodes)
     except MemoryError as e:
         raise SystemExit(f"error: {e}; lower --batch-size, --tokens-per-batch or --max-prompt-tokens")
     except (ValueError, RuntimeError) as e:

@@ -610,7 +610,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                          max_prompt_tokens: int = 1024, batch_size: int = 32, device: str = "cpu", seed: int = 0,
                          kind: str = "eagle", engine: str = "torch", vllm_memory: float = 0.8,
                          vllm_max_seqs: int = 1024, train_n_for: dict | None = None,
-                         time_budget_s: float | None = None, init_head=None, **train_kw) -> tuple[EagleHead, dict]:
+                         time_budget_s: float | None = None, init_head=None, decodes=None,
+                         **train_kw) -> tuple[EagleHead, dict]:
     """The whole recipe of ``spec-repro train eagle``: split prompts by source, decode (the torch engine, or vLLM
     on a GPU), train, write the head + record. ``eval_n``: requests per workload of :data:`EVAL_SETS` kept out
     (None: the sets as collected, humaneval 164 and mt-bench 80). ``train_n_for``: {workload: at most this many
@@ -620,7 +621,10 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     ``time_limit_s`` shrinks to what the decode and the feature pass left). ``init_head``: continue from that
     head's weights (:func:`train_eagle`); when its ``TRAINING.json`` records this recipe's split (same seed,
     evaluation sets and prompt length cap), the held-out decodes are drawn only from prompts its run never
-    decoded (the split is prefix-stable: a workload's first ``train_requests`` are the ones it took)."""
+    decoded (the split is prefix-stable: a workload's first ``train_requests`` are the ones it took).
+    ``decodes``: a file of the target's decodes of these prompts (:func:`read_decodes`): read when it exists
+    (no decode; the decodes it marks held out are held out again, whatever ``init_head`` says), else written
+    after the decode, so that a later run on the same prompts skips it."""
     from . import models
     from .guard import check_device, check_float, check_int
 
@@ -673,7 +677,12 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     prompts = [prompts[i] for i in order]
     fresh = [fresh[i] for i in order]
     t_dec = time.time()
-    if engine == "vllm":
+    dec_meta = {"target": target_name, "max_new_tokens": max_new_tokens, "seed": seed, "engine": engine,
+                "max_prompt_tokens": max_prompt_tokens}
+    kept = read_decodes(decodes, prompts, dec_meta) if decodes is not None and _decodes_exist(decodes) else None
+    if kept is not None:
+        outs, held, dstats = kept
+    elif engine == "vllm":
         from .engines.torch import eos_ids_of
         from .engines.vllm.decode import vllm_greedy
 
@@ -688,11 +697,20 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                   "output_tokens_per_s": round(n_out / max(time.time() - t_dec, 1e-9), 1)}
     keep = [i for i, o in enumerate(outs) if len(o) > 1]
     pairs = [(prompts[i], outs[i]) for i in keep]
-    val_at = _hold_out([fresh[i] for i in keep], val_n)
+    if kept is not None:                               # the decodes' own held-out set, never trained on
+        val_at = {j for j, i in enumerate(keep) if held[i]}
+    else:
+        val_at = _hold_out([fresh[i] for i in keep], val_n)
+        if decodes is not None:
+            held = [False] * len(prompts)
+            for j in val_at:
+                held[keep[j]] = True
+            write_decodes(decodes, prompts, outs, held, {**dec_meta, "decode": dstats})
     val = [pr for j, pr in enumerate(pairs) if j in val_at]
     train = [pr for j, pr in enumerate(pairs) if j not in val_at]
     log = {"data": {"workloads": facts, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
                     "decode": {"greedy": True, **dstats}, "target": target_name,
+                    **({"decodes_file": {"path": str(decodes), "read": kept is not None}} if decodes else {}),
                     "target_tokens": sum(len(p) + len(o) for p, o in pairs),
                     "output_tokens": sum(len(o) for _, o in pairs),
                     "decode_s": round(time.time() - t0, 1)}}
@@ -706,6 +724,74 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0,
                        deadline=None if time_budget_s is None else t0 + time_budget_s, init_head=init_head,
                        **train_kw)
+
+
+def _prompt_key(ids) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.asarray(ids, dtype=np.int32).tobytes()).hexdigest()[:24]
+
+
+def _decodes_exist(path) -> bool:
+    p = Path(path)
+    from .parts import manifest_of
+
+    return p.is_file() or manifest_of(p).is_file() or (p.name.endswith(".parts.json") and p.is_file())
+
+
+def write_decodes(path, prompts, outs, held, meta: dict) -> Path:
+    """The target's decodes of ``prompts`` as a parquet file (zstd): each prompt's key (the sha256 of its ids),
+    its output ids and whether it was held out, the decode's settings in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .io import atomic_path
+
+    tab = pa.table({"prompt_key": [_prompt_key(p) for p in prompts],
+                    "output_ids": pa.array([np.asarray(o, dtype=np.int32) for o in outs], type=pa.list_(pa.int32())),
+                    "held_out": pa.array(list(map(bool, held)))})
+    tab = tab.replace_schema_metadata({"spec_repro_decodes": json.dumps(meta, default=str)})
+    p = Path(path)
+    with atomic_path(p) as tmp:
+        pq.write_table(tab, tmp, compression="zstd", compression_level=9)
+    return p
+
+
+def read_decodes(path, prompts, meta: dict):
+    """(outputs, held-out flags, decode facts) for ``prompts`` from a decodes file (:func:`write_decodes`; a
+    ``.parts.json`` or a file whose parts manifest lies beside it is joined and verified first). ValueError (one
+    line) when it was decoded with other settings or lacks a prompt."""
+    import pyarrow.parquet as pq
+
+    from .parts import PartsError, cached, manifest_of
+
+    p = Path(path)
+    try:
+        if p.name.endswith(".parts.json"):
+            p = cached(p)
+        elif not p.is_file() and manifest_of(p).is_file():
+            p = cached(manifest_of(p))
+        tab = pq.read_table(p)
+        theirs = json.loads((tab.schema.metadata or {}).get(b"spec_repro_decodes", b"{}"))
+    except PartsError as e:
+        raise ValueError(f"--decodes: {e}") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--decodes {path}: not a decodes file ({(str(e).splitlines() or [''])[0][:120]})") from None
+    for k, v in meta.items():
+        if k != "engine" and theirs.get(k) != v:
+            raise ValueError(f"--decodes {path} was decoded with {k} {theirs.get(k)!r}, this run asks {v!r}")
+    at = {k: i for i, k in enumerate(tab.column("prompt_key").to_pylist())}
+    want = [_prompt_key(x) for x in prompts]
+    missing = sum(k not in at for k in want)
+    if missing:
+        raise ValueError(f"--decodes {path} lacks {missing} of this run's {len(want)} prompts (other workloads, "
+                         f"--train-n or split): decode into a new file")
+    outs_all = tab.column("output_ids").to_pylist()
+    held_all = tab.column("held_out").to_pylist()
+    outs = [outs_all[at[k]] for k in want]
+    held = [bool(held_all[at[k]]) for k in want]
+    dstats = {**(theirs.get("decode") or {}), "read_from": str(path), "decoded_by": theirs.get("engine")}
+    return outs, held, dstats
 
 
 def _hold_out(fresh: Sequence[bool], val_n: int) -> set:

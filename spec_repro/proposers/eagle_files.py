@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["EagleError", "check_head_dir", "head_identity", "read_config"]
+__all__ = ["EagleError", "check_head_dir", "head_identity", "read_config", "resolve_parts"]
 
 
 def head_identity(path) -> dict:
@@ -35,9 +35,42 @@ def read_config(d: Path) -> dict:
     return cfg
 
 
+#: a head committed in parts (``spec_repro.parts``): its weights' manifest, beside config.json
+PARTS_MANIFEST = "model.safetensors.parts.json"
+
+
+def resolve_parts(d: Path) -> Path:
+    """A head folder whose weights are committed in parts (``model.safetensors.parts.json`` beside its
+    config.json) resolves to ``$SPEC_REPRO_CACHE/heads/<sha256>/``: the parts joined and verified (each part's
+    sha256 and the whole file's), with the folder's config.json and TRAINING.json; a missing or altered part is
+    one EagleError line naming it. A cached copy that verifies is used alone (the device machine, where the
+    parts do not travel: ``gpu/stage_cache.sh`` stages the joined head). Any other folder is returned as is."""
+    from ..fetch import cache_root, verify_file
+    from ..io import atomic_write
+    from ..parts import PartsError, assemble, read_manifest
+
+    man = d / PARTS_MANIFEST
+    if not man.is_file() or (d / "model.safetensors").is_file():
+        return d
+    try:
+        sha = read_manifest(man)["sha256"]
+        dest = cache_root() / "heads" / sha
+        if not verify_file(dest / "model.safetensors", sha):
+            assemble(man, dest / "model.safetensors")
+    except PartsError as e:
+        raise EagleError(f"EAGLE head {d}: {e}") from None
+    for name in ("config.json", "TRAINING.json"):
+        src, dst = d / name, dest / name
+        if src.is_file() and (not dst.is_file() or dst.read_bytes() != src.read_bytes()):
+            with atomic_write(dst, "wb") as f:
+                f.write(src.read_bytes())
+    return dest
+
+
 def check_head_dir(path) -> Path:
     """The checkpoint directory, or one clear error naming what is missing or damaged (before any model is
-    loaded): its config must be a JSON object and every safetensors file's header readable."""
+    loaded): its config must be a JSON object and every safetensors file's header readable. A head committed
+    in parts resolves to its joined, verified copy in the cache (:func:`resolve_parts`)."""
     if not path:
         raise EagleError("proposer 'eagle' needs --eagle-head DIR (a head in vLLM's eagle/eagle3 layout: "
                          "config.json + model.safetensors, e.g. from `spec-repro train eagle`)")
@@ -46,6 +79,7 @@ def check_head_dir(path) -> Path:
         raise EagleError(f"EAGLE head {d}: no such directory (expected config.json + model.safetensors)")
     if not (d / "config.json").is_file():
         raise EagleError(f"{d}: no config.json (expected an EAGLE head checkpoint directory)")
+    d = resolve_parts(d)
     if not (list(d.glob("*.safetensors")) or list(d.glob("pytorch_model*.bin"))):
         raise EagleError(f"{d}: no model.safetensors or pytorch_model.bin (expected an EAGLE head checkpoint)")
     read_config(d)

@@ -1,0 +1,71 @@
+#!/bin/bash
+# The Qwen2.5-Coder-1.5B EAGLE head, trained on the lent H200 and brought back in parts of at most 16 MiB (committed
+# under data/heads/qwen2.5-coder-1.5b-eagle/ with their sha256; `spec_repro.parts` joins and verifies them on load).
+# The target's decodes of the training prompts come back too (data/heads/qwen2.5-coder-1.5b-eagle/decodes/): a
+# later run that continues the head (INIT=) reads them instead of decoding again (DECODES=).
+# The plan, stage by stage, with measured seconds: gpu/plans/head.json (`spec-repro vllm plan gpu/plans/head.json`).
+#
+#   here:  bash ../shared/gpu/prepare.sh; WORKLOADS="sharegpt sharegpt-turns py-functions py-write code-edit \
+#            gsm-symbolic humaneval mt-bench" bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b; bash gpu/travel.sh light
+#   calls: bash gpu/head_job.sh vllm c1 .. c7        carry [".stage/cN"]   (c6 and c7 in one call)
+#          bash gpu/head_job.sh piece pNN            carry [".carry/pNN"]
+#          bash gpu/head_job.sh setup                carry [".stage/run", ".carry/extra"]
+#          LEFT=<budget_left_s> bash gpu/head_job.sh start      (detached; the training stops LEFT - MARGIN s later)
+#          sleep S; bash gpu/head_job.sh status      (the logs; once the head is split, its record into $OUT)
+#          bash gpu/head_job.sh back 0-3             (parts 0..3 of files.txt into $OUT: 64 MiB at most a call)
+#   here:  bash gpu/travel.sh restore; bash gpu/travel.sh land /work/.device/... (the parts into data/heads/)
+# Knobs: INIT=DIR (continue that head), DECODES=FILE (a decodes file: read when it exists, else written),
+# LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170).
+set -u
+export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1
+R=/root/res; Q=qwen2.5-coder-1.5b; HEAD=$R/head; BACK=$R/back
+mkdir -p $R
+case "$1" in
+  vllm)  shift; mkdir -p /root/stage && for c in "$@"; do cp .stage/$c/* /root/stage/; done; ls /root/stage | wc -l ;;
+  piece) bash gpu/device.sh piece $2 ;;
+  setup)
+    bash .stage/run/install.sh || exit 2
+    bash gpu/device.sh cache || exit 3
+    python3 -c "from spec_repro import models; models.convert('$Q')" > $R/log_convert.txt 2>&1; tail -n 2 $R/log_convert.txt
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ;;
+  start)
+    B=$(( ${LEFT:?LEFT=<budget_left_s>} - ${MARGIN:-170} ))
+    echo $(( $(date +%s) + B )) > $R/end_epoch
+    setsid nohup env BUDGET=$B bash gpu/head_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
+    sleep 2; echo "started: training budget $B s" ;;
+  run)
+    [ -f $HEAD/TRAINING.json ] || python3 -m spec_repro.cli train eagle --engine vllm --target $Q --out $HEAD \
+      --workloads sharegpt sharegpt-turns py-functions py-write --train-n 20000 sharegpt-turns=5000 --val-n 64 \
+      --max-new-tokens 1024 --steps 100000 --time-budget $BUDGET --lr ${LR:-8e-4} --tokens-per-batch 16384 \
+      --ttt-depth 5 --depth-decay ${DECAY:-0.8} ${INIT:+--init-head $INIT} --decodes ${DECODES:-$R/decodes.parquet} \
+      --device cuda > $R/log_train.txt 2>&1
+    echo "train rc=$?" >> $R/log_train.txt
+    # what comes back: the head's record, config and weights in parts; the decodes in parts (16 MiB at most each)
+    if [ -f $HEAD/TRAINING.json ] && [ ! -f $BACK/done ]; then
+      rm -rf $BACK && mkdir -p $BACK
+      python3 -c "
+from spec_repro.parts import split
+split('$HEAD/model.safetensors', '$BACK')
+import os; d = '${DECODES:-$R/decodes.parquet}'
+os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
+      cp $HEAD/TRAINING.json $HEAD/config.json $BACK/ && tar czf $BACK/logs.tgz -C $R log_train.txt pipeline.log log_convert.txt
+      (cd $BACK && ls | grep -E '\.part[0-9]+$' > files.txt) && touch $BACK/done
+    fi
+    echo PIPE_FINISHED ;;
+  status)
+    for f in $R/pipeline.log $R/log_train.txt; do
+      [ -f $f ] && { echo "== $f"; tail -c 2500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 6; }
+    done
+    [ -f $R/end_epoch ] && echo "budget ends in $(( $(cat $R/end_epoch) - $(date +%s) )) s"
+    [ -f $BACK/done ] && { cp $BACK/TRAINING.json $BACK/config.json $BACK/files.txt $BACK/*.parts.json $BACK/logs.tgz $OUT/; cat $BACK/files.txt | tr '\n' ' '; echo; }
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+  back)  # back A-B: files A..B (0-based) of $BACK/files.txt into $OUT
+    [ -f $BACK/done ] || { echo "nothing to bring back yet"; exit 0; }
+    sed -n "$(( ${2%-*} + 1 )),$(( ${2#*-} + 1 ))p" $BACK/files.txt | while read f; do cp $BACK/$f $OUT/; done; ls -la $OUT ;;
+  stop)
+    pkill -f "head_job.sh run"; pkill -f "spec_repro.cli train"; sleep 3; pkill -9 -f "spec_repro.cli train"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
+  *) echo "stages: vllm piece setup start run status back stop"; exit 2 ;;
+esac
