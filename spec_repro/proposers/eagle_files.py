@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["EagleError", "check_head_dir", "head_identity", "read_config", "resolve_parts"]
+__all__ = ["EagleError", "check_head_dir", "committed_head", "head_identity", "read_config", "resolve_parts"]
+
+#: the EAGLE heads committed with the package (``data/heads/<folder>``), by target
+COMMITTED_HEADS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-eagle", "smollm2-135m": "smollm2-135m-eagle"}
 
 
 def head_identity(path) -> dict:
@@ -65,6 +68,16 @@ def resolve_parts(d: Path) -> Path:
             with atomic_write(dst, "wb") as f:
                 f.write(src.read_bytes())
     return dest
+
+
+def committed_head(target: str) -> Path:
+    """The head committed for ``target`` (``data/heads/``), ready to load: a head in parts joined and verified
+    (:func:`resolve_parts`). EagleError when the package keeps none for it."""
+    from ..paths import data_dir
+
+    if target not in COMMITTED_HEADS:
+        raise EagleError(f"no EAGLE head is committed for {target!r} (committed: {', '.join(COMMITTED_HEADS)})")
+    return check_head_dir(data_dir() / "heads" / COMMITTED_HEADS[target])
 
 
 def check_head_dir(path) -> Path:

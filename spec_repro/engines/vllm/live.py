@@ -359,14 +359,14 @@ def profile_hybrid_task(raw: str | Path | None, out: str | Path = OUT / "hybrid_
 
 
 QWEN = "qwen2.5-coder-1.5b"
-HEAD_SHA = "6a8986521a4253cc1bc5e12812989cf7f59fd27b1a010b549a637b3e37ca1a44"
 
 
 def default_head() -> Path:
-    """The package's EAGLE head for Qwen2.5-Coder-1.5B that the session ran (issue 17's), in the cache."""
-    from ...fetch import cache_root
+    """The EAGLE head committed for Qwen2.5-Coder-1.5B (``data/heads/``), joined and verified from its parts (on
+    the device machine: the copy ``gpu/stage_cache.sh`` staged in the cache)."""
+    from ...proposers.eagle_files import committed_head
 
-    return cache_root() / "heads" / HEAD_SHA
+    return committed_head(QWEN)
 
 
 def load_profiles(path: str | Path | None = None) -> list[dict]:
