@@ -62,7 +62,8 @@ class VLLMConfig:
     load_format: str = "auto"                   # "dummy": random weights, real timing
     enforce_eager: bool = False
     async_scheduling: bool | None = False       # None: vLLM's default
-    model_runner: str = "v1"                    # "v1" (instrumented) | "default" (vLLM's choice)
+    model_runner: str = "v1"                    # "v1": forced (the plugin times it) | "default": vLLM's choice
+                                                # (V2 for EAGLE / no SD on dense targets); VLLMEngine.resolved says
     synthetic_acceptance_length: float | None = None   # vLLM's synthetic rejection sampler (dummy weights)
     draft_cudagraphs: bool = False              # draft_model only: replay its CUDA graphs (vLLM PR #47460, plugin)
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
@@ -356,6 +357,10 @@ class VLLMEngine:
                         "Try: ", 1)[1]) from e
             raise
         self.start_s = time.perf_counter() - t0
+        from .labels import resolved_engine
+
+        # what vLLM resolved: the runner (v1/v2) and async scheduling, recorded beside the forced settings
+        self.resolved = resolved_engine(self.llm)
         self.instrumented = False
         self.plugin_status = None
         if cfg.step_log:
