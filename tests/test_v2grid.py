@@ -74,7 +74,8 @@ def test_spec_decode_metrics_parse_into_a_row():
     (row,) = G.grid_rows([eng, run, {"kind": "done", "spec": "v2grid-eagle-k3"}])
     assert row["acceptance_length"] == 2.5 and row["acceptance_rate"] == 0.5
     assert row["per_position_rate"] == [0.7, 0.5, 0.3] and row["vllm_generation_tokens"] == 256
-    assert row["tok_s"] == 512.0 and (row["runner"], row["async_scheduling"], row["instrumented"]) == ("v2", True, False)
+    assert row["tok_s"] == 512.0
+    assert (row["runner"], row["async_scheduling"], row["instrumented"]) == ("v2", True, False)
     assert (row["engine_config"], row["runner_forced"], row["runner_source"]) == ("default", None, "vllm_config")
     t = G.grid_table([row, {**row, "repeat": 1, "wall_s": 1.0}, {**row, "repeat": 2, "wall_s": 0.25}])
     assert t["repeats"].tolist() == [3] and t["tok_s_max"].tolist() == [1024.0] and t["runner"].tolist() == ["v2"]

@@ -24,8 +24,8 @@ from ...io import write_via
 from ...paths import data_dir
 from .labels import engine_config_label, run_labels
 
-__all__ = ["FILE_DOCS", "ENGINE_NOTES", "TIMED", "read_runs", "step_configs", "load", "summarize", "throughput", "llama_baseline", "step_split",
-           "profile_hybrid_task", "load_profiles", "host_index", "fit_step_model", "predict", "predict_runs",
+__all__ = ["FILE_DOCS", "ENGINE_NOTES", "TIMED", "read_runs", "step_configs", "load", "summarize", "throughput",
+           "llama_baseline", "step_split", "profile_hybrid_task", "load_profiles", "host_index", "fit_step_model", "predict", "predict_runs",
            "measured_vs_predicted", "predicted_padded", "device_hybrid_table", "main"]
 
 OUT = data_dir() / "gpu" / "live"
