@@ -101,7 +101,7 @@ if measured is not None:
     if figures_dir: P.save(fig2, "01_measured_vllm_speedup", figures_dir)
 
 # %% [markdown]
-# Measured in vLLM with **real weights**, on vLLM's **default engine** (async scheduling where vLLM allows it; `data/gpu/live`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/live/README.md`).
+# Measured in vLLM with **real weights**, on the **V1 runner (forced)** (`VLLM_USE_V2_MODEL_RUNNER=0`, where the package's step timing hooks; vLLM itself would run EAGLE and no SD on its V2 runner, which drafted 1.8-2.3x faster per step on one H200 with dummy weights), vLLM's own scheduling (async where vLLM allows it; `data/gpu/live`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/live/README.md`).
 
 # %%
 if live_dir is not None or (traces is None and backend == "embedded"):
@@ -114,7 +114,7 @@ print(live_src)
 
 # %%
 if live is not None:
-    fig3 = P.speedup_vs_batch(live, title="Measured vLLM speedup vs batch size, H200, REAL WEIGHTS, default engine:\n"
+    fig3 = P.speedup_vs_batch(live, title="Measured vLLM speedup vs batch size, H200, REAL WEIGHTS, V1 runner (forced):\n"
                               "Qwen2.5-Coder-1.5B, code-edit, k = 5 (below 1: slower than no SD)",
                               source=live_src, style="acceptance")
     if figures_dir: P.save(fig3, "01_live_vllm_speedup", figures_dir)

@@ -63,9 +63,9 @@ else:
 # **Against the paper.** The top of its range, n-gram on Llama-3-70B at batch 512 (95% on four H100s), is ~90% here on two H200s (tensor parallel 2). The bottom, the draft model on Qwen3-8B at batch 1 (verification 42%, drafting 47%), comes out lower here because vLLM 0.25's draft-model path is slow: its V1 runner never replays the draft model's CUDA graphs (fixed upstream in vLLM PR #47460; the committed run applies that fix through this package's plugin, `draft_cudagraphs=True`), and even then the 0.6B drafter's 28 attention layers run eagerly between graph pieces. 'The rest' is larger than the study's 1.2 ms per step: vLLM 0.25's host-side input preparation in synchronous mode. MTP rows are MiMo-7B (one GPU) and GLM-4.5-Air (two GPUs), the study's MTP model; with dummy weights their acceptance, and so their steps per token, mean nothing, but each step's phase times are real.
 
 # %% [markdown]
-# ### (a2) The same breakdown with real weights, on vLLM's default engine
+# ### (a2) The same breakdown with real weights, on vLLM's V1 runner (forced)
 #
-# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/live`, one H200, async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
+# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/live`, one H200, the V1 runner forced for the step timing (vLLM would pick V2 for EAGLE and no SD), async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
 
 # %%
 live_st, live_src = (A.live_steps(live_dir) if live_dir is not None or backend == "embedded"
@@ -75,7 +75,7 @@ live_shares = A.phase_shares(live_st) if live_st is not None else None
 if live_shares is not None:
     display(live_shares.round(3))
     fig = P.time_breakdown(live_shares, facet="method", title="Where a decode step's time goes: vLLM, REAL WEIGHTS, "
-                           "default engine\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
+                           "V1 runner (forced)\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
     if figures_dir: P.save(fig, "02_time_breakdown_live", figures_dir)
     display(A.live_step_split(live_dir).round(2))
 

@@ -296,7 +296,7 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
                   measured_source: str | None = None, live: pd.DataFrame | None = None,
                   live_source: str | None = None) -> list[SummaryRow]:
     """Finding 1's rows: the simulated speedups per cost model, the measured vLLM runs with dummy weights, and
-    (``live``, ``measured.live_speedups``) vLLM with real weights on its default engine, the README's measured
+    (``live``, ``measured.live_speedups``) vLLM with real weights on the V1 runner (forced), the README's measured
     headline."""
     rows = []
     paper = f"shrinks ({PAPER['eagle_70b_bs1']}x at bs 1, 70B)"
@@ -312,7 +312,7 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
     if measured is not None and len(measured):
         parts.append(("measured vLLM, dummy weights", measured, measured_source))
     if live is not None and len(live):
-        parts.append(("measured vLLM, real weights, default engine", live, live_source))
+        parts.append(("measured vLLM, real weights, V1 runner (forced)", live, live_source))
     for label, df, src in parts:
         focus = focus_dataset(df["dataset"].unique()) if label.startswith("simulated") else None
         shrinks = []
@@ -358,7 +358,7 @@ def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFra
                   cpu_shares: pd.DataFrame | None = None, cpu_source: str = "",
                   live_shares: pd.DataFrame | None = None, live_source: str = "") -> list[SummaryRow]:
     rows = []
-    if live_shares is not None and len(live_shares):   # vLLM, real weights, its default engine (data/gpu/live)
+    if live_shares is not None and len(live_shares):   # vLLM, real weights, the V1 runner forced (data/gpu/live)
         for (model, method), g in live_shares[live_shares["method"].astype(str) != "none"].groupby(["model", "method"]):
             v = g.sort_values("batch_size")
             b = v["batch_size"].tolist()

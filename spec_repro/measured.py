@@ -358,7 +358,7 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
 # ---- vLLM live with real weights (data/gpu/live, issue 18) ------------------------------------------------------
 def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """Measured vLLM speedups with REAL weights (``data/gpu/live``: Qwen2.5-Coder-1.5B, the package's EAGLE
-    head, code-edit, the default engine): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
+    head, code-edit, the V1 runner forced): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
     SD's at the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config``, ``tok_s_min``
     / ``tok_s_max`` (over 3 repeats) and ``ceiling_tok_s`` (the HBM ceiling)."""
     from .engines.vllm import live
@@ -367,7 +367,7 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     if not (folder / "runs.csv").exists():
         return None, f"measured (vLLM live): no runs under {folder}"
     t = live.throughput(out=folder)
-    t = t[(t["model"] == live.QWEN) & (t["engine_config"] == "default")]
+    t = t[(t["model"] == live.QWEN) & (t["engine_config"] == live.TIMED)]
     base = t[t["config"] == "none"].set_index("batch_size")["tok_s"]
     sd = t[t["config"] != "none"].copy()
     sd["base_tokens_per_s"] = sd["batch_size"].map(base)
@@ -380,7 +380,7 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
             "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
             "stalled", "stall_reason"]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
-            f"measured vLLM throughput, real weights, default engine: "
+            f"measured vLLM throughput, real weights, V1 runner (forced): "
             f"{manifest_line(folder, [folder / 'runs.csv'])}")
 
 
@@ -416,7 +416,7 @@ def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, 
         g[c] *= 1e3
     g["repeat"] = g["run_id"].str.extract(r"-r(\d+)$")[0].astype(int)
     g["order"] = g.groupby("batch_size").cumcount()
-    return g, f"measured (vLLM step logs, real weights, default engine, one engine): {manifest_line(folder, [f])}"
+    return g, f"measured (vLLM step logs, real weights, V1 runner (forced), one engine): {manifest_line(folder, [f])}"
 
 
 def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
@@ -448,13 +448,13 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
         for b, d1 in rec["d1_s"].items():
             rows.append({"model": model, "batch_size": int(b), "d0_ms": rec["d0_s"] * 1e3, "d1_ms": d1 * 1e3,
                          "floor_ms": floor, "floor_share": floor / (d1 * 1e3), "r2": rec["r2"]})
-    return runs, pd.DataFrame(rows), (f"measured (vLLM 0.25 step logs, dummy weights, default engine, one H200): "
+    return runs, pd.DataFrame(rows), (f"measured (vLLM 0.25 step logs, dummy weights, V1 runner (forced), one H200): "
                                       f"{manifest_line(folder, [f])}")
 
 
 def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/live/steps.parquet``: code-edit,
-    bs 1-64, default engine), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for
+    bs 1-64, the V1 runner forced), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for
     ``metrics.phase_shares``."""
     folder = Path(folder or data_dir() / "gpu" / "live")
     f = folder / "steps.parquet"
@@ -463,7 +463,7 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     s = pd.read_parquet(f)
     s = s[s["run_id"].str.startswith("code-edit")].copy()
     s["method"] = s["config"]
-    s["model"] = s["model"].astype(str) + " (real weights, default engine)"
-    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, default engine): "
+    s["model"] = s["model"].astype(str) + " (real weights, V1 runner (forced))"
+    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, V1 runner (forced)): "
                                       f"{manifest_line(folder, [f])}")
 

@@ -37,7 +37,7 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
     ]
     dummy = "not comparable (acceptance set by dummy weights)"
     assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), (dummy, False)]
-    # the measured headline is vLLM with real weights on its default engine, never a dummy-weight run
+    # the measured headline is vLLM with real weights on the V1 runner (forced), never a dummy-weight run
     assert not F.finding1_rows(None, measured.assign(model="llama3-70b"), sim_source="", measured_source="m")[0].headline
     live = pd.DataFrame({"dataset": "code-edit", "model": "q", "batch_size": [1, 1, 64, 64],
                          "proposers": ["hy (AL 3.7, real weights)", "eagle (AL 3.0, real weights)"] * 2,

@@ -16,7 +16,7 @@ def test_grid_runs_the_hybrids_beside_eagle_and_no_sd_on_one_engine_config():
     assert [s["name"] for s in g["qwen"]] == [
         "hybrid-default-none-s2", "hybrid-default-pr24344-pad-s2", "hybrid-default-pr24344-skip-pad-s2",
         "hybrid-default-eagle-only-s2", "hybrid-default-eagle-s2", "hybrid-default-idle-s2"]
-    assert {s["engine_config"] for s in g["qwen"]} == {"default"}
+    assert {s["engine_config"] for s in g["qwen"]} == {"v1-forced"}
     assert len({json.dumps(s["tasks"]) for s in g["qwen"]}) == 1          # one task: like for like
     pads = {s["name"]: s["config"].get("hybrid_pad", False) for s in g["qwen"]}
     assert pads["hybrid-default-pr24344-pad-s2"] and pads["hybrid-default-pr24344-skip-pad-s2"]

@@ -108,7 +108,8 @@ def test_parse_spec_metrics_sums_label_sets_and_positions():
           {"name": "vllm:spec_decode_num_drafts", "value": 6},   # a second engine label set
           {"name": "vllm:num_requests_running", "value": 3}]
     p = V.parse_spec_metrics(ms)
-    assert p == {"num_drafts": 70, "num_draft_tokens": 192, "num_accepted_tokens": 190, "accepted_per_pos": [64, 64, 62]}
+    assert p == {"num_drafts": 70, "num_draft_tokens": 192, "num_accepted_tokens": 190, "accepted_per_pos": [64, 64, 62],
+                 "generation_tokens": 0}
     d = V.diff_spec_metrics(p, V.parse_spec_metrics([{"name": "vllm:spec_decode_num_drafts", "value": 6}]))
     assert d["num_drafts"] == 64
 

@@ -61,10 +61,16 @@ def test_runs_name_their_engine_config():
     import pandas as pd
 
     runs = pd.read_csv(LIVE / "runs.csv")
-    assert set(runs["engine_config"]) == {"default", "study-like"}
+    assert set(runs["engine_config"]) == {"default", "study-like", "v1-forced"}
     llama = runs[runs["model"] == "llama31-8b"]
     assert set(llama["engine_config"]) == {"default", "study-like"}
     assert not llama.loc[llama["engine_config"] == "default", "instrumented"].any()
+    # what ran: vLLM chose V2 for the Llama no-SD engine; every Qwen engine forced the V1 runner the plugin times
+    qwen = runs[runs["model"] != "llama31-8b"]
+    assert set(qwen["engine_config"]) == {"v1-forced"} and set(qwen["runner"]) == {"v1"} and qwen["instrumented"].all()
+    assert set(llama.loc[llama["engine_config"] == "default", "runner"]) == {"v2"}
+    assert not runs.loc[runs["method"].isin(["ngram", "draft_model"]), "async_scheduling"].any()
+    assert runs.loc[runs["engine_config"] == "v1-forced", "runner_forced"].eq("v1").all()
 
 
 def test_llama_default_baseline_beats_the_study_like_one():

@@ -62,7 +62,8 @@ class VLLMConfig:
     load_format: str = "auto"                   # "dummy": random weights, real timing
     enforce_eager: bool = False
     async_scheduling: bool | None = False       # None: vLLM's default
-    model_runner: str = "v1"                    # "v1" (instrumented) | "default" (vLLM's choice)
+    model_runner: str = "v1"                    # "v1": forced (the plugin times it) | "default": vLLM's choice
+                                                # (V2 for EAGLE / no SD on dense targets); VLLMEngine.resolved says
     synthetic_acceptance_length: float | None = None   # vLLM's synthetic rejection sampler (dummy weights)
     draft_cudagraphs: bool = False              # draft_model only: replay its CUDA graphs (vLLM PR #47460, plugin)
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
@@ -221,12 +222,15 @@ def _oom_error(e: BaseException, cfg: VLLMConfig, what: str) -> VLLMEngineError:
 _SPEC_KEYS = {"num_drafts": "spec_decode_num_drafts", "num_draft_tokens": "spec_decode_num_draft_tokens",
               "num_accepted_tokens": "spec_decode_num_accepted_tokens"}
 _PER_POS = "spec_decode_num_accepted_tokens_per_pos"
+_GEN = "vllm:generation_tokens"
 
 
 def parse_spec_metrics(metrics: Iterable) -> dict:
     """vLLM's spec-decode counters from ``llm.get_metrics()`` (Metric objects or their dicts), summed over label
-    sets: num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos (list)."""
-    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    sets: num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos (list), and the engine's own
+    generated-token counter (``vllm:generation_tokens``) as generation_tokens."""
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [],
+           "generation_tokens": 0}
     for m in metrics:
         d = m if isinstance(m, dict) else {"name": getattr(m, "name", ""), "value": getattr(m, "value", None),
                                            "values": getattr(m, "values", None)}
@@ -237,6 +241,9 @@ def parse_spec_metrics(metrics: Iterable) -> dict:
             acc.extend([0] * (len(vals) - len(acc)))
             for i, v in enumerate(vals):
                 acc[i] += v
+            continue
+        if name.endswith(_GEN):
+            out["generation_tokens"] += int(d.get("value") or 0)
             continue
         for key, suffix in _SPEC_KEYS.items():
             if name.endswith(suffix):
@@ -250,6 +257,8 @@ def diff_spec_metrics(after: dict, before: dict) -> dict:
     b = before["accepted_per_pos"] + [0] * (n - len(before["accepted_per_pos"]))
     d = {k: after[k] - before[k] for k in _SPEC_KEYS}
     d["accepted_per_pos"] = [x - y for x, y in zip(a, b)]
+    if "generation_tokens" in after and "generation_tokens" in before:
+        d["generation_tokens"] = after["generation_tokens"] - before["generation_tokens"]
     return d
 
 
@@ -307,11 +316,13 @@ class RunResult:
     host_probe_ms: float | None = None           # host_probe() just before the run: the host CPU's speed then
     engine_probe_ms: float | None = None         # host_probe() in the engine's worker just before the run
     engine_probe_end_ms: float | None = None     # ... and just after it (VLLMEngine.engine_probe)
+    vllm_generation_tokens: int | None = None    # vLLM's own generated-token counter over the run
 
     @classmethod
     def from_counts(cls, *, spec: dict, **kw) -> "RunResult":
         r = cls(**kw, num_drafts=spec["num_drafts"], num_draft_tokens=spec["num_draft_tokens"],
-                num_accepted_tokens=spec["num_accepted_tokens"], accepted_per_pos=list(spec["accepted_per_pos"]))
+                num_accepted_tokens=spec["num_accepted_tokens"], accepted_per_pos=list(spec["accepted_per_pos"]),
+                vllm_generation_tokens=spec.get("generation_tokens"))
         if r.num_drafts > 0:
             r.acceptance_length = 1 + r.num_accepted_tokens / r.num_drafts
             r.per_position_rate = [a / r.num_drafts for a in r.accepted_per_pos]
@@ -356,6 +367,10 @@ class VLLMEngine:
                         "Try: ", 1)[1]) from e
             raise
         self.start_s = time.perf_counter() - t0
+        from .labels import resolved_engine
+
+        # what vLLM resolved: the runner (v1/v2) and async scheduling, recorded beside the forced settings
+        self.resolved = resolved_engine(self.llm)
         self.instrumented = False
         self.plugin_status = None
         if cfg.step_log:

@@ -7,8 +7,8 @@ trace file that finished under ``out`` is never run again, so a killed run, or o
 continues where it stopped):
 
   qwen    Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF, run in bf16), the package's EAGLE
-          head, code-edit, bs 1/8/32/64, k = 5, 3 repeats, vLLM's default engine (async scheduling): no SD, the live
-          hybrids with drafts padded to k (PR #24344's rule ``pr24344-pad``; the same rule skipping EAGLE for the
+          head, code-edit, bs 1/8/32/64, k = 5, 3 repeats, the V1 runner forced (vLLM's own async scheduling): no
+          SD, the live hybrids with drafts padded to k (PR #24344's rule ``pr24344-pad``; the same rule skipping EAGLE for the
           requests n-gram serves, ``pr24344-skip-pad``), the hybrid's machinery with every request on EAGLE
           (``eagle-only``), EAGLE alone, and the hybrid loaded with nothing to decide (``idle``: a pass-through)
                                                                                      -> out/raw/qwen2

@@ -18,8 +18,9 @@ engine spec per configuration (no SD, n-gram alone, EAGLE alone, EAGLE + each hy
 Qwen2.5-Coder-1.5B-Instruct and the package's EAGLE head; each engine runs every workload, batch size and repeat
 (engine starts cost 40-70 s), keeping the outputs; ``lossless_report`` compares every run's outputs with the
 no-SD engine's (plain greedy) on the same prompts. Methods ``<policy>-pad`` / ``ngram-pad`` pad every draft to k
-(``hybrid_method``); ``--engine-config vllm-default`` runs vLLM's own choice of model runner (V2 for EAGLE),
-untimed; ``--no-instrument`` drops the step log (the plugin's overhead reference).
+(``hybrid_method``); ``--engine-config default`` runs vLLM's own choice of model runner (V2 for EAGLE), untimed
+(the default is ``v1-forced``: the V1 runner the plugin hooks); ``--no-instrument`` drops the step log (the
+plugin's overhead reference). Every run row records the runner vLLM ran (``labels``).
 
     python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --plan      # the run list, seconds
     python -m spec_repro.engines.vllm.jobs hybrid --head DIR --out $OUT --deadline 1500
@@ -133,9 +134,12 @@ def run_spec(spec: dict, out: Path) -> None:
             raise
     base = {"spec": spec["name"], "config": {k: v for k, v in vars(cfg).items()},
             **({"engine_config": spec["engine_config"]} if spec.get("engine_config") else {})}
+    resolved = getattr(eng, "resolved", None) or {}
     _append(res_path, {"kind": "engine", **base, "start_s": eng.start_s, "instrumented": eng.instrumented,
-                       "vllm": eng.vllm_version, "plugin": eng.steps("status"), "env": environment()})
-    print(f"[{spec['name']}] engine up in {eng.start_s:.1f}s, instrumented={eng.instrumented}", flush=True)
+                       "resolved": resolved, "vllm": eng.vllm_version, "plugin": eng.steps("status"),
+                       "env": environment()})
+    print(f"[{spec['name']}] engine up in {eng.start_s:.1f}s, instrumented={eng.instrumented}, "
+          f"runner={resolved.get('runner')}, async_scheduling={resolved.get('async_scheduling')}", flush=True)
 
     def record(r, **extra):
         _append(res_path, {"kind": "run", **base, **r.to_dict(with_outputs=extra.pop("with_outputs", False)),
@@ -204,13 +208,15 @@ HYBRID_BATCH_SIZES = (1, 8, 32, 64)
 HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
 PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
 ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids
-# engine configuration -> VLLMConfig fields. "default": vLLM's default scheduling (async for EAGLE) on the V1 runner
-# the plugin hooks; "study-like": synchronous, V1; "vllm-default": what a user runs, vLLM 0.25's own choice of
+# engine configuration -> VLLMConfig fields (``labels``): "v1-forced": vLLM's own scheduling (async for EAGLE) on the
+# V1 runner the plugin hooks; "study-like": synchronous, V1; "default": what a user runs, vLLM 0.25's own choice of
 # runner too (the V2 runner for EAGLE and no SD on Qwen2, config/vllm.py:518-555; V1 for n-gram, :2068-2071),
 # which the plugin does not time: its specs are uninstrumented and cannot run the hybrid
-ENGINE_CONFIGS = {"default": {"async_scheduling": None}, "study-like": {"async_scheduling": False},
-                  "vllm-default": {"async_scheduling": None, "model_runner": "default"}}
-UNTIMED_CONFIGS = ("vllm-default",)
+from .labels import ENGINE_CONFIGS, UNTIMED_CONFIGS, canonical_config  # noqa: E402
+
+# the spec-name token of each configuration: spec names are run identifiers (resumed jobs, committed tables, the
+# session planner's measured seconds), so they keep the tokens they had when "default" meant the forced V1 runner
+SPEC_TOKEN = {"v1-forced": "default", "study-like": "study-like", "default": "vllm-default"}
 
 
 def hybrid_method(m: str) -> tuple[str, str | None, bool]:
@@ -248,21 +254,22 @@ def config_label(cfg: dict) -> str:
 def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tokens: int = 256,
                  prompts_per_bs: int = 8, repeats: int = 3, batch_sizes=HYBRID_BATCH_SIZES,
                  workloads=HYBRID_WORKLOADS, methods=HYBRID_METHODS, cost_model: str | None = None,
-                 engine_config: str = "default", max_model_len: int = 4096, instrumented: bool = True) -> list[dict]:
+                 engine_config: str = "v1-forced", max_model_len: int = 4096, instrumented: bool = True) -> list[dict]:
     """One engine spec per configuration (``methods``: see :func:`hybrid_method`; a hybrid policy runs method
     ``eagle`` with the hybrid on, ``-pad`` with its drafts padded). Every spec runs the same task: per workload
     and batch size B, ``max(B, prompts_per_bs)`` prompts (the workload's first, by its seeded order) in chunks of
     B submitted together, ``repeats`` times, greedy, ``max_tokens`` tokens each (EOS ignored: every request
     decodes as long, so the batch stays at B), outputs kept. ``instrumented=False``: no step log (the plugin stays
-    off: vLLM runs unchanged), spec names end in ``-noinst``; ``engine_config="vllm-default"`` specs are always
-    uninstrumented. Spec names: ``hybrid-<engine_config>-<method>[-noinst]``. Pure: no vLLM, no model files
-    read."""
+    off: vLLM runs unchanged), spec names end in ``-noinst``; ``engine_config="default"`` (vLLM's choice of
+    everything; ``vllm-default`` is read as it) specs are always uninstrumented. Spec names:
+    ``hybrid-<SPEC_TOKEN[engine_config]>-<method>[-noinst]``. Pure: no vLLM, no model files read."""
+    engine_config = canonical_config(engine_config)
     if engine_config not in ENGINE_CONFIGS:
         raise ValueError(f"engine_config must be one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     parsed = {m: hybrid_method(m) for m in methods}
     if engine_config in UNTIMED_CONFIGS and any(pol for _m, pol, _p in parsed.values()):
         raise ValueError(f"engine_config {engine_config!r} lets vLLM pick its model runner (V2 for EAGLE): the "
-                         f"hybrid wraps the V1 runner, use 'default' or 'study-like' for "
+                         f"hybrid wraps the V1 runner, use 'v1-forced' or 'study-like' for "
                          f"{', '.join(m for m, (_v, pol, _p) in parsed.items() if pol)}")
     if any(pol == "adaptive-rule" for _m, pol, _p in parsed.values()) and not cost_model:
         raise ValueError("the adaptive-rule hybrid needs a cost model (--cost-model: an H200 preset fitted on "
@@ -287,7 +294,7 @@ def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tok
                 cfg["hybrid_cost_model"] = str(cost_model)
             if pad:
                 cfg["hybrid_pad"] = True
-        spec = {"name": f"hybrid-{engine_config}-{m}" + ("" if instrumented else "-noinst"), "config": cfg,
+        spec = {"name": f"hybrid-{SPEC_TOKEN[engine_config]}-{m}" + ("" if instrumented else "-noinst"), "config": cfg,
                 "tasks": [task], "engine_config": engine_config}
         if not timed:
             spec["instrumented"] = False
@@ -563,7 +570,8 @@ def main(argv=None) -> int:
     hy.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS),
                     help=f"vLLM's none/ngram/eagle, hybrid policies, <policy>-pad, ngram-pad (e.g. "
                          f"{' '.join(PADDED_METHODS)})")
-    hy.add_argument("--engine-config", choices=sorted(ENGINE_CONFIGS), default="default")
+    hy.add_argument("--engine-config", choices=sorted([*ENGINE_CONFIGS, "vllm-default"]), default="v1-forced",
+                    help="v1-forced: the V1 runner the plugin times; default: vLLM's choice (V2 for EAGLE), untimed")
     hy.add_argument("--no-instrument", action="store_true", help="no step log: vLLM runs without the plugin")
     hy.add_argument("--timeout", type=float, default=900, help="seconds per engine spec")
     hy.add_argument("--deadline", type=float, help="seconds from now for the whole job")

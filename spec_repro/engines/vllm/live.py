@@ -22,16 +22,18 @@ from pathlib import Path
 
 from ...io import write_via
 from ...paths import data_dir
+from .labels import engine_config_label, run_labels
 
-__all__ = ["FILE_DOCS", "ENGINE_NOTES", "step_configs", "load", "summarize", "throughput", "llama_baseline", "step_split",
-           "profile_hybrid_task", "load_profiles", "host_index", "fit_step_model", "predict", "predict_runs",
+__all__ = ["FILE_DOCS", "ENGINE_NOTES", "TIMED", "read_runs", "step_configs", "load", "summarize", "throughput",
+           "llama_baseline", "step_split", "profile_hybrid_task", "load_profiles", "host_index", "fit_step_model", "predict", "predict_runs",
            "measured_vs_predicted", "predicted_padded", "device_hybrid_table", "main"]
 
 OUT = data_dir() / "gpu" / "live"
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
 FILE_DOCS = {
     "runs.csv": "one row per timed run (engine spec, engine_config, method, hybrid policy, batch size, repeat, "
-                "tok/s, wall s, vLLM's spec-decode counters, weights, runner, async scheduling, instrumented)",
+                "tok/s, wall s, vLLM's spec-decode counters, weights; what ran: runner (v1/v2) beside runner_forced, "
+                "async_scheduling beside async_scheduling_forced, instrumented, runner_source: labels module)",
     "steps.parquet": "every step the plugin timed (STEP_COLUMNS + spec, engine_config, uniform, hybrid counts), "
                      "per-request detail left out",
     "lossless.csv": "per hybrid-task run: requests whose greedy output equals no SD's at the same batch size",
@@ -71,13 +73,27 @@ FILE_DOCS = {
     "head_config.json": "that head's config.json",
 }
 ENGINE_NOTES = {
-    "default": "vLLM's defaults as a user runs them: async scheduling on where vLLM allows it (off for n-gram and the "
-               "draft model, which vLLM 0.25 runs synchronously); the Qwen specs keep the V1 runner (the plugin's "
-               "hooks live there; vLLM itself would pick V2 for EAGLE), the Llama ones let vLLM pick (V2, no plugin)",
-    "study-like": "synchronous V1 runner, as the study's vLLM 0.10 ran",
-    "vllm-default": "vLLM's own choice of runner too (V2 for EAGLE): what a user runs, untimed (the plugin's hooks "
-                    "are the V1 runner's), no hybrid",
+    "v1-forced": "the V1 runner forced (VLLM_USE_V2_MODEL_RUNNER=0: the plugin's hooks live there; vLLM itself picks "
+                 "V2 for EAGLE and no SD on a dense target), vLLM's own scheduling: async where vLLM allows it (off "
+                 "for n-gram and the draft model). Labelled `default` in tables made before the runner was recorded",
+    "study-like": "synchronous V1 runner (both forced), as the study's vLLM 0.10 ran",
+    "default": "vLLM chose everything: its runner (V2 for EAGLE and no SD, V1 for n-gram) and async scheduling; "
+               "timed only where vLLM ran V1 (the plugin's hooks are the V1 runner's). Labelled `vllm-default` in "
+               "older specs",
 }
+
+
+TIMED = "v1-forced"      # the configuration the plugin timed the live runs on (the V1 runner, forced)
+
+
+def read_runs(out: str | Path = OUT):
+    """``out``'s runs.csv with the runner labels (``labels.relabel_runs``: a table written before they existed,
+    its forced V1 runner called ``default``, reads as ``v1-forced``)."""
+    import pandas as pd
+
+    from .labels import relabel_runs
+
+    return relabel_runs(pd.read_csv(Path(out) / "runs.csv"))
 
 
 def _config(cfg: dict) -> str | None:
@@ -89,11 +105,11 @@ def _config(cfg: dict) -> str | None:
 
 def _cfg_fields(cfg: dict, engine: dict) -> dict:
     return {"config": _config(cfg), "hybrid": cfg.get("hybrid"), "hybrid_pad": bool(cfg.get("hybrid_pad")),
-            "async_scheduling": cfg.get("async_scheduling"),
             "model_runner": cfg.get("model_runner"), "load_format": cfg.get("load_format"),
             "weights": "dummy" if cfg.get("load_format") == "dummy" else "real (q4_k_m GGUF, bf16)",
             "dtype": cfg.get("dtype"), "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
-            "instrumented": bool(engine.get("instrumented")), "max_num_seqs": cfg.get("max_num_seqs")}
+            "instrumented": bool(engine.get("instrumented")), "max_num_seqs": cfg.get("max_num_seqs"),
+            **run_labels(cfg, engine)}      # runner, async scheduling (read from vLLM where recorded), engine_config
 
 
 def step_configs(run_ids, ecfg: dict, spec: str = ""):
@@ -125,8 +141,8 @@ def load(raw: str | Path):
             continue
         e = engines.get(d["spec"], {})
         row = {k: v for k, v in d.items() if k not in ("outputs", "keys", "config", "kind")}
+        row.pop("engine_config", None)       # the spec's own label: replaced by what its forced settings make
         row.update(_cfg_fields(d.get("config") or e.get("config") or {}, e))   # a rotated engine's run: its policy's
-        row["engine_config"] = d.get("engine_config") or e.get("engine_config")
         for c in ("per_position_rate", "accepted_per_pos"):
             row[c] = json.dumps(row.get(c))
         runs.append(row)
@@ -140,7 +156,8 @@ def load(raw: str | Path):
             df[f"hybrid_{key}"] = [(x.get("hybrid") or {}).get(key) for x in extra]
         df["spec"] = spec
         df["config"] = step_configs(df["run_id"], engines.get(spec, {}).get("config") or {}, spec)
-        df["engine_config"] = engines.get(spec, {}).get("engine_config")
+        ecfg = engines.get(spec, {}).get("config") or {}
+        df["engine_config"] = engine_config_label(ecfg.get("model_runner"), ecfg.get("async_scheduling"))
         parts.append(df)
     steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if len(steps):
@@ -193,8 +210,9 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
         dev["date"] = dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds")
     record(out / "MANIFEST.json", "_device_runs", kind="where and how the measurements were made", **dev,
            summarize_command=command, engine_configs=ENGINE_NOTES,
-           engines=[{"spec": e["spec"], "engine_config": e.get("engine_config"), "start_s": round(e["start_s"], 1),
-                     "instrumented": e.get("instrumented"),
+           engines=[{"spec": e["spec"], "engine_config": run_labels(e.get("config") or {}, e)["engine_config"],
+                     "start_s": round(e["start_s"], 1), "instrumented": e.get("instrumented"),
+                     **({"resolved": e["resolved"]} if e.get("resolved") else {}),
                      "config": {k: (Path(v).name if k in ("model", "draft", "step_log") and isinstance(v, str)
                                     else v) for k, v in e["config"].items() if v not in (None, {}, "")}}
                     for e in engines])
@@ -240,7 +258,7 @@ def throughput(runs=None, out: str | Path = OUT, workload: str = "code-edit"):
     kept)."""
     import pandas as pd
 
-    runs = pd.read_csv(Path(out) / "runs.csv") if runs is None else runs
+    runs = read_runs(out) if runs is None else runs
     runs = runs[runs["task"].isin(["hybrid", "batches"])].copy()
     if "workload" in runs:
         runs = runs[runs["workload"].isna() | (runs["workload"] == workload)]
@@ -445,7 +463,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     import pandas as pd
 
     s = pd.read_parquet(Path(out) / "steps.parquet")
-    s = s[s["run_id"].str.startswith(workload) & (s["engine_config"] == "default")]
+    s = s[s["run_id"].str.startswith(workload) & (s["engine_config"] == TIMED)]
     missing = [c for c in configs if not (s["config"] == c).any()]
     if missing:
         raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the default engine in "
@@ -478,8 +496,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
         if len(g):
             m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"],
                                          grp(g))
-    runs = pd.read_csv(Path(out) / "runs.csv")
-    runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == "default")]
+    runs = read_runs(out)
+    runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == TIMED)]
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]
@@ -718,8 +736,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     if host_scaled:
         hfits = {None: fit_step_model(out, host_scaled=True, **kw)}
         hfits.update({i: fit_step_model(out, hybrid_configs=(i,), host_scaled=True, **kw) for i in idles})
-        runs = pd.read_csv(Path(out) / "runs.csv")
-        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == "default")
+        runs = read_runs(out)
+        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == TIMED)
                     & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
         q = predict_runs(prof, {c: hfits[model_of.get(c)] for c in res["config"]}, runs,
                          hfits[None]["host_index"])      # every run of the workload: alike in every fit
@@ -751,7 +769,7 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
     import pandas as pd
 
     none = pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
-    r = pd.read_csv(Path(out) / "runs.csv")
+    r = read_runs(out)
     r = r[(r["task"] == "hybrid") & (r["workload"] == workload) & r["run_id"].str.contains("@", regex=False)]
     if not (r["config"] == base).any():          # no rotated engine, or none with the base among its policies
         return none

@@ -8,8 +8,8 @@ Parts, in the order they run (what a later session cannot recover, and what the 
      then run the hybrid task too (one engine start serves both); ``predict`` profiles vLLM's outputs with the
      package's profiler (torch, on the GPU), ``agreement`` compares step by step
   b  the live hybrid: no SD (plain greedy: the lossless reference), PR #24344's rule, its EAGLE-skipping variant
-  c  Llama-3.1-8B dimensions, dummy weights, no SD: vLLM's default engine vs the study-like one (bs 1/16/64/256,
-     512-token prompt, 256 tokens, every shape warmed, 3 repeats)
+  c  Llama-3.1-8B dimensions, dummy weights, no SD: vLLM's default engine (its choice of runner: V2) vs the
+     study-like one (bs 1/16/64/256, 512-token prompt, 256 tokens, every shape warmed, 3 repeats)
   d  EAGLE drafting time: the Qwen head at k = 1 and 12 (k = 5 from part a's engine)
 
 The second session (``SESSION_PARTS[2]``; the first showed vLLM 0.25's V1 runner fast only on uniform 1 + k decode
@@ -78,7 +78,7 @@ def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_di
         if part == "b":
             return [hy["none"], hy["pr24344"], hy["pr24344-skip"]]
         eagle, ngram = ({**hy[m], "tasks": [_agreement_task()] + hy[m]["tasks"]} for m in ("eagle", "ngram"))
-        draft = {"name": "agree-draft", "engine_config": "default",
+        draft = {"name": "agree-draft", "engine_config": "v1-forced",
                  "config": {**hy["none"]["config"], "method": "draft_model", "k": K,
                             "draft": draft_dir},
                  "tasks": [_agreement_task()]}
@@ -97,7 +97,7 @@ def part_specs(part: str, head: str = "HEAD", model_dir: str = "MODEL", draft_di
                 "vocab_size": 151936, "repeats": 1, "warm_each": True}
         cfg = {"model": model_dir, "name": QWEN, "method": "eagle", "draft": head, "max_model_len": 4096,
                "max_num_seqs": 64, "async_scheduling": None, "gpu_memory_utilization": 0.85}
-        return [{"name": f"draftk-qwen-eagle-k{k}", "engine_config": "default", "tasks": [task],
+        return [{"name": f"draftk-qwen-eagle-k{k}", "engine_config": "v1-forced", "tasks": [task],
                  "config": {**cfg, "k": k}} for k in (1, 12)]
     raise ValueError(f"unknown part {part!r}; parts: {', '.join(PARTS)}, {', '.join(PARTS_2)}")
 
@@ -116,7 +116,7 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
     if part == "e":
         return _s2(hybrid_specs(head, methods=("none",) + PADDED, **kw))
     if part == "f":
-        return _s2(hybrid_specs(head, methods=("eagle",), engine_config="vllm-default", **kw)
+        return _s2(hybrid_specs(head, methods=("eagle",), engine_config="default", **kw)
                    + hybrid_specs(head, methods=("none",), instrumented=False, **kw))
     if part == "g":
         best = best or DEFAULT_BEST
@@ -207,7 +207,7 @@ def _drafting_spec(target: str, k: int) -> dict:
     cfg = {"model": t["model"], "name": t["name"], "method": "eagle", "draft": t["draft"], "k": k,
            "load_format": "dummy", "max_model_len": 4096, "max_num_seqs": 64, "async_scheduling": None,
            "gpu_memory_utilization": 0.85}
-    return {"name": f"draftk-{target}-eagle-k{k}{S6}", "engine_config": "default", "tasks": [task], "config": cfg}
+    return {"name": f"draftk-{target}-eagle-k{k}{S6}", "engine_config": "v1-forced", "tasks": [task], "config": cfg}
 
 
 def best_padded(results: str | Path) -> str:

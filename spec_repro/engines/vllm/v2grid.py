@@ -1,0 +1,197 @@
+"""EAGLE on vLLM's own runner (V2 for EAGLE on a dense Qwen2 target), uninstrumented, beside no SD, n-gram and the
+draft model: what a vLLM 0.25 user gets, with real weights.
+
+The committed live runs timed EAGLE on the V1 runner, forced for the plugin's step log (``labels``: ``v1-forced``);
+vLLM itself runs EAGLE on V2, which drafted 1.8-2.3x faster per step on one H200 (dummy weights). This job
+measures vLLM's own choice (``engine_config="default"``: no forced runner, no forced async scheduling, no plugin)
+on Qwen2.5-Coder-1.5B-Instruct (real weights) with the package's EAGLE head: no SD, EAGLE at k = 3, 1, 5, 2,
+n-gram at one k (V1: V2 does not support it; prompt lookup 3..7 as the study) and the 0.5B draft model at one k.
+One engine per configuration serves both workloads (engine starts cost 40-90 s): code-edit then sharegpt, bs 1 /
+8 / 32 / 64, ``repeats`` timed passes after one warm-up pass per shape (``jobs._hybrid_task``). Every run records
+tok/s (output tokens over wall time, and vLLM's own ``vllm:generation_tokens`` counter), vLLM's spec-decode
+counters (drafts, draft tokens, accepted tokens, accepted per position: ``llm.get_metrics()`` diffed around the
+run) and what ran (runner, async scheduling, instrumented: ``labels``).
+
+    python -m spec_repro.engines.vllm.v2grid plan                        # CPU: the specs, seconds, what is deferred
+    python -m spec_repro.engines.vllm.v2grid run --head DIR --out $OUT --deadline 1000
+    python -m spec_repro.engines.vllm.v2grid table --out $OUT            # per configuration, workload, batch size
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PLAN = ROOT / "gpu" / "plans" / "v2grid.json"
+MODEL, DRAFT_MODEL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+WORKLOADS = ("code-edit", "sharegpt")        # in run order: code-edit first
+BATCH_SIZES = (1, 8, 32, 64)                  # in run order: bs 1 first
+EAGLE_KS = (3, 1, 5, 2)                       # k = 3 first (the study's), then the rest
+NGRAM_K = 5                                   # as the committed V1 n-gram runs (data/gpu/live*): comparable with them
+DRAFT_K = 3
+
+
+def grid_specs(head: str, *, model_dir: str | None = None, draft_dir: str | None = None, repeats: int = 3,
+               max_tokens: int = 256, prompts_per_bs: int = 8, workloads=WORKLOADS, batch_sizes=BATCH_SIZES,
+               eagle_ks=EAGLE_KS, ngram_k: int = NGRAM_K, draft_k: int | None = DRAFT_K) -> list[dict]:
+    """The engine specs in priority order: no SD, EAGLE at ``eagle_ks[0]``, n-gram, EAGLE at the other k, the
+    draft model (``draft_k=None``: left out). Every spec is vLLM's own configuration (``engine_config="default"``,
+    uninstrumented) running ``jobs.hybrid_specs``'s task (the workloads' first prompts, chunks of B, a warm-up pass
+    then ``repeats`` timed ones, greedy, EOS ignored, outputs kept). Names ``v2grid-<method>-k<k>``. Pure."""
+    from .jobs import hybrid_specs
+
+    if repeats < 3:
+        raise ValueError(f"repeats must be >= 3 (a spread to read), got {repeats}")
+    base = hybrid_specs(head, model_dir=model_dir, methods=("none",), repeats=repeats, max_tokens=max_tokens,
+                        prompts_per_bs=prompts_per_bs, workloads=workloads, batch_sizes=batch_sizes,
+                        engine_config="default")[0]
+    if draft_dir is None and draft_k is not None:
+        from ... import models
+
+        draft_dir = str(models.converted_dir(DRAFT_MODEL))
+
+    def spec(method: str, k: int, **cfg) -> dict:
+        c = {**base["config"], "method": method, "k": int(k), **cfg}
+        return {**base, "name": f"v2grid-{method}-k{k if method != 'none' else 0}", "config": c,
+                "tasks": [dict(t) for t in base["tasks"]]}
+
+    ks = [int(k) for k in eagle_ks]
+    specs = [spec("none", 0), spec("eagle", ks[0], draft=str(head)), spec("ngram", ngram_k)]
+    specs += [spec("eagle", k, draft=str(head)) for k in ks[1:]]
+    if draft_k is not None:
+        specs.append(spec("draft_model", draft_k, draft=str(draft_dir)))
+    for s in specs:
+        s["config"].pop("step_log", None)
+        assert s["instrumented"] is False and s["config"]["model_runner"] == "default"
+    return specs
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------------
+def load_plan(path: str | Path = PLAN) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def engine_seconds(spec: dict, plan: dict) -> float:
+    """A spec's device seconds: the engine start plus its runs per workload (the plan's measured prices)."""
+    es = plan["engine_seconds"]
+    t = next(x for x in spec["tasks"] if x["type"] == "hybrid")
+    return es["start_s"] + len(t["workloads"]) * es["per_workload_s"][spec["config"]["method"]]
+
+
+def plan_rows(specs: list[dict], plan: dict | None = None) -> dict:
+    """The plan priced: per stage and engine its calls and seconds, the total of what runs and what the plan
+    defers (``deferred``: specs left to a later session, with the cache pieces they need)."""
+    plan = plan or load_plan()
+    deferred = {d["spec"]: d for d in plan.get("deferred", [])}
+    rows, total = [], 0.0
+    for st in plan["stages"]:
+        if st.get("engines"):
+            for s in specs:
+                sec = engine_seconds(s, plan)
+                rows.append({"stage": f"engine {s['name']}", "calls": 0, "seconds": sec,
+                             "deferred": s["name"] in deferred})
+                total += 0 if s["name"] in deferred else sec
+            continue
+        sec = st.get("seconds", st.get("seconds_each", 0) * st["calls"])
+        rows.append({"stage": st["stage"], "calls": st["calls"], "seconds": sec, "deferred": False})
+        total += sec
+    extra = sum(5 * d.get("pieces", 0) + engine_seconds(next(s for s in specs if s["name"] == n), plan)
+                for n, d in deferred.items() if any(s["name"] == n for s in specs))
+    return {"rows": rows, "total_s": total, "limit_s": plan["limit_s"], "fits": total <= plan["limit_s"],
+            "deferred": sorted(deferred), "deferred_s": extra}
+
+
+# ---- rows from the results --------------------------------------------------------------------------------------
+def grid_rows(records: list[dict]) -> list[dict]:
+    """One row per timed run of a results.jsonl (``run`` records) with what ran (``labels.run_labels`` from its
+    engine's config and resolved settings), tok/s from the output tokens and wall time, vLLM's generation-token
+    counter beside it, and acceptance from vLLM's spec-decode counters: acceptance length 1 + accepted / drafts,
+    rate accepted / draft tokens, per-position rates accepted_per_pos / drafts."""
+    from .labels import run_labels
+
+    engines = {r["spec"]: r for r in records if r.get("kind") == "engine"}
+    rows = []
+    for r in records:
+        if r.get("kind") != "run":
+            continue
+        e = engines.get(r["spec"], {})
+        cfg = r.get("config") or e.get("config") or {}
+        drafts = r.get("num_drafts") or 0
+        rows.append({"spec": r["spec"], "method": cfg.get("method"), "k": r.get("k"), "workload": r.get("workload"),
+                     "batch_size": r.get("batch_size"), "repeat": r.get("repeat"), "chunk": r.get("chunk"),
+                     "output_tokens": r.get("output_tokens"),
+                     "vllm_generation_tokens": r.get("vllm_generation_tokens"), "wall_s": r.get("wall_s"),
+                     "tok_s": r["output_tokens"] / r["wall_s"] if r.get("wall_s") else None,
+                     "num_drafts": drafts, "num_draft_tokens": r.get("num_draft_tokens") or 0,
+                     "num_accepted_tokens": r.get("num_accepted_tokens") or 0,
+                     "accepted_per_pos": list(r.get("accepted_per_pos") or []),
+                     "acceptance_length": 1 + (r.get("num_accepted_tokens") or 0) / drafts if drafts else None,
+                     "acceptance_rate": ((r.get("num_accepted_tokens") or 0) / r["num_draft_tokens"]
+                                         if r.get("num_draft_tokens") else None),
+                     "per_position_rate": [a / drafts for a in r.get("accepted_per_pos") or []] if drafts else [],
+                     "instrumented": bool(r.get("instrumented")), **run_labels(cfg, e)})
+    return rows
+
+
+def grid_table(rows: list[dict]):
+    """Per configuration (spec), workload and batch size: tok/s per repeat (its chunks' tokens over their wall
+    time), mean / min / max over repeats, acceptance length over all its drafts, and the labels of what ran."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    keys = ["spec", "method", "k", "workload", "batch_size"]
+    lab = ["runner", "async_scheduling", "instrumented", "engine_config"]
+    g = df.groupby(keys + ["repeat"] + lab, dropna=False).agg(
+        tokens=("output_tokens", "sum"), wall=("wall_s", "sum"), acc=("num_accepted_tokens", "sum"),
+        drafts=("num_drafts", "sum")).reset_index()
+    g["tok_s"] = g["tokens"] / g["wall"]
+    t = g.groupby(keys + lab, dropna=False, sort=False).agg(
+        tok_s=("tok_s", "mean"), tok_s_min=("tok_s", "min"), tok_s_max=("tok_s", "max"), repeats=("tok_s", "size"),
+        acc=("acc", "sum"), drafts=("drafts", "sum")).reset_index()
+    t["acceptance_length"] = (1 + t["acc"] / t["drafts"]).where(t["drafts"] > 0)
+    return t.drop(columns=["acc", "drafts"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.v2grid", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("plan", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("--head", default="HEAD", help="the package's EAGLE head for Qwen2.5-Coder-1.5B (a dir)")
+        p.add_argument("--model-dir", help="default: spec_repro.models.converted_dir('qwen2.5-coder-1.5b')")
+        p.add_argument("--draft-dir", help="default: spec_repro.models.converted_dir('qwen2.5-coder-0.5b')")
+        p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--ngram-k", type=int, default=NGRAM_K)
+        p.add_argument("--draft-k", type=int, default=DRAFT_K, help="0: no draft-model engine")
+        p.add_argument("--only", nargs="*", help="these spec names only")
+        if name == "run":
+            p.add_argument("--out", required=True)
+            p.add_argument("--timeout", type=float, default=600, help="seconds per engine spec")
+            p.add_argument("--deadline", type=float, help="seconds from now for the whole job")
+    t = sub.add_parser("table")
+    t.add_argument("--out", required=True, help="the job's folder (its results.jsonl)")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        recs = [json.loads(x) for x in open(Path(a.out) / "results.jsonl") if x.strip()]
+        print(grid_table(grid_rows(recs)).to_string(index=False))
+        return 0
+    specs = grid_specs(a.head, model_dir=a.model_dir or ("MODEL" if a.cmd == "plan" else None),
+                       draft_dir=a.draft_dir or ("DRAFT" if a.cmd == "plan" else None), repeats=a.repeats,
+                       ngram_k=a.ngram_k, draft_k=a.draft_k or None)
+    if a.only:
+        specs = [s for s in specs if s["name"] in a.only]
+    if a.cmd == "plan":
+        p = plan_rows(specs)
+        for r in p["rows"]:
+            print(json.dumps(r))
+        print(json.dumps({k: v for k, v in p.items() if k != "rows"}))
+        return 0 if p["fits"] else 1
+    from .jobs import run_specs
+
+    return run_specs(specs, Path(a.out), a.timeout, False, None, a.deadline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The V2 grid job (v2grid): its engine specs, its plan against the lease, and runs parsed into rows. The metrics
+below are built from vLLM 0.25's documented metric names (``LLM.get_metrics()``); they are not a recorded run."""
+from types import SimpleNamespace
+
+import pytest
+
+from spec_repro.engines.vllm import engine as V
+from spec_repro.engines.vllm import v2grid as G
+
+
+def specs(**kw):
+    return G.grid_specs("/h", model_dir="/m", draft_dir="/d", **kw)
+
+
+def test_specs_are_vllms_own_choice_in_priority_order():
+    s = specs()
+    assert [x["name"] for x in s] == ["v2grid-none-k0", "v2grid-eagle-k3", "v2grid-ngram-k5", "v2grid-eagle-k1",
+                                      "v2grid-eagle-k5", "v2grid-eagle-k2", "v2grid-draft_model-k3"]
+    for x in s:
+        c = x["config"]
+        assert x["engine_config"] == "default" and x["instrumented"] is False and "step_log" not in c
+        assert c["model_runner"] == "default" and c["async_scheduling"] is None and "hybrid" not in c
+        assert c["model"] == "/m" and c["max_num_seqs"] == 64
+        cfg = V.VLLMConfig(**c)                       # a valid engine configuration, vLLM's runner left to vLLM
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in V.engine_env(cfg) and "async_scheduling" not in V.engine_kwargs(cfg)
+        (t,) = x["tasks"]
+        assert t["type"] == "hybrid" and t["workloads"] == ["code-edit", "sharegpt"]      # code-edit first
+        assert t["batch_sizes"] == [1, 8, 32, 64] and t["repeats"] >= 3                 # bs 1 first
+    by = {x["name"]: x["config"] for x in s}
+    assert by["v2grid-eagle-k3"]["draft"] == "/h" and by["v2grid-draft_model-k3"]["draft"] == "/d"
+    sc = V.speculative_config(V.VLLMConfig(**by["v2grid-ngram-k5"]))
+    assert (sc["prompt_lookup_min"], sc["prompt_lookup_max"]) == (3, 7)      # as the study
+    assert [x["name"] for x in specs(draft_k=None)][-1] == "v2grid-eagle-k2"
+    with pytest.raises(ValueError, match="repeats"):
+        specs(repeats=2)
+
+
+def test_plan_fits_the_lease_or_names_what_it_defers():
+    plan = G.load_plan()
+    p = G.plan_rows(specs(), plan)
+    assert p["limit_s"] == 1500
+    assert p["fits"], p
+    names = [x["name"] for x in specs()]
+    assert set(p["deferred"]) <= set(names)
+    ran = [r for r in p["rows"] if r["stage"].startswith("engine ") and not r["deferred"]]
+    assert [r["stage"] for r in ran][:2] == ["engine v2grid-none-k0", "engine v2grid-eagle-k3"]   # first priorities
+    assert p["total_s"] + p["deferred_s"] > p["limit_s"] or not p["deferred"]   # deferring was needed, or none is
+
+
+def _metric(name, value=None, values=None):
+    # the shape of vllm.v1.metrics.reader's Counter / Vector (name, labels, value / values)
+    return SimpleNamespace(name=name, labels={"model_name": "m", "engine": "0"}, value=value, values=values)
+
+
+def test_spec_decode_metrics_parse_into_a_row():
+    before = [_metric("vllm:spec_decode_num_drafts", 10), _metric("vllm:spec_decode_num_draft_tokens", 30),
+              _metric("vllm:spec_decode_num_accepted_tokens", 20), _metric("vllm:generation_tokens", 100),
+              _metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[9, 7, 4])]
+    after = [_metric("vllm:spec_decode_num_drafts", 110), _metric("vllm:spec_decode_num_draft_tokens", 330),
+             _metric("vllm:spec_decode_num_accepted_tokens", 170), _metric("vllm:generation_tokens", 356),
+             _metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[79, 57, 34]),
+             _metric("vllm:num_requests_running", 0)]
+    d = V.diff_spec_metrics(V.parse_spec_metrics(after), V.parse_spec_metrics(before))
+    assert d == {"num_drafts": 100, "num_draft_tokens": 300, "num_accepted_tokens": 150,
+                 "accepted_per_pos": [70, 50, 30], "generation_tokens": 256}
+    r = V.RunResult.from_counts(spec=d, run_id="code-edit-b1-c0-r0", model="qwen2.5-coder-1.5b", method="eagle",
+                                k=3, batch_size=1, n_requests=1, prompt_len=100, output_tokens=256, wall_s=0.5,
+                                output_tok_per_s=512.0)
+    cfg = G.grid_specs("/h", model_dir="/m", draft_k=None)[1]["config"]
+    eng = {"kind": "engine", "spec": "v2grid-eagle-k3", "config": cfg, "instrumented": False,
+           "resolved": {"runner": "v2", "async_scheduling": True, "runner_source": "vllm_config"}}
+    run = {"kind": "run", "spec": "v2grid-eagle-k3", "config": cfg, **r.to_dict(), "task": "hybrid",
+           "workload": "code-edit", "repeat": 0, "chunk": 0}
+    (row,) = G.grid_rows([eng, run, {"kind": "done", "spec": "v2grid-eagle-k3"}])
+    assert row["acceptance_length"] == 2.5 and row["acceptance_rate"] == 0.5
+    assert row["per_position_rate"] == [0.7, 0.5, 0.3] and row["vllm_generation_tokens"] == 256
+    assert row["tok_s"] == 512.0
+    assert (row["runner"], row["async_scheduling"], row["instrumented"]) == ("v2", True, False)
+    assert (row["engine_config"], row["runner_forced"], row["runner_source"]) == ("default", None, "vllm_config")
+    t = G.grid_table([row, {**row, "repeat": 1, "wall_s": 1.0}, {**row, "repeat": 2, "wall_s": 0.25}])
+    assert t["repeats"].tolist() == [3] and t["tok_s_max"].tolist() == [1024.0] and t["runner"].tolist() == ["v2"]
