@@ -180,7 +180,7 @@ def _run_reproduce(args):
     from pathlib import Path
 
     from .guard import out_dir
-    from .reproduce import parse_parameters, reproduce
+    from .reproduce import ParameterError, parse_parameters, reproduce
 
     inputs = [*(args.traces or [])]
     out_dir(args.out, "--out", inputs=inputs)
@@ -194,13 +194,15 @@ def _run_reproduce(args):
             read_trace(f)
     try:
         params = parse_parameters(args.parameter)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if args.traces:
-        params["traces"] = [str(Path(t).resolve()) for t in args.traces]
-    try:
+        if args.traces and "traces" in params:
+            raise ParameterError("traces given twice: with --traces and with -p traces=; give one")
+        if args.traces:
+            params["traces"] = [str(Path(t).resolve()) for t in args.traces]
         results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
                                    parameters=params or None, gpu_deadline_s=args.gpu_deadline, head=args.head)
+    except ParameterError as e:      # a bad -p (or a path papermill cannot pass as data): a usage error
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out)
