@@ -164,8 +164,9 @@ def _add_reproduce(sub):
                    help="acceptance traces for the trace notebooks instead of the committed ones: ours (.parquet) "
                         "or the study's published JSON lines (combined_<dataset>.jsonl); 02 ignores them")
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-                   help="a notebook parameter, the value parsed as YAML (e.g. -p k=5 -p batch_sizes='[1, 32]'); "
-                        "repeat for several. With parameters, the committed notebooks are not rewritten")
+                   help="a notebook parameter, the value parsed as YAML plain data (e.g. -p k=5 -p "
+                        "batch_sizes='[1, 32]'; no tags or aliases, of the type the notebook declares); repeat "
+                        "for several. With parameters, the committed notebooks are not rewritten")
     p.add_argument("--gpu-deadline", type=float, default=None, metavar="SECONDS",
                    help="--profile gpu: start no new engine run after this many seconds from now (keeping time for "
                         "the notebooks); what did not run is resumed by the next run into the same --out. 0: start "
