@@ -52,7 +52,7 @@ def notebooks_dir() -> Path:
 
 # Bounds on a `-p NAME=VALUE` value: its text, its nesting and its element count (with no aliases, what the
 # text says is all there is: a value cannot grow while it is read).
-MAX_PARAMETER_CHARS = 4096
+MAX_PARAMETER_BYTES = 4096
 MAX_PARAMETER_DEPTH = 4
 MAX_PARAMETER_ITEMS = 1000
 
@@ -107,14 +107,20 @@ def _plain_data(value) -> str | None:
     strings to those, nested); otherwise what is not (e.g. ``'a date (quote it to give a string)'``)."""
     import datetime
 
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a string that is not valid UTF-8 text (a lone surrogate)"
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
         return None
     if isinstance(value, list):
         return next((w for w in map(_plain_data, value) if w), None)
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             return "a mapping with a key that is not a string (quote it)"
-        return next((w for w in map(_plain_data, value.values()) if w), None)
+        return next((w for w in map(_plain_data, [*value, *value.values()]) if w), None)
     if isinstance(value, (datetime.date, datetime.datetime)):
         return "a date (quote it to give a string)"
     return f"a {type(value).__name__}, not plain data"
@@ -165,7 +171,7 @@ def parse_parameters(items: Sequence[str]) -> dict:
     """``["NAME=VALUE", ...]`` -> {NAME: value}, each value parsed as YAML (as ``papermill -y`` does) into
     plain data: ``k=5`` is an int, ``batch_sizes=[1, 32]`` a list, ``model=qwen`` a string, ``traces=null``
     None. Refused (``ParameterError``, one line): a name given twice, a parameter ``reproduce`` sets itself
-    (``RUNNER_PARAMETERS``), a value over ``MAX_PARAMETER_CHARS`` characters, YAML tags, anchors and aliases,
+    (``RUNNER_PARAMETERS``), a value over ``MAX_PARAMETER_BYTES`` bytes (UTF-8), YAML tags, anchors and aliases,
     and a value papermill could not write as the same literal (``check_injectable``). Whether a value suits
     what the notebooks declare is ``reproduce``'s check (``check_declared``)."""
     import yaml
@@ -180,9 +186,9 @@ def parse_parameters(items: Sequence[str]) -> dict:
                                  f"{RUNNER_PARAMETERS[name]}")
         if name in out:
             raise ParameterError(f"parameter {name} given twice")
-        if len(value) > MAX_PARAMETER_CHARS:
-            raise ParameterError(f"parameter {name}: a value of {len(value)} characters; at most "
-                                 f"{MAX_PARAMETER_CHARS}")
+        size = len(value.encode("utf-8", "surrogateescape"))
+        if size > MAX_PARAMETER_BYTES:
+            raise ParameterError(f"parameter {name}: a value of {size} bytes; at most {MAX_PARAMETER_BYTES}")
         try:
             out[name] = yaml.load(value, Loader=_data_loader()) if value.strip() else ""
         except ParameterError as e:

@@ -134,7 +134,8 @@ def test_alias_bomb_is_refused_fast(tmp_path):
 
 def test_size_nesting_and_element_count_are_bounded():
     t0 = time.perf_counter()
-    for value, msg in (("x" * (R.MAX_PARAMETER_CHARS + 1), "characters; at most"),
+    for value, msg in (("x" * (R.MAX_PARAMETER_BYTES + 1), "bytes; at most"),
+                       ("é" * (R.MAX_PARAMETER_BYTES // 2 + 1), "bytes; at most"),
                        ("[" * 3000, "nested deeper"),
                        ("[[[[[1]]]]]", "nested deeper"),
                        ("[" + ",".join(["1"] * (R.MAX_PARAMETER_ITEMS + 1)) + "]", "more than")):
@@ -151,7 +152,8 @@ def test_values_round_trip_through_papermill_or_are_refused():
 
     for text, msg in ((".nan", "cannot be passed"), (".inf", "cannot be passed"),
                       ("-.inf", "cannot be passed"), ("2024-01-01", "a date"),
-                      ("{1: 2}", "key that is not a string"), ("=", "not a YAML value")):
+                      ("{1: 2}", "key that is not a string"), ("=", "not a YAML value"),
+                      ('"\\udcff"', "not valid UTF-8"), ('{"\\udcff": 1}', "not valid UTF-8")):
         with pytest.raises(ParameterError, match=msg):
             parse_parameters([f"x={text}"])
     got = parse_parameters(['a="q\\"uo\\\\te é\\n"', "b=[1, true, null, 1.5, {c: d}]", "c=data/x=y.json"])
