@@ -171,9 +171,9 @@ def parse_parameters(items: Sequence[str]) -> dict:
     """``["NAME=VALUE", ...]`` -> {NAME: value}, each value parsed as YAML (as ``papermill -y`` does) into
     plain data: ``k=5`` is an int, ``batch_sizes=[1, 32]`` a list, ``model=qwen`` a string, ``traces=null``
     None. Refused (``ParameterError``, one line): a name given twice, a parameter ``reproduce`` sets itself
-    (``RUNNER_PARAMETERS``), a value over ``MAX_PARAMETER_BYTES`` bytes (UTF-8), YAML tags, anchors and aliases,
-    and a value papermill could not write as the same literal (``check_injectable``). Whether a value suits
-    what the notebooks declare is ``reproduce``'s check (``check_declared``)."""
+    (``RUNNER_PARAMETERS``), a value over ``MAX_PARAMETER_BYTES`` bytes (UTF-8), YAML tags, anchors and
+    aliases, and a value papermill could not write as the same literal (``check_injectable``). Whether a value
+    suits what the notebooks declare is ``reproduce``'s check (``check_declared``)."""
     import yaml
 
     out = {}
