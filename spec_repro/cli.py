@@ -164,8 +164,9 @@ def _add_reproduce(sub):
                    help="acceptance traces for the trace notebooks instead of the committed ones: ours (.parquet) "
                         "or the study's published JSON lines (combined_<dataset>.jsonl); 02 ignores them")
     p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
-                   help="a notebook parameter, the value parsed as YAML (e.g. -p k=5 -p batch_sizes='[1, 32]'); "
-                        "repeat for several. With parameters, the committed notebooks are not rewritten")
+                   help="a notebook parameter, the value parsed as YAML plain data (e.g. -p k=5 -p "
+                        "batch_sizes='[1, 32]'; no tags or aliases, of the type the notebook declares); repeat "
+                        "for several. With parameters, the committed notebooks are not rewritten")
     p.add_argument("--gpu-deadline", type=float, default=None, metavar="SECONDS",
                    help="--profile gpu: start no new engine run after this many seconds from now (keeping time for "
                         "the notebooks); what did not run is resumed by the next run into the same --out. 0: start "
@@ -180,7 +181,7 @@ def _run_reproduce(args):
     from pathlib import Path
 
     from .guard import out_dir
-    from .reproduce import parse_parameters, reproduce
+    from .reproduce import ParameterError, parse_parameters, reproduce
 
     inputs = [*(args.traces or [])]
     out_dir(args.out, "--out", inputs=inputs)
@@ -194,13 +195,15 @@ def _run_reproduce(args):
             read_trace(f)
     try:
         params = parse_parameters(args.parameter)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    if args.traces:
-        params["traces"] = [str(Path(t).resolve()) for t in args.traces]
-    try:
+        if args.traces and "traces" in params:
+            raise ParameterError("traces given twice: with --traces and with -p traces=; give one")
+        if args.traces:
+            params["traces"] = [str(Path(t).resolve()) for t in args.traces]
         results, table = reproduce(args.profile, args.out, figures_dir=args.figures, notebooks=args.only,
                                    parameters=params or None, gpu_deadline_s=args.gpu_deadline, head=args.head)
+    except ParameterError as e:      # a bad -p (or a path papermill cannot pass as data): a usage error
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     out = Path(args.out)

@@ -24,7 +24,8 @@ from .findings import KEY_PREFIXES, MAX_LINE, read_summaries, summary_markdown
 from .paths import repo_root
 
 __all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
-           "clean_executed", "source_notebook", "update_readme_results", "README_MARKERS"]
+           "check_injectable", "check_declared", "ParameterError", "RUNNER_PARAMETERS", "clean_executed",
+           "source_notebook", "update_readme_results", "README_MARKERS"]
 
 NOTEBOOKS = [
     "01_proposers_vs_batch",
@@ -49,21 +50,208 @@ def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
 
 
+# Bounds on a `-p NAME=VALUE` value: its text, its nesting and its element count (with no aliases, what the
+# text says is all there is: a value cannot grow while it is read).
+MAX_PARAMETER_BYTES = 4096
+MAX_PARAMETER_DEPTH = 4
+MAX_PARAMETER_ITEMS = 1000
+
+# Notebook parameters `reproduce` sets itself, and the option that sets each instead of `-p`.
+RUNNER_PARAMETERS = {
+    "figures_dir": "--figures DIR",
+    "summary_path": "--out DIR (each notebook's rows go to DIR/summary/NAME.json)",
+}
+
+
+class ParameterError(ValueError):
+    """A notebook parameter refused; the message is one line that names the parameter and says why."""
+
+
+def _data_loader():
+    """A YAML loader for a parameter's value that builds plain data only: ``yaml.SafeLoader`` refusing, as it
+    parses and before any node is built, an explicit tag (``!!binary``, ``!!python/object``, ``!x``), an
+    anchor or alias (``&a``, ``*a``: what an alias bomb multiplies), nesting deeper than
+    ``MAX_PARAMETER_DEPTH`` and more than ``MAX_PARAMETER_ITEMS`` nodes."""
+    import yaml
+    from yaml.events import AliasEvent, CollectionStartEvent
+
+    class DataLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.depth = self.nodes = 0
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise ParameterError("YAML anchors and aliases (&, *) are not accepted: write the value out")
+            if getattr(event, "tag", None) is not None:
+                raise ParameterError(f"YAML tags ({event.tag}) are not accepted: a parameter is plain data "
+                                     "(a number, a string, true/false, null, or a list or mapping of those)")
+            self.nodes += 1
+            if self.nodes > MAX_PARAMETER_ITEMS:
+                raise ParameterError(f"more than {MAX_PARAMETER_ITEMS} elements")
+            nested = isinstance(event, CollectionStartEvent)
+            self.depth += nested
+            if self.depth > MAX_PARAMETER_DEPTH:
+                raise ParameterError(f"nested deeper than {MAX_PARAMETER_DEPTH} levels")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= nested
+
+    return DataLoader
+
+
+def _plain_data(value) -> str | None:
+    """None when ``value`` is plain data (None, bool, int, float, str, or a list of those or a mapping from
+    strings to those, nested); otherwise what is not (e.g. ``'a date (quote it to give a string)'``)."""
+    import datetime
+
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a string that is not valid UTF-8 text (a lone surrogate)"
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return None
+    if isinstance(value, list):
+        return next((w for w in map(_plain_data, value) if w), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a mapping with a key that is not a string (quote it)"
+        return next((w for w in map(_plain_data, [*value, *value.values()]) if w), None)
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return "a date (quote it to give a string)"
+    return f"a {type(value).__name__}, not plain data"
+
+
+def _same(a, b) -> bool:
+    """``a == b`` with types equal at every level (``True == 1`` and ``[1] == [1.0]`` are not the same
+    here)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _short(value, n: int = 60) -> str:
+    """``repr(value)``, cut to ``n`` characters."""
+    r = repr(value)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def check_injectable(name: str, value) -> None:
+    """Raise ``ParameterError`` unless ``value`` reaches notebook parameter ``name`` as data: plain data whose
+    assignment, as papermill writes it into the notebook (``PythonTranslator.codify``), is one assignment to
+    ``name`` of a literal that reads back as ``value`` itself (types included). A value papermill cannot write
+    as such a literal (bytes, NaN, infinity, an object) is refused, never run."""
+    import ast
+
+    from papermill.translators import PythonTranslator
+
+    what = _plain_data(value)
+    if what:
+        raise ParameterError(f"parameter {name}: {what}")
+    try:
+        (stmt,) = ast.parse(PythonTranslator.codify({name: value})).body
+        ok = (isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in stmt.targets] == [name]
+              and _same(ast.literal_eval(stmt.value), value))
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        ok = False
+    if not ok:
+        raise ParameterError(f"parameter {name}: {_short(value)} cannot be passed to a notebook as a Python "
+                             "literal that reads back as the same value (e.g. NaN, infinity)")
+
+
 def parse_parameters(items: Sequence[str]) -> dict:
-    """``["NAME=VALUE", ...]`` -> {NAME: value}, each value parsed as YAML (as ``papermill -y`` does): ``k=5`` is
-    an int, ``batch_sizes=[1, 32]`` a list, ``model=qwen`` a string, ``traces=null`` None."""
+    """``["NAME=VALUE", ...]`` -> {NAME: value}, each value parsed as YAML (as ``papermill -y`` does) into
+    plain data: ``k=5`` is an int, ``batch_sizes=[1, 32]`` a list, ``model=qwen`` a string, ``traces=null``
+    None. Refused (``ParameterError``, one line): a name given twice, a parameter ``reproduce`` sets itself
+    (``RUNNER_PARAMETERS``), a value over ``MAX_PARAMETER_BYTES`` bytes (UTF-8), YAML tags, anchors and
+    aliases, and a value papermill could not write as the same literal (``check_injectable``). Whether a value
+    suits what the notebooks declare is ``reproduce``'s check (``check_declared``)."""
     import yaml
 
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
         if not eq or not name.isidentifier():
-            raise ValueError(f"parameter {item!r}: expected NAME=VALUE, e.g. batch_sizes='[1, 32]'")
+            raise ParameterError(f"parameter {_short(item)}: expected NAME=VALUE, e.g. batch_sizes='[1, 32]'")
+        if name in RUNNER_PARAMETERS:
+            raise ParameterError(f"parameter {name} is set by reproduce itself: use "
+                                 f"{RUNNER_PARAMETERS[name]}")
+        if name in out:
+            raise ParameterError(f"parameter {name} given twice")
+        size = len(value.encode("utf-8", "surrogateescape"))
+        if size > MAX_PARAMETER_BYTES:
+            raise ParameterError(f"parameter {name}: a value of {size} bytes; at most {MAX_PARAMETER_BYTES}")
         try:
-            out[name] = yaml.safe_load(value) if value.strip() else ""
+            out[name] = yaml.load(value, Loader=_data_loader()) if value.strip() else ""
+        except ParameterError as e:
+            raise ParameterError(f"parameter {name}: {e}") from None
         except yaml.YAMLError as e:
-            raise ValueError(f"parameter {name}: {value!r} is not a YAML value ({e.problem})") from None
+            raise ParameterError(f"parameter {name}: {_short(value)} is not a YAML value "
+                                 f"({getattr(e, 'problem', None) or type(e).__name__})") from None
+        check_injectable(name, out[name])
     return out
+
+
+def _kind(value) -> str:
+    """What ``value`` is, in words: 'null', 'an int', 'a bool', 'a list', ..."""
+    if value is None:
+        return "null"
+    t = type(value).__name__
+    return ("an " if t[0] in "aeiou" else "a ") + t
+
+
+def _misfit(value, default) -> str | None:
+    """None when ``value`` suits a parameter declared ``= default``; otherwise why not. A declared None takes
+    any value (the notebook's comment says which); an int takes an int (not a bool), a float an int or a
+    float, a bool a bool, a string a string, a list a list whose elements suit the default's (when they share
+    one type). An empty string, list or mapping is refused unless the default is one: a declared None means
+    'all' or 'the notebook's choice', and an empty value would silently mean something else."""
+    empty_default = type(default) is type(value) and not default
+    if isinstance(value, (str, list, dict)) and not value and not empty_default:
+        return f"{_short(value)} is empty; leave the parameter out for the notebook's default"
+    if default is None:
+        return None
+    if isinstance(default, bool) or isinstance(value, bool):
+        fits = isinstance(value, bool) and isinstance(default, bool)
+    elif isinstance(default, int):
+        fits = isinstance(value, int)
+    elif isinstance(default, float):
+        fits = isinstance(value, (int, float))
+    else:
+        fits = isinstance(value, type(default))
+    if not fits:
+        what = "null" if value is None else f"{_short(value)} is {_kind(value)}"
+        return f"{what}; the notebook declares {_kind(default)}"
+    if isinstance(default, list) and default and len({type(x) for x in default}) == 1:
+        return next((f"element {w}" for w in (_misfit(x, default[0]) for x in value) if w), None)
+    return None
+
+
+def check_declared(parameters: Mapping, declared: Mapping[str, Mapping[str, str]]) -> None:
+    """Raise ``ParameterError`` unless each of ``parameters`` suits its declaration in every notebook that
+    declares it (``declared``: notebook -> name -> the default's source, as ``papermill.inspect_notebook``
+    reads the parameters cell; see ``_misfit``)."""
+    import ast
+
+    for name, value in parameters.items():
+        for nb, params in declared.items():
+            if name not in params:
+                continue
+            try:
+                default = ast.literal_eval(params[name])
+            except (ValueError, SyntaxError):   # a default that is an expression: no type to check against
+                continue
+            why = _misfit(value, default)
+            if why:
+                raise ParameterError(f"parameter {name}: {why} ({nb} declares {name} = {params[name]})")
 
 
 def clean_executed(src: Path, dst: Path) -> None:
@@ -172,7 +360,11 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
 
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
-    names = list(notebooks or NOTEBOOKS)
+    names = list(dict.fromkeys(notebooks or NOTEBOOKS))  # a name given twice runs once
+    own = sorted(set(parameters or {}) & set(RUNNER_PARAMETERS))
+    if own:
+        raise ParameterError(f"parameter {own[0]} is set by reproduce itself: use "
+                             f"{RUNNER_PARAMETERS[own[0]]}")
     unknown = [n for n in names if not any((notebooks_dir() / f"{n}{x}").exists() for x in (".py", ".ipynb"))]
     if unknown:
         raise FileNotFoundError(f"no such notebook(s) {unknown} in {notebooks_dir()}; have {NOTEBOOKS}")
@@ -192,13 +384,33 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     for name in names:
         sources[name] = out / "notebooks" / f"{name}.source.ipynb"
         nbformat.write(source_notebook(name), str(sources[name]))
-    declared = {n: set(pm.inspect_notebook(str(p))) for n, p in sources.items()}
+    # each notebook's parameters: name -> the default's source text
+    declared = {n: {k: v["default"] for k, v in pm.inspect_notebook(str(p)).items()}
+                for n, p in sources.items()}
+
+    def planned(parameters: Mapping | None) -> dict[str, dict]:
+        """What each notebook gets (what it declares), every value checked to reach it as data (a --figures or
+        --out path papermill cannot write as a literal, too)."""
+        plan = {}
+        for name in names:
+            params = {**PROFILES[profile], **(parameters or {}), "figures_dir": str(fig_dir),
+                      "summary_path": str(out / "summary" / f"{name}.json")}
+            plan[name] = {k: v for k, v in params.items() if k in declared[name]}
+            for k, v in plan[name].items():
+                check_injectable(k, v)
+        return plan
+
     stray = sorted(set(parameters or {}) - set().union(*declared.values()))
-    if stray:
+    try:
+        if stray:
+            known = sorted(set().union(*declared.values()) - set(RUNNER_PARAMETERS))
+            raise ParameterError(f"unknown notebook parameter(s) {stray}: the notebooks declare {known}")
+        check_declared(parameters or {}, declared)
+        plan = planned(parameters)
+    except ValueError:
         for p in sources.values():
             p.unlink(missing_ok=True)
-        known = sorted(set().union(*declared.values()) - {"figures_dir", "summary_path"})
-        raise ValueError(f"unknown notebook parameter(s) {stray}: the notebooks declare {known}")
+        raise
     if profile == "gpu":   # the grid live (long, resumable), once the notebooks and parameters are known good
         from .engines.vllm import gpu_profile
 
@@ -209,6 +421,12 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
                 p.unlink(missing_ok=True)
             raise
         parameters = {**gpu_profile.notebook_parameters(out / "gpu"), **(parameters or {})}
+        try:
+            plan = planned(parameters)
+        except ValueError:
+            for p in sources.values():
+                p.unlink(missing_ok=True)
+            raise
     results: list[NotebookResult] = []
     bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
     for name in bar:
@@ -218,9 +436,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
         summ = out / "summary" / f"{name}.json"
         summ.unlink(missing_ok=True)
         before = {p.name: p.stat().st_mtime for p in fig_dir.glob("*.png")}
-        params = {**PROFILES[profile], **(parameters or {}), "figures_dir": str(fig_dir),
-                  "summary_path": str(summ)}
-        params = {k: v for k, v in params.items() if k in declared[name]}  # each notebook gets what it declares
+        params = plan[name]
         log = out / "notebooks" / f"{name}.kernel.log"
         log.unlink(missing_ok=True)
         t0 = time.perf_counter()
