@@ -1,9 +1,9 @@
 #!/bin/bash
 # The Qwen2.5-Coder-1.5B EAGLE head, trained on the lent H200 and brought back in parts of at most 16 MiB (committed
 # under data/heads/qwen2.5-coder-1.5b-eagle/ with their sha256; `spec_repro.parts` joins and verifies them on load).
-# The target's decodes of the training prompts come back too (data/heads/qwen2.5-coder-1.5b-eagle/decodes/): a
-# later run that continues the head (INIT=) reads them instead of decoding again (DECODES=).
-# The plan, stage by stage, with measured seconds: gpu/plans/head.json (`spec-repro vllm plan gpu/plans/head.json`).
+# The target's decodes of the training prompts come back too (data/heads/decodes/qwen2.5-coder-1.5b/): a later run
+# that continues the head (INIT=) reads them instead of decoding again (DECODES=; staged by DECODES=1 gpu/stage_cache.sh).
+# The plan, stage by stage, with the seconds it took: gpu/plans/head.json.
 #
 #   here:  bash ../shared/gpu/prepare.sh; WORKLOADS="sharegpt sharegpt-turns py-functions py-write code-edit \
 #            gsm-symbolic humaneval mt-bench" bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b; bash gpu/travel.sh light
@@ -13,8 +13,10 @@
 #          LEFT=<budget_left_s> bash gpu/head_job.sh start      (detached; the training stops LEFT - MARGIN s later)
 #          sleep S; bash gpu/head_job.sh status      (the logs; once the head is split, its record into $OUT)
 #          bash gpu/head_job.sh back 0-3             (parts 0..3 of files.txt into $OUT: 64 MiB at most a call)
-#   here:  bash gpu/travel.sh restore; bash gpu/travel.sh land /work/.device/... (the parts into data/heads/)
-# Knobs: INIT=DIR (continue that head), DECODES=FILE (a decodes file: read when it exists, else written),
+#   here:  bash gpu/travel.sh restore; the parts, manifests, config.json and TRAINING.json into
+#          data/heads/qwen2.5-coder-1.5b-eagle/, the decodes' into data/heads/decodes/qwen2.5-coder-1.5b/
+# Knobs: INIT=DIR (continue that head: data/heads/qwen2.5-coder-1.5b-eagle, staged), DECODES=FILE (a decodes file: read
+# when it exists, e.g. data/heads/decodes/qwen2.5-coder-1.5b/decodes.parquet.parts.json once staged, else written),
 # LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \

@@ -4,7 +4,8 @@
 #   bash gpu/stage_cache.sh [MB_PER_PIECE] MODEL...      e.g.  bash gpu/stage_cache.sh 54 smollm2-135m qwen2.5-coder-1.5b
 #   WORKLOADS="code-edit sharegpt ..." stages only those workloads (default: all, sharegpt-turns' 156 MB included)
 #   Each MODEL's committed EAGLE head (data/heads/, joined from its parts and verified) comes along by default
-#   (NO_HEAD=1: not); HEADS="<sha256> ..." adds other trained heads ($SPEC_REPRO_CACHE/heads/<sha256>/)
+#   (NO_HEAD=1: not); DECODES=1 adds its committed training decodes (data/heads/decodes/MODEL/, for a run that
+#   continues the head); HEADS="<sha256> ..." adds other trained heads ($SPEC_REPRO_CACHE/heads/<sha256>/)
 # Result: .carry/pNN/ and .carry/extra/ (the gguf wheel) (one device call each: carry=[".carry/pNN"], command `bash gpu/device.sh piece pNN`), then
 # `bash gpu/device.sh cache` on the device reassembles the stream, untars it under /root/cache and checks every
 # GGUF against the sha256 the package pins. Run `spec-repro models fetch MODEL` and the workloads once here first.
@@ -42,6 +43,11 @@ for m in "$@"; do
 from spec_repro.proposers.eagle_files import COMMITTED_HEADS, committed_head
 print(committed_head('$m') if '$m' in COMMITTED_HEADS else '')") || exit 3
   case "$h" in "$C"/heads/*) paths+=("heads/$(basename "$h")"); echo "head: $h" ;; esac
+  dm=data/heads/decodes/$m/decodes.parquet.parts.json
+  if [ "${DECODES:-0}" = 1 ] && [ -f $dm ]; then
+    d=$(python3 -c "from spec_repro.parts import cached; print(cached('$dm'))") || exit 3
+    paths+=("${d#$C/}"); echo "decodes: $d"
+  fi
 done
 # gzip -1: the workloads' text (sharegpt-turns' 163 MB of chat histories) shrinks ~4x, the quantized GGUFs pass through
 tar cf - -C "$C" --exclude='*.lock' --exclude='.build-*' "${paths[@]}" | gzip -1 | split -b ${MB}M -d -a 2 - .carry/parts/cache.tgz.
