@@ -24,6 +24,7 @@ export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=
   DO_NOT_TRACK=1
 R=/root/res; Q=qwen2.5-coder-1.5b; HEAD=$R/head; BACK=$R/back
 mkdir -p $R
+listback() { (cd $BACK && ls | grep -E '\.part[0-9]+$|\.tgz$' | grep -v logs.tgz > files.txt); }   # what `back` sends
 case "$1" in
   vllm)  shift; mkdir -p /root/stage && for c in "$@"; do cp .stage/$c/* /root/stage/; done; ls /root/stage | wc -l ;;
   piece) bash gpu/device.sh piece $2 ;;
@@ -31,43 +32,66 @@ case "$1" in
     bash .stage/run/install.sh || exit 2
     bash gpu/device.sh cache || exit 3
     python3 -c "from spec_repro import models; models.convert('$Q')" > $R/log_convert.txt 2>&1; tail -n 2 $R/log_convert.txt
+    [ -d .carry/traces ] && mkdir -p $R/traces && cp .carry/traces/* $R/traces/ && ls $R/traces
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ;;
-  start)
-    B=$(( ${LEFT:?LEFT=<budget_left_s>} - ${MARGIN:-170} ))
-    echo $(( $(date +%s) + B )) > $R/end_epoch
-    setsid nohup env BUDGET=$B bash gpu/head_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
-    sleep 2; echo "started: training budget $B s" ;;
+  start)      # LEFT=<budget_left_s>: the pipeline ends MARGIN s before the lease does; TRAIN_S: the training's share
+    E=$(( ${LEFT:?LEFT=<budget_left_s>} - ${MARGIN:-170} )); echo $(( $(date +%s) + E )) > $R/end_epoch
+    setsid nohup env TRAIN_S=${TRAIN_S:-$E} bash gpu/head_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
+    sleep 2; echo "started: ends in $E s, training budget ${TRAIN_S:-$E} s" ;;
   run)
-    [ -f $HEAD/TRAINING.json ] || python3 -m spec_repro.cli train eagle --engine vllm --target $Q --out $HEAD \
-      --workloads sharegpt sharegpt-turns py-functions py-write --train-n 20000 sharegpt-turns=5000 --val-n 64 \
-      --max-new-tokens 1024 --steps 100000 --time-budget $BUDGET --lr ${LR:-8e-4} --tokens-per-batch 16384 \
-      --ttt-depth 5 --depth-decay ${DECAY:-0.8} ${INIT:+--init-head $INIT} --decodes ${DECODES:-$R/decodes.parquet} \
-      --device cuda > $R/log_train.txt 2>&1
-    echo "train rc=$?" >> $R/log_train.txt
-    # what comes back: the head's record, config and weights in parts; the decodes in parts (16 MiB at most each)
-    if [ -f $HEAD/TRAINING.json ] && [ ! -f $BACK/done ]; then
-      rm -rf $BACK && mkdir -p $BACK
+    # (1) the head: trained (or continued: INIT, DECODES) unless TRAIN_S=0
+    if [ "${TRAIN_S:-0}" != 0 ] && [ ! -f $HEAD/TRAINING.json ]; then
+      python3 -m spec_repro.cli train eagle --engine vllm --target $Q --out $HEAD \
+        --workloads sharegpt sharegpt-turns py-functions py-write --train-n 20000 sharegpt-turns=5000 --val-n 64 \
+        --max-new-tokens 1024 --steps 100000 --time-budget $TRAIN_S --lr ${LR:-8e-4} --tokens-per-batch 16384 \
+        --ttt-depth 5 --depth-decay ${DECAY:-0.8} ${INIT:+--init-head $INIT} --decodes ${DECODES:-$R/decodes.parquet} \
+        --device cuda > $R/log_train.txt 2>&1
+      echo "train rc=$?" >> $R/log_train.txt
+    fi
+    mkdir -p $BACK
+    if [ -f $HEAD/TRAINING.json ] && [ ! -f $BACK/done_head ]; then   # the head and new decodes, in parts
       python3 -c "
 from spec_repro.parts import split
 split('$HEAD/model.safetensors', '$BACK')
-import os; d = '${DECODES:-$R/decodes.parquet}'
+import os; d = '$R/decodes.parquet'
 os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
       cp $HEAD/TRAINING.json $HEAD/config.json $BACK/ && tar czf $BACK/logs.tgz -C $R log_train.txt pipeline.log log_convert.txt
-      (cd $BACK && ls | grep -E '\.part[0-9]+$' > files.txt) && touch $BACK/done
+      touch $BACK/done_head; listback
+    fi
+    H=$HEAD; [ -f $HEAD/TRAINING.json ] || H=data/heads/$Q-eagle     # else the committed head (staged)
+    # (2) the committed traces' eagle column profiled again with this head (teacher forcing over their stored
+    #     vLLM outputs; setup placed them in $R/traces from .carry/traces)
+    if [ "${REPROFILE:-0}" = 1 ] && [ ! -f $R/done_reprofile ]; then
+      python3 -m spec_repro.cli collect --engine vllm --model $Q --workloads sharegpt code-edit gsm-symbolic humaneval \
+        mt-bench -n 300 --upto --max-new-tokens 2048 --k-max 16 --proposers ngram draft early-exit eagle \
+        --draft-model qwen2.5-coder-0.5b --eagle-head $H --reprofile eagle --device cuda --batch-size 32 \
+        --out $R/traces > $R/log_reprofile.txt 2>&1 && touch $R/done_reprofile
+      echo "reprofile rc=$?" >> $R/log_reprofile.txt
+      [ -f $R/done_reprofile ] && tar czf $BACK/traces.tgz -C $R --exclude='.partial' --exclude='*.lock' traces \
+        log_reprofile.txt && listback
+    fi
+    # (3) the V2 grid (spec_repro.engines.vllm.v2grid: vLLM's own runner, uninstrumented) in the time left
+    if [ "${GRID:-0}" = 1 ]; then
+      python3 -m spec_repro.engines.vllm.v2grid run --head $H --out $R/v2grid ${GRID_ONLY:+--only $GRID_ONLY} \
+        --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) > $R/log_grid.txt 2>&1
+      echo "grid rc=$?" >> $R/log_grid.txt
+      tar czf $BACK/v2grid.tgz -C $R v2grid log_grid.txt && listback
     fi
     echo PIPE_FINISHED ;;
+  grid)       # the grid's results so far (resumable: a later run skips finished engines), into $OUT
+    tar czf $OUT/v2grid_now.tgz -C $R v2grid log_grid.txt 2>/dev/null; ls -la $OUT ;;
   status)
-    for f in $R/pipeline.log $R/log_train.txt; do
+    for f in $R/pipeline.log $R/log_train.txt $R/log_reprofile.txt $R/log_grid.txt; do
       [ -f $f ] && { echo "== $f"; tail -c 2500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 6; }
     done
     [ -f $R/end_epoch ] && echo "budget ends in $(( $(cat $R/end_epoch) - $(date +%s) )) s"
-    [ -f $BACK/done ] && { cp $BACK/TRAINING.json $BACK/config.json $BACK/files.txt $BACK/*.parts.json $BACK/logs.tgz $OUT/; cat $BACK/files.txt | tr '\n' ' '; echo; }
+    [ -f $BACK/files.txt ] && { cp $BACK/*.json $BACK/files.txt $BACK/logs.tgz $OUT/ 2>/dev/null; cat -n $BACK/files.txt | tr '\n' ' '; echo; }
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
-  back)  # back A-B: files A..B (0-based) of $BACK/files.txt into $OUT
-    [ -f $BACK/done ] || { echo "nothing to bring back yet"; exit 0; }
+  back)  # back A-B: files A..B (0-based) of $BACK/files.txt into $OUT (64 MiB at most a call: 4 head parts)
+    [ -f $BACK/files.txt ] || { echo "nothing to bring back yet"; exit 0; }
     sed -n "$(( ${2%-*} + 1 )),$(( ${2#*-} + 1 ))p" $BACK/files.txt | while read f; do cp $BACK/$f $OUT/; done; ls -la $OUT ;;
   stop)
-    pkill -f "head_job.sh run"; pkill -f "spec_repro.cli train"; sleep 3; pkill -9 -f "spec_repro.cli train"
+    pkill -f "head_job.sh run"; pkill -f "spec_repro"; sleep 3; pkill -9 -f "spec_repro"; pkill -9 -f EngineCore
     nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
-  *) echo "stages: vllm piece setup start run status back stop"; exit 2 ;;
+  *) echo "stages: vllm piece setup start run status back grid stop"; exit 2 ;;
 esac
