@@ -579,8 +579,9 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
 
 
 def _id_lists(arr) -> tuple[np.ndarray, list]:
-    """The rows of a parquet list column that hold a list, and those lists (Python lists, as ``to_pylist`` gives
-    them), read from the column's offsets and flat values in one numpy pass rather than element by element."""
+    """The rows of a parquet list column that hold a list, and those lists (Python lists, as ``to_pylist``
+    gives them), read from the column's offsets and flat values in one numpy pass rather than element by
+    element."""
     import pyarrow as pa
 
     a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr

@@ -218,8 +218,8 @@ def test_compiled_walk_takes_the_lockstep_walks_steps(oracle):
 
 def test_ngram_match_is_kept_on_disk_by_content(tmp_path, monkeypatch):
     """A recomputed match is kept under $SPEC_REPRO_CACHE/ngram/: a new process (here: the in-process cache
-    emptied) reads it instead of running the lookup, with the same lengths, alignment and agreement; an altered
-    entry is computed again; SPEC_REPRO_TRACE_CACHE=0 keeps nothing."""
+    emptied) reads it instead of running the lookup, with the same lengths, alignment and agreement; an
+    altered entry is computed again; SPEC_REPRO_TRACE_CACHE=0 keeps nothing."""
     import spec_repro.proposers.ngram as ngram_mod
     import spec_repro.simcore as simcore
 

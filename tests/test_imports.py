@@ -1,14 +1,14 @@
-"""No import circle among spec_repro's modules outside ``spec_repro/engines/vllm/`` (that package runs inside vLLM's
-processes and is checked on its own terms).
+"""No import circle among spec_repro's modules outside ``spec_repro/engines/vllm/`` (that package runs
+inside vLLM's processes and is checked on its own terms).
 
-The graph is read from the source (AST), not by importing: module A depends on module B when A's file holds an
-import of B anywhere, at module level or inside a function or class (a deferred import only hides a circle from
-Python's loader, not from the design: the circle costmodel -> paths -> tracefiles -> published -> simcore ->
-costmodel ran through function-level imports). Imports under ``if TYPE_CHECKING:`` never run and do not count.
-``from .x import y`` depends on ``x`` (and on ``x.y`` when that is a module); importing ``a.b.c`` also runs the
-packages ``a.b`` above it, so it depends on them too (``spec_repro`` itself, which imports nothing, is left out,
-and so are a module's own packages: Python runs them before the module whatever it imports, so a package's
-``__init__`` that imports its submodules is no circle).
+The graph is read from the source (AST), not by importing: module A depends on module B when A's file holds
+an import of B anywhere, at module level or inside a function or class (a deferred import only hides a
+circle from Python's loader, not from the design: the circle costmodel -> paths -> tracefiles -> published
+-> simcore -> costmodel ran through function-level imports). Imports under ``if TYPE_CHECKING:`` never run
+and do not count. ``from .x import y`` depends on ``x`` (and on ``x.y`` when that is a module); importing
+``a.b.c`` also runs the packages ``a.b`` above it, so it depends on them too (``spec_repro`` itself, which
+imports nothing, is left out, and so are a module's own packages: Python runs them before the module
+whatever it imports, so a package's ``__init__`` that imports its submodules is no circle).
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
 
 
 def imports_of(name: str, path: Path, known) -> set[str]:
-    """The spec_repro modules (of ``known``) that module ``name`` (file ``path``) imports, anywhere in its file."""
+    """The spec_repro modules (of ``known``) that module ``name`` (file ``path``) imports, anywhere in its
+    file."""
     tree = ast.parse(path.read_text(), filename=str(path))
     skip = _type_checking_nodes(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]

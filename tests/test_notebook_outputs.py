@@ -1,6 +1,6 @@
-"""The committed notebooks' outputs name no machine: no absolute path of a home, a checkout or a virtualenv (such
-as tqdm.auto's "IProgress not found" warning, which carries the path of tqdm's file), and the package's
-progress bars cannot emit that warning."""
+"""The committed notebooks' outputs name no machine: no absolute path of a home, a checkout or a virtualenv
+(such as tqdm.auto's "IProgress not found" warning, which carries the path of tqdm's file), and the
+package's progress bars cannot emit that warning."""
 from __future__ import annotations
 
 import importlib.util
@@ -49,14 +49,15 @@ def test_no_machine_path_in_outputs(path):
 def test_the_scan_finds_a_path():
     nb = {"cells": [{"cell_type": "code", "outputs": [
         {"output_type": "stream", "name": "stderr",
-         "text": ["/home/u/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found\n"]},
+         "text": ["/home/u/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress "
+                  "not found\n"]},
         {"output_type": "execute_result", "data": {"text/plain": ["'fine'"]}}]}]}
     assert len(machine_paths(nb)) == 3 and all(h.startswith("cell 0: /home/u/") for h in machine_paths(nb))
 
 
 def test_progress_bars_do_not_need_ipywidgets():
-    """Without ipywidgets the package's bar is tqdm's plain one (tqdm.auto would warn in a kernel); no module of
-    the package imports tqdm.auto itself."""
+    """Without ipywidgets the package's bar is tqdm's plain one (tqdm.auto would warn in a kernel); no module
+    of the package imports tqdm.auto itself."""
     from tqdm import tqdm as plain
 
     from spec_repro.progress import tqdm

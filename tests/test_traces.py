@@ -240,8 +240,9 @@ def test_jsonl_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
 
 
 def test_id_lists_read_from_offsets_match_element_by_element():
-    """The parquet reader's id lists come from the list column's offsets and flat values: the same lists (and
-    Python ints) as pyarrow's element-by-element ``to_pylist``, sliced, chunked or with a null inside a list."""
+    """The parquet reader's id lists come from the list column's offsets and flat values: the same lists
+    (and Python ints) as pyarrow's element-by-element ``to_pylist``, sliced, chunked or with a null inside a
+    list."""
     import pyarrow as pa
 
     from spec_repro.traces import _id_lists
