@@ -347,8 +347,11 @@ class Trace:
             raise TraceError("no traces to concatenate")
         acc = pd.concat([t.acc for t in traces], ignore_index=True)
         req = pd.concat([t.requests for t in traces], ignore_index=True)
-        dup = acc.duplicated(["dataset", "model", "request_id", "proposer", "position"])
-        if dup.any():
+        # each part is a checked trace (no row twice): rows can repeat only where two parts share a request
+        firsts = [t.acc.loc[t.acc["position"].to_numpy() == 0, _KEY].drop_duplicates() for t in traces]
+        shared = len(traces) > 1 and pd.concat(firsts, ignore_index=True).duplicated().any()
+        dup = acc.duplicated(["dataset", "model", "request_id", "proposer", "position"]) if shared else None
+        if shared and dup.any():
             r = acc[dup].iloc[0]
             raise TraceError(f"duplicate rows after concat, e.g. request {r.request_id!r} of {r.dataset!r}")
         meta = {"parts": [t.meta for t in traces]}

@@ -256,3 +256,15 @@ def test_id_lists_read_from_offsets_match_element_by_element():
         assert rows.tolist() == [i for i, v in enumerate(vals) if v is not None]
         assert lists == [v for v in vals if v is not None]
         assert all(type(x) is int for v in lists for x in v if x is not None)
+
+
+def test_concat_checks_rows_twice_only_where_parts_share_a_request():
+    """Parts with no request in common cannot repeat a row (each is a checked trace); a shared request is
+    still found and named."""
+    def mk(rid, ds="d"):
+        return Trace.from_arrays({rid: {"ngram": [1, 2, 1]}}, prompt_lens={rid: 5}, dataset=ds, model="m")
+
+    assert len(Trace.concat([mk("r0"), mk("r1")]).requests) == 2
+    assert len(Trace.concat([mk("r0"), mk("r0", ds="e")]).requests) == 2
+    with pytest.raises(TraceError, match="duplicate rows after concat, e.g. request 'r0' of 'd'"):
+        Trace.concat([mk("r0"), mk("r1"), mk("r0")])
