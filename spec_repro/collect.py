@@ -307,7 +307,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
 def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
                     max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet,
                     eagle_head=None, engine="torch", compare_engines=0, upto=False, reprofile=()):
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     from . import models
 
@@ -572,7 +572,7 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     updates its manifest entry."""
     import numpy as np
     import pandas as pd
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     from .profiler import proposer_acceptance
     from .traces import Trace
@@ -656,7 +656,7 @@ def engine_step_timings(model: str = "smollm2-135m", workload: str = "code-edit"
     times; each of the ``n`` prompts runs once per (method, batch size), methods interleaved. Methods ``draft``
     and ``eagle`` need ``draft_model`` / ``eagle_head``."""
     import pandas as pd
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     from . import models
     from . import workloads as wl

@@ -118,7 +118,7 @@ def _num(v, where: str) -> float:
 def _presets() -> dict[str, Path]:
     """Name -> file: the presets shipped in the package, then (in a checkout) the cost models fitted to this
     package's own measurements, ``data/gpu/costmodel_*.json`` (the H200) and ``data/cpu/costmodel_*.json``."""
-    from .paths import data_dir
+    from .locations import data_dir
 
     out = {}
     data = data_dir()
@@ -640,7 +640,7 @@ def sweep_steps(steps: "pd.DataFrame | str | Path | None" = None, model: str | N
     from .traces import read_steps
 
     if steps is None:
-        from .paths import data_dir
+        from .locations import data_dir
 
         steps = data_dir() / "gpu" / "draftk" / "steps.parquet"
     df = read_steps(steps) if isinstance(steps, (str, Path)) else steps
@@ -709,7 +709,7 @@ def live_steps(steps: "pd.DataFrame | str | Path | None" = None) -> pd.DataFrame
     from .traces import read_steps
 
     if steps is None:
-        from .paths import data_dir
+        from .locations import data_dir
 
         steps = data_dir() / "gpu" / "live" / "steps.parquet"
     df = read_steps(steps) if isinstance(steps, (str, Path)) else steps

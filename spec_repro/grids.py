@@ -75,9 +75,6 @@ def simulate_grid(trace: Trace, cost_model, *, proposers: Sequence[str], policie
     ``oracle-combine``, per model for the proposers ``combine_set`` picks (default: n-gram + the EAGLE-like one,
     as the study) under each drafting-cost accounting. Extra keyword arguments go to ``simulate`` (batching,
     sample, seed, progress)."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto in a kernel without widgets
     from .simulate import simulate
 
     kw.setdefault("progress", False)
@@ -148,9 +145,6 @@ def adaptive_grid(trace: Trace, cost_model, *, proposer_sets=None, batch_sizes: 
     thresholds and, where ``oos_params`` ({model: RuleParams}) has one, with thresholds tuned on other traces
     (policy ``adaptive-rule-oos``), and ``adaptive-learned`` once per seed (column ``seed``). Columns ``set`` and
     ``seed`` are added. Extra keyword arguments go to ``simulate``."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message="IProgress not found")
     from .simulate import simulate
 
     kw.setdefault("progress", False)

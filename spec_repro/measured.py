@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .paths import data_dir, repo_root
+from .locations import data_dir, repo_root
 from .provenance import manifest_line
 from .traces import TraceError
 

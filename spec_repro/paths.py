@@ -1,29 +1,16 @@
 """Where things live and how to load them: the checkout's ``data/`` and ``figures/`` folders (like
-showyourwork's ``paths.data / ...``) and the notebooks' ``traces=`` parameter resolved to files and read."""
+showyourwork's ``paths.data / ...``; defined in ``spec_repro.locations``, below every module, and re-exported
+here) and the notebooks' ``traces=`` parameter resolved to files and read (above the trace readers)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
+from .locations import data_dir, figures_dir, repo_root
 from .tracefiles import read_trace
 from .traces import STUDY_MODEL, Trace, TraceError
 
 __all__ = ["repo_root", "data_dir", "figures_dir", "trace_files", "load_traces", "PUBLISHED_MODEL"]
-
-
-def repo_root() -> Path:
-    """The checkout holding ``data/`` (the package is installed editable), or ``$SPEC_REPRO_ROOT``."""
-    env = os.environ.get("SPEC_REPRO_ROOT")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
-
-
-def data_dir() -> Path:
-    return repo_root() / "data"
-
-
-def figures_dir() -> Path:
-    return repo_root() / "figures"
 
 
 def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str] | None = None) -> list[Path]:

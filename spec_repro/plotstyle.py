@@ -50,7 +50,7 @@ def palette_for(names: Sequence[str]) -> dict:
 def save(fig, name: str, out_dir: str | Path | None = None, dpi: int = 120) -> list[Path]:
     """Write ``<out_dir>/<name>.png`` and ``.pdf`` (out_dir defaults to the repo's ``figures/``)."""
     if out_dir is None:
-        from .paths import figures_dir
+        from .locations import figures_dir
 
         out_dir = figures_dir()
     out = Path(out_dir)

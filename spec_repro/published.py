@@ -334,7 +334,7 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
     written by ``python -m spec_repro.published draft-position-rates``)."""
     import pandas as pd
 
-    from .paths import data_dir
+    from .locations import data_dir
 
     path = Path(path) if path else data_dir() / "published" / _TABLE
     if not path.is_file():

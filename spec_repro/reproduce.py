@@ -356,7 +356,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     resumable, ``gpu_deadline_s`` stops it starting new work, ``head`` the EAGLE head), then passes the notebooks
     what it measured (its live tables, Llama-dims runs and traces); ``parameters`` override those."""
     import papermill as pm
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")

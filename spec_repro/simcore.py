@@ -40,7 +40,9 @@ __all__ = ["SimulationError", "is_ngram", "Requests", "group_arrays", "KIND_CODE
 KIND_CODE = {"linear": 0, "fraction": 1, "per_token": 2}
 #: share of scorable positions at which the recomputed lookup must reproduce the trace's n-gram acc_len
 NGRAM_AGREEMENT = 0.95
-_MATCH_CACHE: dict = {}   # content digest -> NgramMatch: the grids ask for one group's match many times
+# content digest -> NgramMatch: the grids ask for one group's match many times, and every process of a CLI
+# grid asks again (kept on disk too: _match_load / _match_store)
+_MATCH_CACHE: dict = {}
 
 
 class SimulationError(ValueError):
@@ -153,10 +155,18 @@ def walk(a, prop, off, oracle):
 
     All requests walk in lockstep (one numpy pass per step number), so the loop runs as many times as the
     longest request has steps, not once per step; no compiler needed. Where numba is loaded already (the
-    policies use it) or the trace is large, the compiled one-pass walk gives the same steps faster."""
-    if "numba" in sys.modules or int(off[-1]) > 200_000:
+    policies use it), or a request is so long (over ``_LOCKSTEP_MAX_L`` positions) or the trace so large (over
+    ``_LOCKSTEP_MAX_TOTAL``) that the lockstep passes would cost more than loading the compiled kernel (0.5 to
+    1 s in a fresh process; the lockstep walk of a published file's 210,850 positions takes ~10 ms), the
+    compiled one-pass walk gives the same steps."""
+    longest = int(np.diff(off).max(initial=0))
+    if "numba" in sys.modules or int(off[-1]) > _LOCKSTEP_MAX_TOTAL or longest > _LOCKSTEP_MAX_L:
         return walk_compiled(a, prop, off, oracle)
     return walk_lockstep(a, prop, off, oracle)
+
+
+_LOCKSTEP_MAX_L = 20_000          # lockstep passes (~20-40 us each): at most the longest request's positions
+_LOCKSTEP_MAX_TOTAL = 20_000_000  # their numpy work: the trace's positions
 
 
 def walk_lockstep(a, prop, off, oracle):
@@ -240,14 +250,16 @@ def _score(toks, out, first, start, length, shift, kmax):
 
 def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n: int = 3,
                 max_n: int = 7) -> NgramMatch:
-    """n-gram's proposal length at every position of ``reqs`` (proposer row ``q``): the recorded draft_len where
-    the trace has it, else recomputed from the prompt and output token ids in ``requests`` in the alignment that
-    reproduces the trace's acc_len (see the module docstring)."""
+    """n-gram's proposal length at every position of ``reqs`` (proposer row ``q``): the recorded draft_len
+    where the trace has it, else recomputed from the prompt and output token ids in ``requests`` in the
+    alignment that reproduces the trace's acc_len (see the module docstring). A recomputed match is kept by
+    the content it was computed from (the acc_len row, the offsets, the token ids, the arguments and this
+    code's sha256): in the process and on disk under ``$SPEC_REPRO_CACHE/ngram/`` (verified by its sha256 when
+    read; off with ``SPEC_REPRO_TRACE_CACHE=0``), so the calls of a grid after the first read it instead of
+    redoing the lookup."""
     dl = reqs.dlen[q]
     if (dl >= 0).all():
         return NgramMatch(np.minimum(dl, kmax).astype(np.int64), "recorded", {})
-    from .proposers.ngram import ngram_lookup_all
-
     by_id = requests.drop_duplicates("request_id").set_index("request_id")
     pcol = next((c for c in ("prompt_token_ids", "prompt_ids") if c in by_id.columns), None)
     ocol = next((c for c in ("output_token_ids", "output_ids") if c in by_id.columns), None)
@@ -259,12 +271,18 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
             return NgramMatch(None, "none", {}, f"request {rid!r} records no draft_len and lacks the prompt/output "
                                                 f"token ids to recompute it")
         toks_all.append((np.asarray(pr, np.int64), np.asarray(ou, np.int64)))
-    h = hashlib.sha1(repr((kmax, min_n, max_n, q)).encode())
-    for arr in (reqs.acc[q], reqs.off, *(x for t in toks_all for x in (np.array([len(t[0])]), t[0], t[1]))):
-        h.update(np.ascontiguousarray(arr).tobytes())
+    h = hashlib.sha256(repr((_code_digest(), int(kmax), int(min_n), int(max_n), int(q))).encode())
+    lens_and_ids = (x for pr, ou in toks_all for x in (np.array([len(pr), len(ou)]), pr, ou))
+    for arr in (reqs.acc[q], reqs.off, *lens_and_ids):
+        h.update(np.ascontiguousarray(arr, np.int64).tobytes())
     key = h.hexdigest()
     if key in _MATCH_CACHE:
         return _MATCH_CACHE[key]
+    out = _match_load(key)
+    if out is not None:
+        return _match_keep(key, out)
+    from .proposers.ngram import ngram_lookup_all   # numba's import: only when the match is computed
+
     total = int(reqs.off[-1])
     lens = {a: np.zeros(total, np.int64) for a in ("study", "package")}
     agree = {a: [0, 0] for a in lens}
@@ -291,9 +309,88 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
                                                f"{share['study']:.1%}, package {share['package']:.1%}): the ids do "
                                                f"not belong to these arrays")
     else:
-        lens[best].flags.writeable = False   # shared through the cache
         out = NgramMatch(lens[best], best, share)
+    _match_store(key, out)
+    return _match_keep(key, out)
+
+
+def _match_keep(key: str, out: NgramMatch) -> NgramMatch:
+    """Keep ``out`` in the process's cache (the 16 newest) and return it, its lengths read-only (shared)."""
+    if out.lens is not None:
+        out.lens.flags.writeable = False
     if len(_MATCH_CACHE) >= 16:
         _MATCH_CACHE.pop(next(iter(_MATCH_CACHE)))
     _MATCH_CACHE[key] = out
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _code_digest() -> str:
+    """sha256 of the code that computes a match (this module and the n-gram lookup): part of every match's
+    key, so that a cached match never outlives the code that made it."""
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for f in (Path(__file__), Path(__file__).parent / "proposers" / "ngram.py"):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _match_file(key: str):
+    """Where the match of content ``key`` is kept across processes (``$SPEC_REPRO_CACHE/ngram/``), or None
+    when ``SPEC_REPRO_TRACE_CACHE=0`` turns the trace caches off."""
+    import os
+
+    if os.environ.get("SPEC_REPRO_TRACE_CACHE", "1") == "0":
+        return None
+    from .fetch import cache_root
+
+    return cache_root() / "ngram" / f"{key[:40]}.npz"
+
+
+def _match_load(key: str) -> NgramMatch | None:
+    """The match kept on disk for ``key``, or None: no entry, an entry whose bytes no longer hash to the
+    sha256 recorded beside it (``<entry>.sha256``), or one that cannot be read (then it is computed again and
+    replaced)."""
+    import json
+
+    f = _match_file(key)
+    if f is None or not f.is_file():
+        return None
+    from .fetch import verify_file
+
+    seal = f.with_suffix(".sha256")
+    try:
+        if not verify_file(f, seal.read_text().strip() if seal.is_file() else None):
+            return None
+        with np.load(f, allow_pickle=False) as z:
+            info = json.loads(str(z["info"]))
+            if info.get("key") != key:
+                return None
+            lens = z["lens"].astype(np.int64) if info["has_lens"] else None
+        return NgramMatch(lens, info["alignment"], info["agreement"], info["why"])
+    except (OSError, ValueError, KeyError, TypeError, UnicodeError):
+        return None
+
+
+def _match_store(key: str, out: NgramMatch) -> None:
+    """Keep ``out`` on disk for the next process (with its sha256 beside it); a read-only or full cache only
+    costs the next process the lookup."""
+    import json
+
+    f = _match_file(key)
+    if f is None:
+        return
+    from .fetch import sha256_file
+    from .io import atomic_path, atomic_write
+
+    info = {"key": key, "has_lens": out.lens is not None, "alignment": out.alignment,
+            "agreement": out.agreement, "why": out.why}
+    try:
+        with atomic_path(f) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, lens=out.lens if out.lens is not None else np.zeros(0, np.int64),
+                     info=np.array(json.dumps(info)))
+        with atomic_write(f.with_suffix(".sha256")) as fh:
+            fh.write(sha256_file(f) + "\n")
+    except OSError:
+        pass

@@ -586,7 +586,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
              for acct in accountings]
     units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE + SWITCH]
     rows = []
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config", disable=not progress)
     cache: dict = {}

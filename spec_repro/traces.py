@@ -347,8 +347,11 @@ class Trace:
             raise TraceError("no traces to concatenate")
         acc = pd.concat([t.acc for t in traces], ignore_index=True)
         req = pd.concat([t.requests for t in traces], ignore_index=True)
-        dup = acc.duplicated(["dataset", "model", "request_id", "proposer", "position"])
-        if dup.any():
+        # each part is a checked trace (no row twice): rows can repeat only where two parts share a request
+        firsts = [t.acc.loc[t.acc["position"].to_numpy() == 0, _KEY].drop_duplicates() for t in traces]
+        shared = len(traces) > 1 and pd.concat(firsts, ignore_index=True).duplicated().any()
+        dup = acc.duplicated(["dataset", "model", "request_id", "proposer", "position"]) if shared else None
+        if shared and dup.any():
             r = acc[dup].iloc[0]
             raise TraceError(f"duplicate rows after concat, e.g. request {r.request_id!r} of {r.dataset!r}")
         meta = {"parts": [t.meta for t in traces]}
@@ -578,17 +581,35 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     return pa.array(vals, type=pa.list_(pa.int32()))
 
 
+def _id_lists(arr) -> tuple[np.ndarray, list]:
+    """The rows of a parquet list column that hold a list, and those lists (Python lists, as ``to_pylist``
+    gives them), read from the column's offsets and flat values in one numpy pass rather than element by
+    element."""
+    import pyarrow as pa
+
+    a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if not (pa.types.is_list(a.type) or pa.types.is_large_list(a.type)) or a.values.null_count:
+        vals = a.to_pylist()   # not a plain list column (or a null inside a list): element by element
+        rows = np.array([i for i, v in enumerate(vals) if v is not None], np.int64)
+        return rows, [vals[i] for i in rows]
+    rows = np.flatnonzero(a.is_valid().to_numpy(zero_copy_only=False))
+    off = a.offsets.to_numpy()   # absolute positions in a.values, the array's own offset included
+    flat = a.values.to_numpy(zero_copy_only=False).tolist()
+    return rows, [flat[off[i]:off[i + 1]] for i in rows]
+
+
 def _attach_ids(acc: pd.DataFrame, requests: pd.DataFrame, ids: dict, path) -> pd.DataFrame:
-    """Put the id columns read from a parquet file back on ``requests`` (one list per request)."""
+    """Put the id columns read from a parquet file back on ``requests`` (one list per request). Only the rows
+    that carry ids (each request's first) are looked at one by one."""
     requests = requests.copy()
-    keys = list(acc[_KEY].astype(str).itertuples(index=False, name=None))
     rkeys = [tuple(str(x) for x in k) for k in requests[_KEY].itertuples(index=False, name=None)]
     for col, arr in ids.items():
+        rows, lists = _id_lists(arr)
+        keys = acc[_KEY].iloc[rows].astype(str).itertuples(index=False, name=None)
         found: dict = {}
-        for k, v in zip(keys, arr.to_pylist()):
-            if v is not None:
-                if k in found:
-                    raise TraceError(f"{path}: request {k[2]!r} carries {col} twice")
-                found[k] = v
+        for k, v in zip(keys, lists):
+            if k in found:
+                raise TraceError(f"{path}: request {k[2]!r} carries {col} twice")
+            found[k] = v
         requests[col] = [found.get(k) for k in rkeys]
     return requests

@@ -105,7 +105,7 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
 def distill(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int, eos_token_ids=None,
             desc: str = "greedy") -> list[list[int]]:
     """The target's greedy outputs for ``prompts`` (batched torch engine, shortest prompts batched together)."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     from .engines.torch import generate
 
@@ -125,7 +125,7 @@ def distill(target, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, ba
 def batched_features(target, seqs, layers, *, tokens_per_batch: int = 32768, progress: bool = True) -> list:
     """Teacher-forced target features of every position of every sequence, in length-sorted right-padded batches
     (causal attention: right padding changes nothing before it), kept on the target's device in its dtype."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     dev = next(target.parameters()).device
     out: list = [None] * len(seqs)
@@ -370,7 +370,7 @@ def train_eagle(target, train_pairs, *, out, val_pairs=(), kind: str = "eagle", 
     head directory (vLLM's layout, this target's shape and ``kind``) whose weights the training starts from
     instead of a fresh initialisation (its sha256 is in the record and the settings); ``depth_decay``: chain
     depth d's loss weighs ``depth_decay**(d-1)``."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     check_train_settings(steps=steps, lr=lr, tokens_per_batch=tokens_per_batch, ttt_depth=ttt_depth, reg=reg,
                          seed=seed, ckpt_every=ckpt_every, eval_every=eval_every, topk=topk, loss_vocab=loss_vocab,

@@ -214,3 +214,47 @@ def test_compiled_walk_takes_the_lockstep_walks_steps(oracle):
     prop = rng.integers(0, 8, off[-1])
     for x, y in zip(walk_compiled(a, prop, off, oracle), walk_lockstep(a, prop, off, oracle)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_ngram_match_is_kept_on_disk_by_content(tmp_path, monkeypatch):
+    """A recomputed match is kept under $SPEC_REPRO_CACHE/ngram/: a new process (here: the in-process cache
+    emptied) reads it instead of running the lookup, with the same lengths, alignment and agreement; an
+    altered entry is computed again; SPEC_REPRO_TRACE_CACHE=0 keeps nothing."""
+    import spec_repro.proposers.ngram as ngram_mod
+    import spec_repro.simcore as simcore
+
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
+    _pkg, pub = _study_convention(tmp_path)
+    sub = pub.select(proposers=["ngram", "eagle"])
+    reqs = _group_arrays(sub.acc, sub.requests, ["ngram", "eagle"], sub.requests.request_id.tolist())
+    simcore._MATCH_CACHE.clear()
+    m = ngram_match(reqs, sub.requests, 0, 16)
+    entries = sorted((tmp_path / "cache" / "ngram").glob("*.npz"))
+    assert len(entries) == 1 and entries[0].with_suffix(".sha256").is_file()
+    real = ngram_mod.ngram_lookup_all
+
+    def refuse(*a, **k):
+        raise AssertionError("the lookup ran again")
+
+    monkeypatch.setattr(ngram_mod, "ngram_lookup_all", refuse)
+    simcore._MATCH_CACHE.clear()
+    again = ngram_match(reqs, sub.requests, 0, 16)
+    np.testing.assert_array_equal(again.lens, m.lens)
+    assert (again.alignment, again.agreement, again.why) == (m.alignment, m.agreement, m.why)
+    assert again.lens.dtype == np.int64 and not again.lens.flags.writeable
+    # other content (another k) is another entry
+    with pytest.raises(AssertionError, match="ran again"):
+        ngram_match(reqs, sub.requests, 0, 15)
+    # an altered entry is not trusted: computed again and replaced
+    entries[0].write_bytes(entries[0].read_bytes()[:-8] + b"\0" * 8)
+    simcore._MATCH_CACHE.clear()
+    with pytest.raises(AssertionError, match="ran again"):
+        ngram_match(reqs, sub.requests, 0, 16)
+    monkeypatch.setattr(ngram_mod, "ngram_lookup_all", real)
+    simcore._MATCH_CACHE.clear()
+    np.testing.assert_array_equal(ngram_match(reqs, sub.requests, 0, 16).lens, m.lens)
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "off"))
+    monkeypatch.setenv("SPEC_REPRO_TRACE_CACHE", "0")
+    simcore._MATCH_CACHE.clear()
+    np.testing.assert_array_equal(ngram_match(reqs, sub.requests, 0, 16).lens, m.lens)
+    assert not (tmp_path / "off" / "ngram").exists()

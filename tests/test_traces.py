@@ -237,3 +237,34 @@ def test_jsonl_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
     n = len(list((tmp_path / "cache" / "traces").glob("*.parquet")))
     read_trace(src, dataset="third")
     assert len(list((tmp_path / "cache" / "traces").glob("*.parquet"))) == n     # off: nothing written
+
+
+def test_id_lists_read_from_offsets_match_element_by_element():
+    """The parquet reader's id lists come from the list column's offsets and flat values: the same lists
+    (and Python ints) as pyarrow's element-by-element ``to_pylist``, sliced, chunked or with a null inside a
+    list."""
+    import pyarrow as pa
+
+    from spec_repro.traces import _id_lists
+
+    base = pa.array([None, [9], None, [1, 2, 3], None, [], None, [7, 8]], type=pa.list_(pa.int32()))
+    for arr in (base, base.slice(2, 6), pa.chunked_array([base.slice(2, 3), base.slice(5, 3)]),
+                pa.array([[1, None], None, [2**40]], type=pa.list_(pa.int64())),
+                pa.chunked_array([], type=pa.list_(pa.int32()))):
+        vals = arr.to_pylist()
+        rows, lists = _id_lists(arr)
+        assert rows.tolist() == [i for i, v in enumerate(vals) if v is not None]
+        assert lists == [v for v in vals if v is not None]
+        assert all(type(x) is int for v in lists for x in v if x is not None)
+
+
+def test_concat_checks_rows_twice_only_where_parts_share_a_request():
+    """Parts with no request in common cannot repeat a row (each is a checked trace); a shared request is
+    still found and named."""
+    def mk(rid, ds="d"):
+        return Trace.from_arrays({rid: {"ngram": [1, 2, 1]}}, prompt_lens={rid: 5}, dataset=ds, model="m")
+
+    assert len(Trace.concat([mk("r0"), mk("r1")]).requests) == 2
+    assert len(Trace.concat([mk("r0"), mk("r0", ds="e")]).requests) == 2
+    with pytest.raises(TraceError, match="duplicate rows after concat, e.g. request 'r0' of 'd'"):
+        Trace.concat([mk("r0"), mk("r1"), mk("r0")])

@@ -406,7 +406,7 @@ def measure_verify_cost(model, *, kv_len: int = 512, ks: Sequence[int] = tuple(r
     """Forward time of the target on k + 1 new tokens after a ``kv_len``-token KV cache, for each k in ``ks``
     (k = 0 is a plain decode step). Repeats run round-robin over k, so background load hits every k alike.
     Returns one row per (k, repeat): ``k``, ``n_tokens`` (= k + 1), ``kv_len``, ``repeat``, ``seconds``."""
-    from tqdm.auto import tqdm
+    from ..progress import tqdm
 
     g = torch.Generator().manual_seed(seed)
     vocab = int(model.config.vocab_size)
