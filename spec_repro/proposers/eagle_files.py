@@ -73,7 +73,7 @@ def resolve_parts(d: Path) -> Path:
 def committed_head(target: str) -> Path:
     """The head committed for ``target`` (``data/heads/``), ready to load: a head in parts joined and verified
     (:func:`resolve_parts`). EagleError when the package keeps none for it."""
-    from ..paths import data_dir
+    from ..locations import data_dir
 
     if target not in COMMITTED_HEADS:
         raise EagleError(f"no EAGLE head is committed for {target!r} (committed: {', '.join(COMMITTED_HEADS)})")
