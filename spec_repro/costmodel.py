@@ -626,7 +626,7 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
 #: the sweep's model name -> the H200 preset its fit goes into
 SWEEP_TARGETS = {"llama31-8b": "llama3.1-8b-h200", "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-h200"}
 SWEEP_SOURCE = (
-    "EAGLE's drafting time on one NVIDIA H200 (vLLM 0.25.0, V1 runner, default engine = async scheduling, CUDA "
+    "EAGLE's drafting time on one NVIDIA H200 (vLLM 0.25.0, V1 runner (forced), vLLM's own scheduling = async, CUDA "
     "graphs, bf16, dummy weights: vLLM's padded drafter batch drafts over every verified token whatever was "
     "accepted, so the time does not depend on the weights), data/gpu/draftk/steps.parquet, 2026-12-02: k = 1, 3, "
     "5, 8, 12 x bs 1, 8, 32, 64, 2 repeats, 512-token prompts, 128 output tokens; the decode steps that drafted, "
@@ -688,7 +688,7 @@ LIVE_SPECS = ("hybrid-default-none", "hybrid-default-eagle", "hybrid-default-ngr
 LIVE_KINDS = {"eagle": "per_token", "ngram": "fraction"}
 LIVE_SOURCE = (
     "costmodel.fit (ragged=True) of the H200 live run's step table data/gpu/live/steps.parquet (vLLM 0.25.0, one "
-    "NVIDIA H200, V1 model runner, vLLM's default engine = async scheduling for EAGLE and no SD, synchronous for "
+    "NVIDIA H200, V1 model runner (forced), vLLM's own scheduling = async for EAGLE and no SD, synchronous for "
     "n-gram, bf16, real weights of Qwen/Qwen2.5-Coder-1.5B-Instruct, k = 5, 2026-12-01): the decode steps (phase "
     "== 'decode') of the code-edit runs (run_id starting with 'code-edit', batch sizes 1, 8, 32, 64) of the specs "
     "hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram only; target = the uniform steps (every "
@@ -736,7 +736,7 @@ def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path 
         rec = {**rec, "sweep_drafter": dr.to_dict(),
                "used": "d0 (c_step) from the sweep; d1 fitted on the live run's k = 5 steps with d0 subtracted"}
     res = fit(live_steps(steps), name="qwen2.5-coder-1.5b-h200", d0=d0,
-              hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, V1 runner, default engine (async scheduling for "
+              hardware="1x NVIDIA H200 (141 GB), vLLM 0.25.0, V1 runner (forced), vLLM's own scheduling (async for "
                        "EAGLE / no SD, sync for n-gram), CUDA graphs, bf16, real weights",
               target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct", source=LIVE_SOURCE, kinds=LIVE_KINDS, ragged=True,
               path_overhead=True)
