@@ -466,8 +466,9 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     s = s[s["run_id"].str.startswith(workload) & (s["engine_config"] == TIMED)]
     missing = [c for c in configs if not (s["config"] == c).any()]
     if missing:
-        raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the default engine in "
-                         f"{Path(out) / 'steps.parquet'} (the fit needs every configuration of {list(configs)})")
+        raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the forced V1 runner "
+                         f"(v1-forced) in {Path(out) / 'steps.parquet'} (the fit needs every configuration of "
+                         f"{list(configs)})")
     m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
         per_bs = True
