@@ -679,6 +679,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     t_dec = time.time()
     dec_meta = {"target": target_name, "max_new_tokens": max_new_tokens, "seed": seed, "engine": engine,
                 "max_prompt_tokens": max_prompt_tokens}
+    if decodes is not None and str(decodes).endswith(".parts.json") and not Path(decodes).is_file():
+        raise ValueError(f"--decodes {decodes}: no such parts manifest (new decodes are written as a .parquet)")
     kept = read_decodes(decodes, prompts, dec_meta) if decodes is not None and _decodes_exist(decodes) else None
     if kept is not None:
         outs, held, dstats = kept
