@@ -654,6 +654,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     check_float("vllm_memory", vllm_memory, 0.0, 1.0, lo_open=True)
     check_int("vllm_max_seqs", vllm_max_seqs, 1, 2**20)
     check_engine(engine, device)                       # before the device: it says what --engine vllm needs
+    if decodes is not None and str(decodes).endswith(".parts.json") and not Path(decodes).is_file():
+        raise ValueError(f"--decodes {decodes}: no such parts manifest (new decodes are written as a .parquet)")
     check_device(device)
     from . import workloads as wl
 
@@ -679,8 +681,6 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     t_dec = time.time()
     dec_meta = {"target": target_name, "max_new_tokens": max_new_tokens, "seed": seed, "engine": engine,
                 "max_prompt_tokens": max_prompt_tokens}
-    if decodes is not None and str(decodes).endswith(".parts.json") and not Path(decodes).is_file():
-        raise ValueError(f"--decodes {decodes}: no such parts manifest (new decodes are written as a .parquet)")
     kept = read_decodes(decodes, prompts, dec_meta) if decodes is not None and _decodes_exist(decodes) else None
     if kept is not None:
         outs, held, dstats = kept
