@@ -688,7 +688,7 @@ LIVE_SPECS = ("hybrid-default-none", "hybrid-default-eagle", "hybrid-default-ngr
 LIVE_KINDS = {"eagle": "per_token", "ngram": "fraction"}
 LIVE_SOURCE = (
     "costmodel.fit (ragged=True) of the H200 live run's step table data/gpu/live/steps.parquet (vLLM 0.25.0, one "
-    "NVIDIA H200, V1 model runner (forced), vLLM's own scheduling = async for EAGLE and no SD, synchronous for "
+    "NVIDIA H200, V1 model runner (forced), vLLM's own async scheduling for EAGLE and no SD, synchronous for "
     "n-gram, bf16, real weights of Qwen/Qwen2.5-Coder-1.5B-Instruct, k = 5, 2026-12-01): the decode steps (phase "
     "== 'decode') of the code-edit runs (run_id starting with 'code-edit', batch sizes 1, 8, 32, 64) of the specs "
     "hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram only; target = the uniform steps (every "
