@@ -477,10 +477,6 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS
             if n not in ran and writerule.mergeable(out / "summary" / f"{n}.json", made_by, publish)]
     table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
-    from .io import atomic_path, atomic_write
-
-    with atomic_path(out / "summary.csv") as tmp:
-        table.to_csv(tmp, index=False)
     head = f"Profile `{profile}`"
     if parameters:
         head += "; parameters " + ", ".join(
@@ -495,18 +491,14 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     failed = [r for r in results if not r.ok]
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
-    with atomic_write(out / "summary.md") as f:
-        f.write(md)
+    _write_table(out, {"summary.md": md, "summary.csv": table})
     committed = publish
     # The committed table holds every notebook's rows: a partial run (`--only` into an out_dir that has no
     # plain summary of the others) would drop theirs, so it leaves SUMMARY.md, summary.csv and the README alone.
     missing = [n for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json") not in kept]
     partial = committed and bool(missing)
     if not partial:     # a copy next to the figures, so figures/ carries the table that goes with them
-        with atomic_write(fig_dir / "SUMMARY.md") as f:
-            f.write(md)
-        with atomic_path(fig_dir / "summary.csv") as tmp:
-            table.to_csv(tmp, index=False)
+        _write_table(fig_dir, {"SUMMARY.md": md, "summary.csv": table})
         if not committed:   # the committed figures/ gets no marker: git says who wrote its files
             writerule.mark_written(fig_dir, writerule.SUMMARY_FILES)
     readme = update_readme_results() if committed and not partial else False
@@ -524,6 +516,19 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     written += [("out", out / "summary.md"), ("out", out / "summary.csv")]
     table.attrs["written"] = [(k, str(p)) for k, p in written]
     return results, table
+
+
+def _write_table(folder: Path, files: Mapping) -> None:
+    """Write a summary's files together (name -> markdown text or a table for CSV): into a stage folder, then
+    swapped in, so that a failure leaves the folder's earlier pair as it was, never one new and one old."""
+    from .io import staged_dir
+
+    with staged_dir(folder, seed=(), last=()) as stage:
+        for name, content in files.items():
+            if isinstance(content, str):
+                (stage / name).write_text(content)
+            else:
+                content.to_csv(stage / name, index=False)
 
 
 def _study_traces(parameters: Mapping | None) -> bool:

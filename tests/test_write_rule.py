@@ -269,3 +269,25 @@ def test_is_plain_and_mergeable(tmp_path):
     assert not writerule.mergeable(s, plain, True)
     writerule.record_config(s, plain)
     assert writerule.mergeable(s, plain, True) and not writerule.mergeable(s, plain, False)
+
+
+def test_a_summary_pair_is_swapped_in_whole(root, stub, tmp_path, monkeypatch):
+    """summary.md/SUMMARY.md and summary.csv are written together: a failure writing the CSV leaves the earlier
+    pair, never a new markdown beside an old CSV."""
+    import pandas as pd
+
+    out, figs = tmp_path / "O", tmp_path / "figs"
+    R.reproduce("embedded", out, figures_dir=figs, notebooks=[NB], parameters={"k": 5}, progress=False)
+    before = snapshot(out), snapshot(figs)
+
+    def fail(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", fail)
+    with pytest.raises(OSError, match="disk full"):
+        R.reproduce("embedded", out, figures_dir=figs, notebooks=[NB], parameters={"k": 4}, progress=False)
+    for folder, old in zip((out, figs), before):
+        new = snapshot(folder)
+        for name in ("summary.md", "SUMMARY.md", "summary.csv"):
+            assert new.get(name) == old.get(name), (folder, name)
+        assert not [p for p in folder.iterdir() if p.name.startswith(".stage.")]
