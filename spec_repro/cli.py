@@ -153,11 +153,22 @@ def _run_models(args):
 
 # ---- reproduce (notebooks) ---------------------------------------------------------------------------------
 def _add_reproduce(sub):
-    p = sub.add_parser("reproduce", help="run the seven notebooks headless: figures + summary table")
+    p = sub.add_parser(
+        "reproduce", help="run the seven notebooks headless: figures + summary table",
+        description="Run the study's notebooks headless (papermill) and write their figures and summary table. A "
+                    "plain run (no -p, --traces or --figures) refreshes the committed notebooks, figures/, "
+                    "figures/SUMMARY.md, figures/summary.csv and the README's table; any other run writes under "
+                    "--out (figures in OUT/figures) or the --figures folder only, and neither may be the checkout "
+                    "or its figures/, notebooks/ or data/. With --only, a plain run's table keeps the other "
+                    "notebooks' rows from an earlier plain run into the same --out, never rows made with other "
+                    "parameters.")
     p.add_argument("--profile", choices=["embedded", "gpu"], default="embedded",
                    help="embedded: committed traces and measurements (default); gpu: live vLLM where possible")
-    p.add_argument("--out", default="out/reproduce", help="directory for executed notebooks and the summary")
-    p.add_argument("--figures", default=None, help="figure directory (default: the repo's figures/)")
+    p.add_argument("--out", default="out/reproduce",
+                   help="directory for executed notebooks and the summary (default out/reproduce)")
+    p.add_argument("--figures", default=None, metavar="DIR",
+                   help="figure directory of your own, outside the checkout's figures/ (default: the checkout's "
+                        "figures/ in a plain run, OUT/figures otherwise); makes the run not plain")
     p.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOK",
                    help="run only these notebooks (names without .ipynb)")
     p.add_argument("--traces", nargs="+", default=None, metavar="FILE",
@@ -212,19 +223,19 @@ def _run_reproduce(args):
         print(f"{status} {r.name:28s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else ""))
     print(f"summary: {out / 'summary.md'} and {out / 'summary.csv'} ({len(table)} rows); "
           f"executed notebooks: {out / 'notebooks'}")
-    _print_written(table.attrs.get("written", []))
+    _print_written(table.attrs.get("written", []), args.figures)
     if table.attrs.get("kept"):
         print(table.attrs["kept"])
     return 1 if any(not r.ok for r in results) else 0
 
 
-def _print_written(written) -> None:
+def _print_written(written, figures=None) -> None:
     """Every place a reproduce run wrote, grouped: the repository's committed files it refreshed, a --figures
-    folder, and what went under --out."""
+    folder, and what went under --out (its figures included when there is no --figures)."""
     import os
 
     heads = {"committed": "refreshed committed files (figures/, notebooks/, SUMMARY.md, the README's table)",
-             "figures": "wrote under --figures", "out": "wrote under --out"}
+             "figures": f"wrote under --figures {figures}", "out": "wrote under --out"}
     for kind, head in heads.items():
         paths = [p for k, p in written if k == kind]
         if paths:
@@ -606,6 +617,13 @@ def _run_vllm(args):
             raise SystemExit(f"error: --raw {' '.join(map(str, args.raw))}: no device outputs (results*.jsonl, "
                              f"steps_*.jsonl) found")
         check_writable_dir(args.out, "--out")
+        from .engines.vllm.summary import check_raw_out
+        from .io import OutputError
+
+        try:
+            check_raw_out(args.raw, args.out)
+        except OutputError as e:
+            raise SystemExit(f"error: {e}")
 
         print(json.dumps(summarize(args.raw, args.out,
                                     "spec-repro vllm summarize --raw " + " ".join(map(str, args.raw))), indent=1, default=str))

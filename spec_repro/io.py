@@ -8,6 +8,9 @@
 - ``atomic_write(path, mode="w")``: the same, yielding an open file.
 - ``check_writable(path)``: refuse, before any heavy work, an output path that cannot be written (a directory,
   a parent that is a file, a read-only folder), with a one-line ``OutputError``.
+- ``staged_dir(out)``: a multi-file output written whole: the writers write into a hidden stage folder inside
+  ``out``; on success its files replace ``out``'s (the manifest last), on any error the stage is removed and
+  ``out`` keeps every file as it was.
 - ``exclusive_lock(path)``: an inter-process lock that refuses at once (``LockedError``) when another process
   holds it; the kernel releases it when its holder dies, so a killed run never leaves a stale lock.
 """
@@ -19,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["OutputError", "LockedError", "atomic_path", "atomic_write", "write_via", "check_writable",
-           "check_writable_dir", "exclusive_lock", "clean_stale_temps"]
+           "check_writable_dir", "exclusive_lock", "clean_stale_temps", "staged_dir"]
 
 
 class OutputError(OSError):
@@ -150,6 +153,35 @@ def atomic_write(path: str | Path, mode: str = "w", **kw):
         with open(tmp, mode, **kw) as f:
             yield f
             f.flush()
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | Path, seed=("MANIFEST.json",), last=("MANIFEST.json",)):
+    """Yield a hidden stage folder inside ``out`` holding copies of ``out``'s files ``seed`` (a manifest the
+    writers update); when the block succeeds, each non-hidden file of the stage is renamed over ``out``'s (those
+    in ``last`` after the others), so that a failure before that point leaves ``out`` untouched. The stage is
+    removed either way; an ``out`` the block created is removed again when it failed and left it empty."""
+    import shutil
+
+    out = Path(out)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=out, prefix=f".stage.{os.getpid()}."))
+    ok = False
+    try:
+        for name in seed:
+            if (out / name).is_file():
+                shutil.copy2(out / name, stage / name)
+        yield stage
+        names = sorted((p.name for p in stage.iterdir() if p.is_file() and not p.name.startswith(".")),
+                       key=lambda n: (n in last, n))
+        for name in names:
+            os.replace(stage / name, out / name)
+        ok = True
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created and not ok and not any(out.iterdir()):
+            out.rmdir()
 
 
 def write_via(writer, path: str | Path, *args, **kw) -> Path:

@@ -368,12 +368,19 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     unknown = [n for n in names if not any((notebooks_dir() / f"{n}{x}").exists() for x in (".py", ".ipynb"))]
     if unknown:
         raise FileNotFoundError(f"no such notebook(s) {unknown} in {notebooks_dir()}; have {NOTEBOOKS}")
+    from . import writerule
+
+    # What a run may write (spec_repro.writerule): only a plain run refreshes the committed results (notebooks,
+    # figures/, SUMMARY.md, the README table); with parameters, other traces, another profile or --figures
+    # everything goes under out_dir (figures in out_dir/figures) or the caller's --figures folder. Neither may
+    # be the checkout or one of its committed folders; a --figures folder keeps summaries it did not get from us.
+    publish = writerule.is_plain(profile, parameters, figures_dir)
+    writerule.check_targets(repo_root(), out=out_dir, figures=figures_dir)
     out = Path(out_dir).resolve()
-    publish = profile == "embedded" and not parameters and figures_dir is None
-    # only a plain run refreshes the committed results (notebooks, figures/, SUMMARY.md, the README table); with
-    # parameters, other traces or another profile everything goes under out_dir, figures in out_dir/figures
     fig_dir = Path(figures_dir).resolve() if figures_dir is not None else \
         (repo_root() / "figures" if publish else out / "figures")
+    if figures_dir is not None:
+        writerule.check_foreign_summaries(fig_dir)
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     (out / "summary").mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -427,6 +434,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             for p in sources.values():
                 p.unlink(missing_ok=True)
             raise
+    made_by = writerule.config(profile, parameters)
     results: list[NotebookResult] = []
     bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
     for name in bar:
@@ -435,6 +443,7 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
         dst = out / "notebooks" / f"{name}.ipynb"
         summ = out / "summary" / f"{name}.json"
         summ.unlink(missing_ok=True)
+        writerule.record_config(summ, None)
         before = {p.name: p.stat().st_mtime for p in fig_dir.glob("*.png")}
         params = plan[name]
         log = out / "notebooks" / f"{name}.kernel.log"
@@ -454,20 +463,20 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
         figs = sorted(p.name for p in fig_dir.glob("*.png") if before.get(p.name) != p.stat().st_mtime)
         if ok and not summ.exists():
             ok, err = False, "ran, but wrote no summary rows (summary_path)"
+        if summ.exists():
+            writerule.record_config(summ, made_by)
         results.append(NotebookResult(name, ok, dt, dst, summ if summ.exists() else None, err, figs))
         if not ok:
             tqdm.write(f"FAILED {name}: {err}")
     bar.close()
 
-    # Rows of every notebook with a summary in out_dir: this run's, plus (when only some notebooks ran) those
-    # an earlier run into the same out_dir left, so `--only` refreshes part of the table without losing the rest.
+    # Rows of this run, plus, in a plain run of only some notebooks, those an earlier plain run into the same
+    # out_dir left (writerule.mergeable), so `--only` refreshes part of the table without losing the rest; rows
+    # made with other parameters are never merged.
     ran = {r.name for r in results}
-    kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json").exists()]
+    kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS
+            if n not in ran and writerule.mergeable(out / "summary" / f"{n}.json", made_by, publish)]
     table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
-    from .io import atomic_path, atomic_write
-
-    with atomic_path(out / "summary.csv") as tmp:
-        table.to_csv(tmp, index=False)
     head = f"Profile `{profile}`"
     if parameters:
         head += "; parameters " + ", ".join(
@@ -476,38 +485,74 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
             for k, v in parameters.items())
     import textwrap
 
-    prefix = KEY_PREFIXES["published" if fig_dir == repo_root() / "figures" / "published" else "package"]
+    prefix = KEY_PREFIXES["published" if _study_traces(parameters) else "package"]
     md = ("# Reproduction summary\n\n" + "\n".join(textwrap.wrap(head + ".", MAX_LINE, break_on_hyphens=False))
           + "\n\n" + summary_markdown(table, prefix))
     failed = [r for r in results if not r.ok]
     if failed:
         md += "\n## Failed notebooks\n\n" + "".join(f"- `{r.name}`: {r.error}\n" for r in failed)
-    with atomic_write(out / "summary.md") as f:
-        f.write(md)
-    committed = fig_dir in (repo_root() / "figures", repo_root() / "figures" / "published")
+    _write_table(out, {"summary.md": md, "summary.csv": table})
+    committed = publish
     # The committed table holds every notebook's rows: a partial run (`--only` into an out_dir that has no
-    # summary of the others) would drop theirs, so it leaves SUMMARY.md, summary.csv and the README alone.
-    missing = [n for n in NOTEBOOKS if n not in ran and not (out / "summary" / f"{n}.json").exists()]
+    # plain summary of the others) would drop theirs, so it leaves SUMMARY.md, summary.csv and the README alone.
+    missing = [n for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json") not in kept]
     partial = committed and bool(missing)
     if not partial:     # a copy next to the figures, so figures/ carries the table that goes with them
-        with atomic_write(fig_dir / "SUMMARY.md") as f:
-            f.write(md)
-        with atomic_path(fig_dir / "summary.csv") as tmp:
-            table.to_csv(tmp, index=False)
+        _write_table(fig_dir, {"SUMMARY.md": md, "summary.csv": table})
+        if not committed:   # the committed figures/ gets no marker: git says who wrote its files
+            writerule.mark_written(fig_dir, writerule.SUMMARY_FILES)
     readme = update_readme_results() if committed and not partial else False
-    fig_kind = "committed" if committed else "figures"
+    fig_kind = "committed" if committed else "figures" if figures_dir is not None else "out"
     written = [("committed", notebooks_dir() / f"{r.name}.ipynb") for r in results if r.ok and publish]
     written += [(fig_kind, fig_dir / f) for r in results for f in r.figures]
     written += [] if partial else [(fig_kind, fig_dir / f) for f in ("SUMMARY.md", "summary.csv")]
     written += [("committed", repo_root() / "README.md")] if readme else []
     table.attrs["kept"] = (f"{fig_dir / 'SUMMARY.md'}, summary.csv and the README's table left as they were: "
-                           f"{', '.join(missing)} did not run and have no summary under {out / 'summary'} (run "
-                           f"them once into --out {out}, or run every notebook)") if partial else ""
+                           f"{', '.join(missing)} did not run and have no summary of a plain run under "
+                           f"{out / 'summary'} (run them once, plain, into --out {out}, or run every notebook)"
+                           ) if partial else ""
     written += [("out", p) for r in results for p in (r.output, out / "notebooks" / f"{r.name}.kernel.log", r.summary)
                 if p is not None and Path(p).exists()]
     written += [("out", out / "summary.md"), ("out", out / "summary.csv")]
     table.attrs["written"] = [(k, str(p)) for k, p in written]
     return results, table
+
+
+def _write_table(folder: Path, files: Mapping) -> None:
+    """Write a summary's files together (name -> markdown text or a table for CSV): into a stage folder, then
+    swapped in, so that a failure leaves the folder's earlier pair as it was, never one new and one old."""
+    from .io import staged_dir
+
+    with staged_dir(folder, seed=(), last=()) as stage:
+        for name, content in files.items():
+            if isinstance(content, str):
+                (stage / name).write_text(content)
+            else:
+                content.to_csv(stage / name, index=False)
+
+
+def _study_traces(parameters: Mapping | None) -> bool:
+    """Whether the run's traces are the study's own published files (recognized by sha256, as
+    ``published.read_published_jsonl`` does): its summary then uses the published source keys (A..)."""
+    import hashlib
+
+    from .traces import STUDY_FILES
+
+    traces = (parameters or {}).get("traces")
+    files = [traces] if isinstance(traces, str) else traces
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+        return False
+    for f in files:
+        try:
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            return False
+        if h.hexdigest() not in STUDY_FILES:
+            return False
+    return True
 
 
 README_MARKERS = ("<!-- results:start (generated by spec-repro reproduce from figures/summary.csv and "

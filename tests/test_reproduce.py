@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from spec_repro import reproduce as R
+from spec_repro import writerule
 from spec_repro.analysis import repo_root
 
 
@@ -77,6 +78,11 @@ def test_a_partial_publishing_run_keeps_the_committed_table(toy_root, tmp_path):
     for n in R.NOTEBOOKS:                  # an earlier full run into the same --out left every other summary
         if n != "03_acceptance_behavior":
             (out / "summary" / f"{n}.json").write_text("[]")
+    _results, table = R.reproduce("embedded", out, notebooks=["03_acceptance_behavior"], progress=False)
+    assert "left as they were" in table.attrs["kept"]           # ... but not recorded as made by a plain run
+    for n in R.NOTEBOOKS:
+        if n != "03_acceptance_behavior":
+            writerule.record_config(out / "summary" / f"{n}.json", writerule.config("embedded", None))
     _results, table = R.reproduce("embedded", out, notebooks=["03_acceptance_behavior"], progress=False)
     assert table.attrs["kept"] == "" and "toy notebook" in (figs / "SUMMARY.md").read_text()
 

@@ -175,7 +175,10 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     from .jobs import lossless_report
     from .session import agreement_report
 
+    from .summary import check_raw_out
+
     raw, out = Path(raw), Path(out)
+    check_raw_out([raw], out)       # the raw folder is searched recursively: out may not overlap it
     out.mkdir(parents=True, exist_ok=True)
     runs, steps, engines = load(raw)
     write_via(runs.to_csv, out / "runs.csv", index=False)

@@ -246,9 +246,11 @@ def write_smollm2(raws, out: Path) -> dict:
     return smol
 
 
-def write_manifest(raws, engines: list, out: Path, command: str) -> None:
+def write_manifest(raws, engines: list, out: Path, command: str, final: Path | None = None) -> None:
     """``MANIFEST.json``: where and how the measurements were made (the device, from its engine records; dates and
-    commands from ``sessions.json``), the SmolLM2 weights, and one entry per file with its sha256."""
+    commands from ``sessions.json``), the SmolLM2 weights, and one entry per file with its sha256. ``out`` holds the
+    files just written (a stage folder); ``final`` (default ``out``), the folder they will replace files in: its
+    other files are recorded as they are."""
     from ...provenance import machine_info, package_versions, record, sha256_file
 
     meta = sessions()
@@ -282,23 +284,52 @@ def write_manifest(raws, engines: list, out: Path, command: str) -> None:
                gguf=meta["smollm2_weights"]["gguf"], tensor_digest=c["digest"], params=c["params"], **dev,
                digest_method="spec_repro.engines.vllm.smollm2.tensor_digest(model.state_dict())",
                note=meta["smollm2_weights"]["note"])
-    for name in sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")):  # not locks
+    final = Path(final or out)
+    files = {p.name: p for d in (final, out) for p in d.iterdir()   # out's (new) files win over final's
+             if p.is_file() and not p.name.startswith(".")}          # not locks
+    for name in sorted(files):
         if name in ("MANIFEST.json", "README.md"):
             continue
         record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""), **dev,
                kind="input (made on the CPU)" if name in ("smollm2_prompts.jsonl", "jobs.json", "sessions.json") else
                "measured on the lent H200 (see _device_runs), or computed from those measurements",
-               sha256=sha256_file(out / name))
+               sha256=sha256_file(files[name]))
+
+
+def check_raw_out(raws, out) -> None:
+    """Refuse (``OutputError``, one line) an ``out`` that is, holds or lies inside one of the ``raws``: the raw
+    folders are searched recursively, so a second summary would read the first one's ``results.jsonl`` back."""
+    import os
+
+    from ...io import OutputError
+
+    o = Path(os.path.realpath(Path(out).expanduser()))
+    for r in raws:
+        rr = Path(os.path.realpath(Path(r).expanduser()))
+        if o == rr or o.is_relative_to(rr) or rr.is_relative_to(o):
+            raise OutputError(f"--out {out} and --raw {r} overlap: the raw folders are searched recursively, "
+                              f"so the summary's own files would be read back as device outputs; give an --out "
+                              f"outside every --raw folder")
 
 
 def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     """Write data/gpu's files from the raw device outputs (one folder or a list, searched recursively; see
-    data/gpu/README.md), one ``write_*`` per file; returns headline numbers."""
-    from .steps import flag_jit_outliers, model_dims
+    data/gpu/README.md), one ``write_*`` per file; returns headline numbers. The files are written into a stage
+    folder and replace ``out``'s only once every one of them (MANIFEST.json included) was written: a failure
+    leaves ``out`` as it was. ``out`` may not overlap a raw folder (``check_raw_out``)."""
+    from ...io import staged_dir
 
     raws = [Path(raw)] if isinstance(raw, (str, Path)) else [Path(r) for r in raw]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_raw_out(raws, out)
+    with staged_dir(out) as stage:
+        return _summarize(raws, stage, out, command)
+
+
+def _summarize(raws: list[Path], out: Path, final: Path, command: str) -> dict:
+    """``summarize`` writing into ``out`` (the stage) the files that will replace ``final``'s."""
+    from .steps import flag_jit_outliers, model_dims
+
     runs, steps, engines = load_raw(raws)
     steps["run_kind"] = steps["run_id"].map(_run_kind)
     steps = flag_jit_outliers(steps)
@@ -317,7 +348,7 @@ def summarize(raw, out: str | Path = "data/gpu", command: str = "") -> dict:
     write_cost_model(fits, out)
     cm = write_cost_model_compare(fits, out)
     smol = write_smollm2(raws, out)
-    write_manifest(raws, engines, out, command)
+    write_manifest(raws, engines, out, command, final)
     decode = pb[(pb.steps_kind == "decode") & pb.primary]
     return {"phase_breakdown_decode": decode[["model", "method", "batch_size", "total_ms", "drafting_share",
                                               "verification_share", "rejection_sampling_share",
