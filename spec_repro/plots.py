@@ -491,8 +491,8 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     if "model" not in adv.columns:
         adv["model"] = ""
     panels = list(dict.fromkeys(zip(adv["model"].astype(str), adv["other"].astype(str))))
-    fig, axes = _facets(len(panels), ncols=2, w=3.5, h=3.0)
-    datasets = sorted(adv["dataset"].unique())
+    fig, axes = _facets(len(panels), ncols=2, w=3.5 if len(panels) > 1 else 5.0, h=3.0)  # one panel: room for
+    datasets = sorted(adv["dataset"].unique())                                              # its title and notes
     pal = dict(zip(datasets, sns.color_palette("tab10", len(datasets))))
     edges = np.round(np.arange(0, 1.01, 0.1), 2)
     for ax, (mdl, oth) in zip(axes, panels):
@@ -520,7 +520,7 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
             below, above = overlap_support(d, thr)
             ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
                        label="this run: n-gram wins above (panel title)")
-            found = f"this run: wins above {thr:.1f} ({below} / {above} requests below / above)"
+            found = f"this run: wins above {thr:.1f} ({below} below, {above} above)"
         else:
             found = "this run: no supported threshold"
         ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
@@ -530,11 +530,10 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
         for h in ax.collections:
             h.set_sizes([9])
     _legend_below(fig, axes, ncol=3)
-    _note(fig, f"Threshold drawn only with at least {min_requests} requests each side; top row: requests per "
-          "0.1 BLEU bin.")
+    _note(fig, f"Threshold drawn only with at least {min_requests} requests each side; top: requests per 0.1 bin.")
     sup = title or "n-gram's advantage vs prompt-output overlap, per comparator"
-    if len(panels) == 1 and not title:    # one narrow panel: the title on two lines, within the figure
-        sup = "n-gram's advantage vs\nprompt-output overlap"
+    if len(panels) == 1 and not title:    # one comparator: no "per comparator"
+        sup = "n-gram's advantage vs prompt-output overlap"
     fig.suptitle(sup, fontsize=10)
     return _finish(fig, source)
 

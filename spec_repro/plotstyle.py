@@ -128,11 +128,14 @@ def _finish(fig, source: str | None):
         y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     # At most two short grey lines under a figure: the data's source and one caveat (the first note), each cut
     # to one line; the detail belongs in the notebook's text.
-    width = max(40, int(fig.get_figwidth() * 17))
+    def width(size):   # characters on one line of the figure at ``size`` pt (DejaVu Sans: ~0.55 em a character)
+        return max(40, int(0.97 * fig.get_figwidth() * 72 / (0.56 * size)))
+
     notes = getattr(fig, "_spec_notes", [])[:MAX_NOTES]
-    lines = [(_one_line(n, width), 7.0, "0.15") for n in notes]
+    lines = [(_one_line(n, width(7.0)), 7.0, "0.15") for n in notes]
     if source:
-        lines.append((_one_line("Source: " + _compact_counts("; ".join(source.splitlines())), width), 6.5, "0.35"))
+        lines.append((_one_line("Source: " + _compact_counts("; ".join(source.splitlines())), width(6.5)), 6.5,
+                      "0.35"))
     for text, size, col in lines:
         t = fig.text(0.01, y - 0.01, text, ha="left", va="top", fontsize=size, color=col)
         y = t.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
