@@ -44,8 +44,8 @@ def _drop_stalled(df: pd.DataFrame | None, fig_notes: list) -> pd.DataFrame | No
         return df
     bad = df[df["stalled"].astype(bool)]
     if len(bad):
-        fig_notes.append(f"Dropped {len(bad)} of {len(df)} measured points whose timed run (or no-SD baseline) "
-                         "stalled on a first-use compilation (listed in the notebook).")
+        fig_notes.append(f"Dropped {len(bad)} of {len(df)} measured points: first-use compilation stalls (listed in "
+                         "the notebook).")
     return df[~df["stalled"].astype(bool)].drop(columns=[c for c in ("stalled", "stall_reason") if c in df])
 
 
