@@ -83,7 +83,18 @@ if traces is None or gpu_results is not None:
 else:  # the committed vLLM runs do not depend on traces=: the default run shows them, not a run on other traces
     measured, measured_src = None, "measured vLLM throughput: not shown with traces= (the default run shows it)"
 print(measured_src)
-measured if measured is not None else "no measured vLLM throughput in data/gpu: only the simulation is shown"
+if measured is not None:   # what the figure below shows: speedup by batch size, stalled points left out
+    stalled = measured["stalled"].astype(bool) if "stalled" in measured else measured["batch_size"] < 0
+    print(f"dropped {stalled.sum()} of {len(measured)} points (their timed run or no-SD baseline stalled on a "
+          "first-use compilation):", "; ".join(f"{m} {p.replace(', dummy weights', '')} B={b}" for m, p, b in
+                                               measured.loc[stalled, ["model", "proposers", "batch_size"]].values))
+    shown = (measured[~stalled].assign(target=measured["dataset"].str.replace(" dims, random prompt", ""),
+                                       proposer=measured["proposers"].str.replace(", dummy weights", ""))
+             .pivot_table(index=["target", "proposer"], columns="batch_size", values="speedup").round(2))
+    shown = shown.astype(object).where(shown.notna(), "")   # blank: not run, or dropped above
+else:
+    shown = "no measured vLLM throughput in data/gpu: only the simulation is shown"
+shown
 
 # %%
 fig = P.speedup_vs_batch(sim, title=f"Simulated speedup (fixed k={k}) vs batch size; line style = cost model",
@@ -91,7 +102,7 @@ fig = P.speedup_vs_batch(sim, title=f"Simulated speedup (fixed k={k}) vs batch s
 if figures_dir: P.save(fig, "01_speedup_vs_batch", figures_dir)
 
 # %% [markdown]
-# Measured in vLLM on the H200 with **dummy weights**: the timing is real, the acceptance is not (random weights make greedy outputs repeat, so n-gram accepts nearly everything and EAGLE nothing; one EAGLE run uses vLLM's synthetic sampler with an *assumed* acceptance length of 2.5). Each series is labelled with the acceptance length (AL, tokens per step) it actually had. Read it as the cost side of finding 1: the same acceptance buys less as the batch grows.
+# Measured in vLLM on the H200 with **dummy weights**: the timing is real, the acceptance is not (random weights make greedy outputs repeat, so n-gram accepts nearly everything and EAGLE nothing; one EAGLE run uses vLLM's synthetic sampler with an *assumed* acceptance length of 2.5). Each proposer's legend entry gives the acceptance length (AL, tokens per step) its runs actually had (a range over the models where it differs); the synthetic-sampler run is the dashed line. Read it as the cost side of finding 1: the same acceptance buys less as the batch grows.
 
 # %%
 if measured is not None:

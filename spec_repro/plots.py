@@ -44,15 +44,36 @@ def _drop_stalled(df: pd.DataFrame | None, fig_notes: list) -> pd.DataFrame | No
         return df
     bad = df[df["stalled"].astype(bool)]
     if len(bad):
-        which = ", ".join(f"{m} {p.split(' (')[0]}{' (synthetic)' if 'synthetic' in p else ''} B={b}"
-                          for m, p, b in zip(bad["model"], bad["proposers"], bad["batch_size"]))
-        fig_notes.append(
-            f"Dropped {len(bad)} of {len(df)} measured points: their timed run (or its no-SD baseline) hit a "
-            f"batch shape for the first time inside the timed window (JIT compilation / CUDA-graph capture; step "
-            f"logs show >= 5% of the wall time in such stalls): {which}.")
-    else:
-        fig_notes.append("No measured point dropped: no timed run shows a compilation stall (step logs).")
+        fig_notes.append(f"Dropped {len(bad)} of {len(df)} measured points: first-use compilation stalls (listed in "
+                         "the notebook).")
     return df[~df["stalled"].astype(bool)].drop(columns=[c for c in ("stalled", "stall_reason") if c in df])
+
+
+def _proposer_legend(props: Sequence[str]) -> list[tuple[str, str]]:
+    """One legend entry per proposer colour: (base name, label). Series of one proposer that differ only in their
+    acceptance length (one per model) share it, the lengths as a range ("ngram (AL 3.94-3.97, dummy weights)");
+    a synthetic-acceptance series is told apart by its line style, not by an entry of its own."""
+    import re
+
+    out: dict[str, list[str]] = {}
+    for p in props:
+        out.setdefault(p.split(" ")[0], []).append(p)
+    pairs = []
+    for base, ps in out.items():
+        real = [p for p in ps if "synthetic" not in p] or ps
+        als = [float(m.group(1)) for p in real if (m := re.search(r"\bAL ([\d.]+)", p))]
+        rest = sorted({re.sub(r"^.*?\(|\)$", "", re.sub(r"\bAL [\d.]+,? ?", "", p)).strip(", ") for p in real
+                       if "(" in p} - {""})
+        if len(real) == 1 and len(ps) == 1:
+            pairs.append((base, real[0]))
+            continue
+        inner = []
+        if als:
+            lo, hi = min(als), max(als)
+            inner.append(f"AL {lo:.2f}" if lo == hi else f"AL {lo:.2f}-{hi:.2f}")
+        inner += rest
+        pairs.append((base, f"{base} ({', '.join(inner)})" if inner else base))
+    return pairs
 
 
 def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *, title: str = "",
@@ -99,15 +120,18 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
             for lab, v in (paper_refs or {}).items():
                 ax.axhline(v, color="0.5", lw=0.8, ls="--")
                 ax.annotate(lab, (ax.get_xlim()[0], v), fontsize=6.5, color="0.35", va="bottom")
-        _batch_axis(ax, pd.concat([sim["batch_size"]] + ([measured["batch_size"]] if measured is not None else [])))
+        _batch_axis(ax, pd.concat([d["batch_size"]] + ([m["batch_size"]] if measured is not None and len(measured)
+                                                       else [])))
         _title(ax, ds)
         ax.set_ylabel("speedup vs no SD (×)")
     from matplotlib.lines import Line2D
 
-    extra = [(Line2D([], [], color=color(p.split(" ")[0]), lw=4), p) for p in props]
+    extra = [(Line2D([], [], color=color(base), lw=4), lab) for base, lab in _proposer_legend(props)]
     if style:
+        synth = sorted({p.split("synthetic AL ")[1].rstrip(")") for p in props if "synthetic AL " in p})
         extra += [(Line2D([], [], color="0.15", ls=sty[lv][0], marker=sty[lv][1], ms=4, lw=1.3),
-                   f"{style.replace('_', ' ')}: {lv}") for lv in levels]
+                   f"{style.replace('_', ' ')}: {lv}" + (f", AL {', '.join(synth)}" if synth and "synthetic" in lv
+                                                         else "")) for lv in levels]
     if measured is not None and len(measured):
         extra.append((Line2D([], [], color="0.15", ls="-.", marker="s", mfc="none", lw=1), "measured"))
     _legend_below(fig, axes, ncol=3, extra=extra)
@@ -156,9 +180,6 @@ def time_breakdown(shares: pd.DataFrame, *, x: str = "batch_size", facet="method
         ax.set_ylabel("share of step time", fontsize=8)
         ax.tick_params(axis="x", rotation=45, labelsize=7)
     _legend_below(fig, axes, ncol=3)
-    if len(facets) > 6:
-        _note(fig, f"{len(facets)} panels: one per model and method measured (each model's 'none' panel is its "
-              "plain-decoding baseline), so the phases of every method can be compared on its own model.")
     sup = title or "Where a decode step's time goes"
     if paper_verify_range:
         sup += (f"\n(dashed lines: the paper's range of verification's share, {paper_verify_range[0]:.0%}-"
@@ -178,10 +199,11 @@ def verify_vs_floor(limits: pd.DataFrame, *, title: str = "", source: str | None
     marks = {"none": "^", "ngram": "o", "eagle": "s", "eagle3": "P", "draft_model": "D", "mtp": "X"}
     for ax, mdl in zip(axes, models):
         d = limits[limits["model"] == mdl]
-        for meth, g in d.groupby("method"):
-            g = g.sort_values("batch_size")
-            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=5, lw=1.2,
-                    alpha=0.9, color=color(meth), label=f"_{meth} measured")
+        for i, (meth, g) in enumerate(d.groupby("method")):
+            g = g.sort_values("batch_size")   # each later method a size smaller: coinciding markers nest, not hide
+            ax.plot(g["batch_size"], g["t_verify_ms"], marker=marks.get(meth, "o"), mfc="none", ms=max(3.0, 8 - 1.6 * i),
+                    mew=1.1, lw=max(0.9, 2.2 - 0.45 * i), alpha=0.9, color=color(meth), label=f"_{meth} measured",
+                    zorder=2 + i)
             ax.plot(g["batch_size"], g["floor_ms"], ls=":", lw=1.2, color=color(meth), label=f"_{meth} HBM floor")
         _batch_axis(ax, d["batch_size"])
         ax.set_yscale("log")
@@ -299,17 +321,14 @@ def acceptance_by_position(df: pd.DataFrame, *, k: int | None = 3, title: str = 
         tw = ax.twinx()
         tw.plot(reach.index, reach.values, color="0.55", ls=":", lw=1, drawstyle="steps-post")
         tw.set_ylim(0, None)
-        tw.tick_params(labelsize=6.5, colors="0.4", pad=1)
-        tw.set_ylabel("requests", fontsize=6.5, color="0.4", labelpad=1)
+        tw.tick_params(labelsize=7.5, colors="0.3", pad=1)
+        tw.set_ylabel("requests reaching bin", fontsize=7.5, color="0.3", labelpad=2)
         tw.set_xlabel(ax.get_xlabel())  # the twin's x axis is hidden; labelled like its panel
         tw.grid(False)
     _legend_below(fig, axes)
     cut = f" (bins reached by < {min_requests} dropped)" if min_requests else ""
     fig.suptitle(title or f"Acceptance by output position: mean over the requests reaching each bin{cut};\n"
                  "grey dotted line, right axis: how many requests reach the bin", y=1.04, fontsize=9)
-    if len(datasets) > 6:
-        _note(fig, f"{len(datasets)} panels: one per workload and model, so each model's acceptance can be read "
-              "against its own output lengths.")
     return _finish(fig, source)
 
 
@@ -379,17 +398,12 @@ def draft_position_vs_study(cmp: pd.DataFrame, *, title: str = "", source: str |
                if side == "study" else f"package: {mdl} (this notebook's trace)")
         extra.append((Line2D([], [], color="0.25", **styles[s_]), who))
     _legend_below(fig, list(axs.flat), ncol=2, extra=extra)
+    if any(side != "study" and "(published trace)" in str(mdl) for side, mdl in sides):
+        _note(fig, "The notebook's trace IS the study's here: n-gram's two lines differ only in counting no-match "
+              "steps as drafts.")
     for n in cmp.attrs.get("notes", []):
         _note(fig, n)
-    if any(side != "study" and "(published trace)" in str(mdl) for side, mdl in sides):
-        _note(fig, "Here the notebook's trace IS the study's published one: the two lines of a proposer are the same "
-              "data. n-gram's differ because the published files record no draft length: the solid line counts steps "
-              "where the lookup found no match as drafts, the dashed one does not (given the previous token "
-              "accepted, they differ only at position 1).")
-    _note(fig, "Left: the study's per-position rate, drafts whose i-th token was accepted ÷ all drafts (it can "
-          "only fall with i). Right: ÷ the drafts whose (i-1)-th token was accepted, which shows whether a "
-          "proposer gets worse deeper into its draft. n-gram: steps where its lookup found no match are not drafts "
-          "(recomputed from the study's token ids; recorded in the package's traces).")
+    _note(fig, "n-gram: steps where its lookup found no match are not drafts.")
     kk = f" at k={k}" if k else ""
     fig.suptitle(title or f"Per-draft-position acceptance{kk}:\nthis package's traces beside the study's "
                  "(Llama-3.1-8B-Instruct, H100)", y=1.01, fontsize=9.5)
@@ -437,15 +451,19 @@ def tokens_per_step_spread(per_request: pd.DataFrame, *, title: str = "", source
             for j, p in enumerate(props):
                 if p in paper and p in present and p in set(paper_proposers or ()):
                     lo, hi = paper[p]
-                    x = i - 0.4 + (j + 1) * 0.8 / len(props) - 0.015   # in the gap right of the box
-                    ax.vlines(x, lo, hi, color="k", lw=1.4, gid=f"paper|{p}|{ds}")
-                    ax.hlines([lo, hi], x - 0.02, x + 0.02, color="k", lw=1.4)
+                    slot = 0.8 / len(props)               # the proposer's own slot: never over a neighbour's box
+                    x0 = i - 0.4 + j * slot + 0.08 * slot
+                    ax.add_patch(plt.Rectangle((x0, lo), 0.84 * slot, hi - lo, fill=False, ec="k", ls="--",
+                                               lw=0.9, zorder=0.5))
+                    ax.hlines([lo, hi], x0, x0 + 0.84 * slot, color="k", lw=1.6, zorder=0.6,
+                              gid=f"paper|{p}|{ds}")
                     drawn = True
         if ax.get_legend():
             ax.get_legend().remove()
     extra = [(plt.Rectangle((0, 0), 1, 1, color=color(p)), p) for p in props]
     if drawn:
-        extra.append((Line2D([], [], color="k", lw=1.4), f"paper 5th-95th (InstructCoder, 70B), on {paper_dataset}"))
+        extra.append((plt.Rectangle((0, 0), 1, 1, fill=False, ec="k", ls="--", lw=0.9),
+                      f"paper 5th-95th (InstructCoder, 70B), on {paper_dataset}"))
     _legend_below(fig, axes, ncol=5, extra=extra)
     fig.suptitle(title or "Spread of tokens per step across requests (box 25-75%, whiskers 5-95%)", fontsize=10)
     return _finish(fig, source)
@@ -473,8 +491,8 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
     if "model" not in adv.columns:
         adv["model"] = ""
     panels = list(dict.fromkeys(zip(adv["model"].astype(str), adv["other"].astype(str))))
-    fig, axes = _facets(len(panels), ncols=2, w=3.5, h=3.0)
-    datasets = sorted(adv["dataset"].unique())
+    fig, axes = _facets(len(panels), ncols=2, w=3.5 if len(panels) > 1 else 5.0, h=3.0)  # one panel: room for
+    datasets = sorted(adv["dataset"].unique())                                              # its title and notes
     pal = dict(zip(datasets, sns.color_palette("tab10", len(datasets))))
     edges = np.round(np.arange(0, 1.01, 0.1), 2)
     for ax, (mdl, oth) in zip(axes, panels):
@@ -501,28 +519,29 @@ def overlap_vs_advantage(adv: pd.DataFrame, *, other: str, threshold: float | No
         if thr is not None:
             below, above = overlap_support(d, thr)
             ax.axvline(thr, color=color("ngram"), ls="-.", lw=1.2, gid="threshold",
-                       label=f"this run: n-gram wins above {thr:.1f}")
-            ax.text(0.98, 0.04, f"{below} / {above} requests below / above {thr:.1f}", transform=ax.transAxes,
-                    ha="right", va="bottom", fontsize=6.5, color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
+                       label="this run: n-gram wins above (panel title)")
+            found = f"this run: wins above {thr:.1f} ({below} below, {above} above)"
         else:
-            ax.text(0.98, 0.04, f"no supported threshold: n-gram's median\ndoes not win in every higher bin of "
-                    f">= {min_requests}\nrequests with >= {min_requests} on each side", transform=ax.transAxes,
-                    ha="right", va="bottom", fontsize=6.5, color="0.2", bbox=dict(fc="white", ec="0.7", lw=0.5))
+            found = "this run: no supported threshold"
         ax.set_xlabel("prompt-output overlap, BLEU-4 (0-1)")
         ax.set_ylabel(f"tokens/step n-gram ÷ {oth} (log)")
-        ax.set_title(f"n-gram vs {oth}" + (f" ({mdl})" if mdl else ""), fontsize=8.5, pad=10)
+        ax.set_title(f"n-gram vs {oth}" + (f" ({mdl})" if mdl else "") + f"\n{found}", fontsize=8, pad=10)
     for ax in axes:
         for h in ax.collections:
             h.set_sizes([9])
     _legend_below(fig, axes, ncol=3)
-    _note(fig, f"A threshold is drawn only where at least {min_requests} requests lie on each side of it (bins "
-          f"with fewer than {min_requests} requests decide no threshold); numbers at the top of each panel: "
-          "requests per 0.1-wide BLEU bin.")
-    fig.suptitle(title or "n-gram's advantage vs prompt-output overlap, per comparator", fontsize=10)
+    _note(fig, f"Threshold drawn only with at least {min_requests} requests each side; top: requests per 0.1 bin.")
+    sup = title or "n-gram's advantage vs prompt-output overlap, per comparator"
+    if len(panels) == 1 and not title:    # one comparator: no "per comparator"
+        sup = "n-gram's advantage vs prompt-output overlap"
+    fig.suptitle(sup, fontsize=10)
     return _finish(fig, source)
 
 
 # ---- findings 4 and 5 -------------------------------------------------------------------------------------
+
+
+_PAPER_LS = [(0, (1, 2)), (0, (4, 2, 1, 2)), (0, (6, 3))]
 
 
 def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
@@ -541,15 +560,14 @@ def oracle_gap(gap: pd.DataFrame, *, title: str = "", source: str | None = None,
                     label=f"{p} best fixed k")
         ax.axhline(1.0, color="0.2", lw=1, ls=":")
         if _is_paper_panel(ds, paper_dataset):
-            for lab, v in (paper_refs or {}).items():
-                ax.axhline(v, color="0.5", lw=0.8, ls=(0, (1, 2)), zorder=1)
-                ax.text(0.98, v, lab, transform=ax.get_yaxis_transform(), fontsize=6.5, color="0.25", va="center",
-                        ha="right", zorder=10, bbox=dict(fc="white", ec="0.7", lw=0.4, pad=1.2, alpha=0.95))
+            for (lab, v), pls in zip((paper_refs or {}).items(), _PAPER_LS):
+                ax.axhline(v, color="0.35", lw=0.9, ls=pls, zorder=1, label=lab)
         _batch_axis(ax, gap["batch_size"])
         _title(ax, ds + (" · (paper's lines: InstructCoder)" if paper_refs and paper_dataset
                          and _is_paper_panel(ds, paper_dataset) else ""))
         ax.set_ylabel("speedup over no SD (×)")
-    _legend_below(fig, axes, ncol=4)
+    _legend_below(fig, axes, ncol=4, order=[f"{p} {w}" for p in sorted(gap["proposers"].unique())
+                                            for w in ("oracle", "best fixed k")])   # the paper's lines last
     fig.suptitle(title or "Oracle proposal length vs best fixed k", y=1.03)
     return _finish(fig, source)
 
@@ -658,10 +676,9 @@ def hybrid_oracle(sim: pd.DataFrame, *, batch_size: int = 1, title: str = "", so
                                   bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=7.5)
     if paper_refs:
         shown = sorted(paper_set)
-        _note(fig, "Black ticks: the paper's values, drawn only on "
-              + (f"the {paper_dataset} bars (InstructCoder's analogue)" if paper_dataset else "every dataset")
-              + f" and only for the proposers the paper measured ({', '.join(shown)}, and their Oracle Combine); "
-              + "other bars have no paper value." + ("" if ticks else " (No bar matched: none drawn.)"))
+        _note(fig, "Black ticks: the paper's values, only on "
+              + (f"{paper_dataset}" if paper_dataset else "every dataset")
+              + f" and for {', '.join(shown)} (and their Oracle Combine)." + ("" if ticks else " None matched."))
     fig.suptitle(title or f"Oracle Combine vs single-proposer oracles (batch {batch_size})", fontsize=10)
     return _finish(fig, source)
 
@@ -679,20 +696,23 @@ def adaptive_vs_batch(table: pd.DataFrame, *, title: str = "", source: str | Non
     panels = sorted(t["dataset"].unique())
     ncols = min(5, max(len(panels), 1))
     fig, axes = _facets(len(panels), ncols=ncols, w=2.3)
-    lines = (("combine_winner", "Oracle Combine (winner)", "0.55", "--", None),
-             ("rule", "rule: ngram-else-eagle (best k pair)", _CB[1], "-", "s"),
-             ("best_causal", "best causal policy", _CB[4], "-", "o"),
-             ("best_fixed", "best fixed k (any k)", "0.15", ":", "^"))
+    # (column, label, colour, style, marker, width, alpha): the best causal policy wide and pale underneath, the
+    # rule thin on top, so that where the two coincide both stay visible
+    lines = (("combine_winner", "Oracle Combine (winner)", "0.55", "--", None, 1.6, 1.0),
+             ("best_causal", "best causal policy", _CB[4], "-", "o", 4.0, 0.45),
+             ("best_fixed", "best fixed k (any k)", "0.15", ":", "^", 1.6, 1.0),
+             ("rule", "rule: ngram-else-eagle (best k pair)", _CB[1], "-", "s", 1.1, 1.0))
     for ax, ds in zip(axes, panels):
         d = t[t["dataset"] == ds].sort_values("batch_size")
-        for col, label, c, ls, mk in lines:
-            ax.plot(d["batch_size"], d[col], color=c, ls=ls, marker=mk, ms=3.5, lw=1.6, label=label)
+        for col, label, c, ls, mk, lw, alpha in lines:
+            ax.plot(d["batch_size"], d[col], color=c, ls=ls, marker=mk, ms=5.5 if lw > 2 else 3, lw=lw,
+                    alpha=alpha, label=label)
         ax.axhline(1.0, color="0.2", lw=0.8, ls=":")
-        _batch_axis(ax, d["batch_size"], min_octaves=2.9)     # 2.3-inch panels: "32" and "128" would touch
+        _batch_axis(ax, d["batch_size"], min_octaves=2.9)     # narrow panels: labels vertical when crowded
         _title(ax, ds, fontsize=8)
     for i, ax in enumerate(axes[:len(panels)]):   # axis labels once per row / column: the panels are narrow
         ax.set_ylabel("speedup (×)" if i % ncols == 0 else "")
         ax.set_xlabel("batch size" if i >= len(panels) - ncols else "")
-    _legend_below(fig, axes)
+    _legend_below(fig, axes, order=[lab for _, lab, *_ in lines])
     fig.suptitle(title or "Causal selectors vs the rule a user would run, fixed k and the oracle", y=1.02)
     return _finish(fig, source)

@@ -74,17 +74,44 @@ def _note(fig, text: str):
     fig._spec_notes = getattr(fig, "_spec_notes", []) + [text]
 
 
-def _finish(fig, source: str | None):
-    """Every figure's last step: the layout, then under it the shared legend (if any), the notes and the data's
-    source, each wrapped to the figure's width and stacked so that nothing overlaps."""
+MAX_NOTES = 1   # caveats printed under a figure (besides its source line)
+
+
+def _one_line(text: str, width: int) -> str:
+    """``text`` on one line of at most ``width`` characters: whole ``; ``-separated clauses while they fit, else
+    the first clause cut at a word, ending in an ellipsis."""
     import textwrap
+
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    parts, out = text.split("; "), ""
+    for part in parts:
+        cand = f"{out}; {part}" if out else part
+        if len(cand) + 2 > width:
+            break
+        out = cand
+    return (out + " …") if out else textwrap.shorten(text, width, placeholder=" …")
+
+
+def _compact_counts(text: str) -> str:
+    """Request counts per dataset ("code-edit 300, gsm-symbolic 300, humaneval 164 requests") as their total
+    ("764 requests, 3 datasets"): the per-dataset counts are in the notebook's printed provenance."""
+    import re
+
+    def total(m):
+        ns = [int(n) for n in re.findall(r" (\d+)(?=,| requests)", m.group(0))]
+        return f"{sum(ns)} requests, {len(ns)} datasets"
+
+    return re.sub(r"[\w.-]+ \d+(?:, [\w.-]+ \d+)+ requests", total, text)
+
+
+def _finish(fig, source: str | None):
+    """Every figure's last step: the layout, then under it the shared legend (if any), one caveat (the first note)
+    and the data's source, each on one line, stacked so that nothing overlaps."""
 
     fig.tight_layout()
     renderer = fig.canvas.get_renderer()
-    boxes = {tuple(np.round(ax.get_position().bounds, 3)) for ax in fig.axes if ax.get_visible()}  # twins: one
-    if len(boxes) > 6 and not any("panels:" in n for n in getattr(fig, "_spec_notes", [])):
-        _note(fig, f"{len(boxes)} panels: one per combination in the data (the panel titles name it), each on its "
-              "own axes, so that every one is read against its own scale; a shared panel would hide the smaller ones.")
     y = min([ax.get_tightbbox(renderer).transformed(fig.transFigure.inverted()).y0
              for ax in fig.axes if ax.get_visible()] + [0.0])
     leg = getattr(fig, "_spec_legend", None)
@@ -99,11 +126,18 @@ def _finish(fig, source: str | None):
             fig._spec_legend = leg = new
         leg.set_bbox_to_anchor((0.5, y - 0.005), transform=fig.transFigure)
         y = leg.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
-    width = max(40, int(fig.get_figwidth() * 15))
-    for text, size, col in ([(n, 7.5, "0.1") for n in getattr(fig, "_spec_notes", [])]
-                            + ([("Source: " + "; ".join(source.splitlines()), 6.5, "0.3")] if source else [])):
-        t = fig.text(0.01, y - 0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=size,
-                     color=col)
+    # At most two short grey lines under a figure: the data's source and one caveat (the first note), each cut
+    # to one line; the detail belongs in the notebook's text.
+    def width(size):   # characters on one line of the figure at ``size`` pt (DejaVu Sans: ~0.55 em a character)
+        return max(40, int(0.97 * fig.get_figwidth() * 72 / (0.56 * size)))
+
+    notes = getattr(fig, "_spec_notes", [])[:MAX_NOTES]
+    lines = [(_one_line(n, width(7.0)), 7.0, "0.15") for n in notes]
+    if source:
+        lines.append((_one_line("Source: " + _compact_counts("; ".join(source.splitlines())), width(6.5)), 6.5,
+                      "0.35"))
+    for text, size, col in lines:
+        t = fig.text(0.01, y - 0.01, text, ha="left", va="top", fontsize=size, color=col)
         y = t.get_window_extent(renderer).transformed(fig.transFigure.inverted()).y0
     return fig
 
@@ -127,22 +161,16 @@ def _is_paper_panel(panel: str, paper_dataset: str | None) -> bool:
 
 
 def _batch_axis(ax, values, min_octaves: float = 1.9):
-    """Log2 batch-size axis with the batch sizes themselves as tick labels, labels at least ``min_octaves``
-    apart (narrow panels need more)."""
+    """Log2 batch-size axis with every batch size in ``values`` as a labelled tick (a point never sits on an
+    unlabelled tick); where two neighbours are closer than ``min_octaves`` (narrow panels need more), the labels
+    turn vertical and a little smaller instead of being dropped."""
     from matplotlib.ticker import FixedLocator, NullFormatter
 
     vals = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
-    shown = []   # labels at least min_octaves apart (the ticks all stay), always the largest batch
-    for v in vals:
-        if not shown or np.log2(v) - np.log2(shown[-1]) >= min_octaves:
-            shown.append(v)
-    if vals and shown[-1] != vals[-1]:
-        if np.log2(vals[-1]) - np.log2(shown[-1]) < min_octaves and len(shown) > 1:
-            shown.pop()
-        shown.append(vals[-1])
-    ax.set_xticklabels([str(v) if v in shown else "" for v in vals])
+    crowded = any(np.log2(b) - np.log2(a) < min_octaves for a, b in zip(vals, vals[1:]))
+    ax.set_xticklabels([str(v) for v in vals], rotation=90 if crowded else 0, fontsize=7 if crowded else None)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("batch size (requests)")
 

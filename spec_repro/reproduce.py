@@ -37,6 +37,11 @@ NOTEBOOKS = [
     "07_adaptive",
 ]
 
+# Notebooks that read no acceptance traces (they declare no ``traces`` parameter): a run on other traces skips
+# them, since what they would write is the default run's, not the traces' (no copies of their figures and rows
+# beside the traces' own, e.g. under figures/published).
+TRACE_FREE = ("02_verification_bottleneck",)
+
 # Parameters each profile passes to every notebook (a notebook ignores what it does not declare).
 PROFILES: dict[str, dict] = {
     # Committed data: embedded traces (data/traces), CPU measurements (data/cpu), H200 logs (data/gpu).
@@ -407,7 +412,16 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
                 check_injectable(k, v)
         return plan
 
-    stray = sorted(set(parameters or {}) - set().union(*declared.values()))
+    with_traces = (parameters or {}).get("traces") is not None   # the caller's traces (not the gpu profile's)
+    if with_traces:   # other traces: skip what reads none (TRACE_FREE)
+        skipped = [n for n in names if "traces" not in declared[n]]
+        if skipped and progress:
+            print(f"skipped with traces: {', '.join(skipped)} (reads no traces; the default run has its output)")
+        for n in skipped:
+            sources.pop(n).unlink(missing_ok=True)
+            declared.pop(n)
+        names = [n for n in names if n not in skipped]
+    stray = sorted(set(parameters or {}) - set().union(*declared.values(), set()))
     try:
         if stray:
             known = sorted(set().union(*declared.values()) - set(RUNNER_PARAMETERS))
@@ -475,7 +489,8 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     # made with other parameters are never merged.
     ran = {r.name for r in results}
     kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS
-            if n not in ran and writerule.mergeable(out / "summary" / f"{n}.json", made_by, publish)]
+            if n not in ran and not (with_traces and n in TRACE_FREE)
+            and writerule.mergeable(out / "summary" / f"{n}.json", made_by, publish)]
     table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
     head = f"Profile `{profile}`"
     if parameters:
@@ -495,7 +510,8 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     committed = publish
     # The committed table holds every notebook's rows: a partial run (`--only` into an out_dir that has no
     # plain summary of the others) would drop theirs, so it leaves SUMMARY.md, summary.csv and the README alone.
-    missing = [n for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json") not in kept]
+    missing = [n for n in NOTEBOOKS if n not in ran and (out / "summary" / f"{n}.json") not in kept
+               and not (with_traces and n in TRACE_FREE)]
     partial = committed and bool(missing)
     if not partial:     # a copy next to the figures, so figures/ carries the table that goes with them
         _write_table(fig_dir, {"SUMMARY.md": md, "summary.csv": table})

@@ -87,6 +87,25 @@ def test_a_partial_publishing_run_keeps_the_committed_table(toy_root, tmp_path):
     assert table.attrs["kept"] == "" and "toy notebook" in (figs / "SUMMARY.md").read_text()
 
 
+def test_a_run_on_other_traces_skips_the_notebooks_that_read_none(toy_root, tmp_path):
+    """With traces=, a notebook declaring no `traces` parameter (02) is not run: its figures and rows would be the
+    default run's, copied beside the traces' own (as figures/published/02_* once were)."""
+    _notebook(toy_root / "notebooks" / "02_verification_bottleneck.ipynb",
+              ["from spec_repro.analysis import SummaryRow, write_summary",
+               "write_summary([SummaryRow('2 test', 'q2', 'paper', 'run', 'no traces', 1.0)], summary_path)"])
+    nb3 = toy_root / "notebooks" / "03_acceptance_behavior.ipynb"
+    n = nbf.read(nb3, as_version=4)
+    n.cells[0].source += "\ntraces = None"
+    nbf.write(n, nb3)
+    out = tmp_path / "o"
+    results, table = R.reproduce("embedded", out, figures_dir=tmp_path / "f", parameters={"traces": ["x.jsonl"]},
+                                 notebooks=["02_verification_bottleneck", "03_acceptance_behavior"], progress=False)
+    assert [r.name for r in results] == ["03_acceptance_behavior"]
+    assert table["finding"].tolist() == ["3 test"]
+    assert not (out / "summary" / "02_verification_bottleneck.json").exists()
+    assert "02_verification_bottleneck" in R.TRACE_FREE
+
+
 def test_unknown_profile_and_notebook(toy_root, tmp_path):
     with pytest.raises(ValueError, match="unknown profile"):
         R.reproduce("cloud", tmp_path)
