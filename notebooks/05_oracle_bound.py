@@ -70,13 +70,10 @@ fig = P.oracle_gap(gap, paper_refs=A.paper_refs("oracle_gap"),
                    source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "05_oracle_bound", figures_dir)
 
-# %% tags=["nbval-check-output"]
-rows = A.finding4_rows(gap, source=f"simulated over {SOURCE}; cost model {cm.name}")
-A.write_summary(rows, summary_path)
-
 # %%
 from IPython.display import Markdown
 
+rows = A.finding4_rows(gap, source=f"simulated over {SOURCE}; cost model {cm.name}")
 gap_rows = [r for r in rows if "oracle ÷ best fixed" in r.quantity]
 beats = [r for r in rows if r.quantity.endswith("oracle vs best fixed k")]
 widens = sum(r.verdict == "agrees" for r in gap_rows)
@@ -86,3 +83,6 @@ Markdown(f"**This run** ({A.focus_dataset(gap['dataset'])}): the oracle beats th
             if widens else f"narrows with batch in all {len(gap_rows)}")
          + (" (the paper's \"gap widens\" holds here for most)." if widens > len(gap_rows) / 2 else
             " (unlike the paper's \"gap widens\" for most of them)."))
+
+# %% tags=["nbval-check-output"]
+A.write_summary(rows, summary_path)
