@@ -364,7 +364,7 @@ def rotated_order(policies, repeats: int) -> list[tuple[int, str]]:
 def rotated_run_config(cfg: dict, policy: str) -> dict:
     """A rotated engine's run, configured as the single-policy engine it stands for (``config_label`` gives
     ``eagle`` for ``off``, else the policy), with the rotation it was part of."""
-    from .plugin import HYBRID_OFF
+    from .common import HYBRID_OFF
 
     return {**cfg, "hybrid": None if policy == HYBRID_OFF else policy, "hybrid_rotate": None,
             "rotated": list(cfg["hybrid_rotate"])}

@@ -136,7 +136,6 @@ accrue, read just before and after each run, outside its timed window).
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.abc
 import json
 import logging
@@ -148,15 +147,9 @@ import warnings
 
 logger = logging.getLogger("spec_repro.vllm_plugin")
 
-ENV_PATH = "SPEC_REPRO_STEP_LOG"
-ENV_GAP = "SPEC_REPRO_STEP_GAP_S"
-ENV_FORCE = "SPEC_REPRO_STEP_LOG_FORCE"   # "1": try to patch on an unsupported vLLM version anyway
-ENV_DRAFT_CG = "SPEC_REPRO_DRAFT_CUDAGRAPHS"  # "1": replay the draft model's CUDA graphs (vLLM PR #47460)
-ENV_HYBRID = "SPEC_REPRO_HYBRID"          # a hybrid.POLICIES name: the live n-gram + EAGLE hybrid (method eagle)
-ENV_HYBRID_COST = "SPEC_REPRO_HYBRID_COST"  # adaptive-rule's cost model (preset name or file)
-HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
-ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (uniform decode batches)
-ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)
+from .common import (ENV_DRAFT_CG, ENV_FORCE, ENV_GAP, ENV_HYBRID, ENV_HYBRID_COST, ENV_HYBRID_GRAPHS,  # noqa: F401
+                     ENV_HYBRID_PAD, ENV_PATH, HYBRID_OFF, host_probe, prompt_hash)
+
 PLUGIN_VERSION = 3   # 1: events resolved inside the step; 2: resolved while the GPU runs; 3: + lazy batch shape
 SUPPORTED_VERSIONS = ("0.25.",)           # prefixes of vllm.__version__
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -706,8 +699,6 @@ def _worker_rpc(self, op: str = "status", **kw):
     elif op == "hybrid":
         set_hybrid(kw.get("policy"))
     elif op == "probe":      # the host's speed in THIS process (the engine core's worker), between runs
-        from .engine import host_probe
-
         return {"probe_ms": host_probe(), "pid": os.getpid()}
     return {**status(), "rows": rec.rows_written, "pid": os.getpid(), "context": dict(rec.ctx)}
 
@@ -909,12 +900,6 @@ def step_meta(so, detail: bool = False) -> dict:
         meta["req_info"] = {r: [pos.get(r, -1), int(nsched[r]), spec.get(r, 0)] for r in nsched}
         meta["new_reqs"] = new
     return meta
-
-
-def prompt_hash(ids) -> str:
-    import numpy as np
-
-    return hashlib.sha1(np.asarray(list(ids), dtype=np.int32).tobytes()).hexdigest()[:12]
 
 
 def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None) -> dict:
