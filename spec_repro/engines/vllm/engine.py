@@ -9,7 +9,7 @@ step's phases (drafting, verification, rejection sampling, the rest) go to PATH 
 (``spec_repro.traces.read_steps`` reads them). ``profile`` sweeps batch size x prompt length on any
 architecture from its ``config.json`` with ``load_format="dummy"`` and token-id prompts, for
 ``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``, V1 runner) turns on the plugin's live
-n-gram + EAGLE hybrid (``plugin.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
+n-gram + EAGLE hybrid (``hybrid_runner.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
 batches, ``hybrid`` module docstring, "Padding"); the plugin's status (``plugin_status``, with a step log) says
 whether it is on (``hybrid``, ``hybrid_pad``) or why not (``hybrid_error``).
 
