@@ -4,7 +4,7 @@ join while others decode, a joining request spends steps in prefill chunks whose
 sampler's [B, k+1] output with -1 after the first rejection, and the drafts handed back in either of the runner's
 forms (lists on the synchronous path; a [B, k] array + valid counts under async scheduling, the scheduled
 slots trimmed to those counts). Nothing here imports vLLM; what only a live engine can show is listed in the
-plugin's docstring (the GPU session's checks)."""
+docstring of ``hybrid_runner`` (its GPU checks)."""
 import copy
 import sys
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""No import circle among spec_repro's modules outside ``spec_repro/engines/vllm/`` (that package runs
-inside vLLM's processes and is checked on its own terms).
+"""No import circle among spec_repro's modules outside ``spec_repro/engines/vllm/``, and none inside that package
+(it runs inside vLLM's processes and is checked on its own: its modules among themselves).
 
 The graph is read from the source (AST), not by importing: module A depends on module B when A's file holds
 an import of B anywhere, at module level or inside a function or class (a deferred import only hides a
@@ -30,6 +30,12 @@ def _modules(root: Path = PKG) -> dict[str, Path]:
     """spec_repro's modules outside engines/vllm/: dotted name -> file."""
     mods = {_name(f, root): f for f in sorted(root.rglob("*.py"))}
     return {m: f for m, f in mods.items() if m != SKIP and not m.startswith(SKIP + ".")}
+
+
+def _vllm_modules(root: Path = PKG) -> dict[str, Path]:
+    """The modules of spec_repro/engines/vllm/ (the package itself included): dotted name -> file."""
+    mods = {_name(f, root): f for f in sorted(root.rglob("*.py"))}
+    return {m: f for m, f in mods.items() if m == SKIP or m.startswith(SKIP + ".")}
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
@@ -72,8 +78,8 @@ def imports_of(name: str, path: Path, known) -> set[str]:
     return {d for d in deps if d != name and not name.startswith(d + ".")}
 
 
-def import_graph(root: Path = PKG) -> dict[str, set[str]]:
-    mods = _modules(root)
+def import_graph(root: Path = PKG, modules=_modules) -> dict[str, set[str]]:
+    mods = modules(root)
     return {m: imports_of(m, f, mods) for m, f in mods.items()}
 
 
@@ -141,6 +147,33 @@ def test_no_import_circle():
     cycles = find_cycles(graph)
     assert not cycles, "import circle(s) among spec_repro's modules:\n" + "\n".join(
         " -> ".join(m.removeprefix("spec_repro.") for m in c) for c in cycles)
+
+
+def test_no_import_circle_inside_the_vllm_package():
+    """engines/vllm/ among itself, module-level and function-level imports alike: the shared constants and
+    helpers (``common``) sit below the engine and the plugin, which import neither the other."""
+    graph = import_graph(modules=_vllm_modules)
+    assert {"spec_repro.engines.vllm.plugin", "spec_repro.engines.vllm.engine"} <= set(graph)
+    cycles = find_cycles(graph)
+    assert not cycles, "import circle(s) inside engines/vllm/:\n" + "\n".join(
+        " -> ".join(m.removeprefix("spec_repro.engines.vllm.") for m in c) for c in cycles)
+
+
+def test_a_circle_inside_the_vllm_package_is_found(tmp_path):
+    """The vLLM package's check can fail: a copy of it where the engine imports the plugin inside a function and
+    the plugin imports the engine (as they once did) is reported as that circle."""
+    vllm = tmp_path / "spec_repro" / "engines" / "vllm"
+    vllm.mkdir(parents=True)
+    for init in (tmp_path / "spec_repro", vllm.parent, vllm):
+        (init / "__init__.py").write_text("")
+    (vllm / "engine.py").write_text("def env():\n    from .plugin import HYBRID_OFF\n    return HYBRID_OFF\n")
+    (vllm / "plugin.py").write_text("def rpc():\n    from .engine import host_probe\n")
+    (vllm / "common.py").write_text("")
+    graph = import_graph(tmp_path / "spec_repro", modules=_vllm_modules)
+    assert find_cycles(graph) == [["spec_repro.engines.vllm.engine", "spec_repro.engines.vllm.plugin",
+                                   "spec_repro.engines.vllm.engine"]]
+    (vllm / "plugin.py").write_text("def rpc():\n    from .common import host_probe\n")
+    assert find_cycles(import_graph(tmp_path / "spec_repro", modules=_vllm_modules)) == []
 
 
 def test_a_circle_is_found_and_named(tmp_path):

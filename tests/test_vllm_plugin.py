@@ -330,7 +330,7 @@ def test_hybrid_cuts_a_private_copy_of_the_scheduler_output(monkeypatch):
 
 
 def _fake_runner(async_sched: bool, prompts: dict, k: int):
-    """What ``plugin._hybrid_step`` reads of vLLM 0.25's V1 runner (names as in gpu_model_runner.py), on the CPU."""
+    """What ``hybrid_runner._hybrid_step`` reads of vLLM 0.25's V1 runner (names as in gpu_model_runner.py), on the CPU."""
     import types
 
     import numpy as np

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ...paths import data_dir
-from .plugin import prompt_hash
+from .common import prompt_hash
 
 __all__ = ["ngram_propose", "predict_ngram_steps", "load_step_records", "request_steps", "ngram_agreement",
            "agreement", "token_agreement", "torch_profiler_predictor", "load_smollm2_steps", "compare_torch_traces"]

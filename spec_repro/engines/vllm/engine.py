@@ -9,7 +9,7 @@ step's phases (drafting, verification, rejection sampling, the rest) go to PATH 
 (``spec_repro.traces.read_steps`` reads them). ``profile`` sweeps batch size x prompt length on any
 architecture from its ``config.json`` with ``load_format="dummy"`` and token-id prompts, for
 ``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``, V1 runner) turns on the plugin's live
-n-gram + EAGLE hybrid (``plugin.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
+n-gram + EAGLE hybrid (``hybrid_runner.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
 batches, ``hybrid`` module docstring, "Padding"); the plugin's status (``plugin_status``, with a step log) says
 whether it is on (``hybrid``, ``hybrid_pad``) or why not (``hybrid_error``).
 
@@ -28,6 +28,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .common import (ENV_DRAFT_CG, ENV_HYBRID, ENV_HYBRID_COST, ENV_HYBRID_PAD, ENV_PATH, HYBRID_OFF,
+                     host_probe as host_probe)
 
 __all__ = [
     "METHODS", "VLLMConfig", "VLLMEngine", "VLLMEngineError", "RunResult", "speculative_config", "engine_kwargs",
@@ -134,16 +136,15 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
     if cfg.model_runner == "v1":
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if cfg.step_log:
-        env["SPEC_REPRO_STEP_LOG"] = str(Path(cfg.step_log).resolve())
+        env[ENV_PATH] = str(Path(cfg.step_log).resolve())
     if cfg.draft_cudagraphs:
         if cfg.method != "draft_model":
             raise VLLMEngineError("draft_cudagraphs=True is for method='draft_model' (vLLM already replays "
                                   f"EAGLE/MTP drafters' graphs), not {cfg.method!r}")
-        env["SPEC_REPRO_DRAFT_CUDAGRAPHS"] = "1"
+        env[ENV_DRAFT_CG] = "1"
     hybrid = cfg.hybrid
     if cfg.hybrid_rotate:
         from .hybrid import POLICIES
-        from .plugin import HYBRID_OFF
 
         bad = [p for p in cfg.hybrid_rotate if p != HYBRID_OFF and p not in POLICIES]
         on = [p for p in cfg.hybrid_rotate if p != HYBRID_OFF]
@@ -164,11 +165,11 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
                                   "hybrid_cost_model= (a preset name or file)")
         if cfg.model_runner != "v1":
             raise VLLMEngineError("hybrid= wraps the V1 model runner: keep model_runner='v1'")
-        env["SPEC_REPRO_HYBRID"] = hybrid
+        env[ENV_HYBRID] = hybrid
         if cfg.hybrid_cost_model:
-            env["SPEC_REPRO_HYBRID_COST"] = str(cfg.hybrid_cost_model)
+            env[ENV_HYBRID_COST] = str(cfg.hybrid_cost_model)
         if cfg.hybrid_pad:
-            env["SPEC_REPRO_HYBRID_PAD"] = "1"
+            env[ENV_HYBRID_PAD] = "1"
     elif cfg.hybrid_pad:
         raise VLLMEngineError("hybrid_pad=True pads the live hybrid's drafts: set hybrid= too (e.g. 'ngram-only' "
                               "for n-gram alone, padded)")
@@ -264,9 +265,9 @@ def diff_spec_metrics(after: dict, before: dict) -> dict:
 
 def cpu_steal_s(stat: str = "/proc/stat") -> float | None:
     """Seconds of CPU time the hypervisor has taken from this VM, all CPUs together (``/proc/stat``'s steal
-    column, in USER_HZ), or None where there is no such file. The fifth GPU session found the host phases of a
-    step (EAGLE's drafting, the rest) running up to ~1.8x slower for tens of seconds at a time inside one engine,
-    the GPU's verify time unchanged; the lent H200 is a KVM guest: its runs record this beside their wall time."""
+    column, in USER_HZ), or None where there is no such file. A step's host phases (EAGLE's drafting, the rest)
+    can run up to ~1.8x slower for tens of seconds at a time inside one engine, the GPU's verify time unchanged;
+    the lent H200 is a KVM guest: its runs record this beside their wall time."""
     import os
 
     try:
@@ -275,19 +276,6 @@ def cpu_steal_s(stat: str = "/proc/stat") -> float | None:
         return int(fields[8]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
-
-
-def host_probe(n: int = 100_000) -> float:
-    """Milliseconds a fixed pure-Python loop takes here now (~3-5 ms on an idle core): a reading of the host
-    CPU's speed at the time, independent of the engine, for runs whose host phases the host's speed sets (a 1.5B
-    target's decode step is mostly host work on an H200). Timed in the driver process, it does NOT track the engine
-    core's host speed on the lent H200 (data/gpu/hostdrift: r = 0.04-0.12 with the run's drafting time; the run's
-    own t_other does, ``live.host_index``); it stays recorded beside each run as that evidence."""
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(n):
-        x += i & 7
-    return (time.perf_counter() - t0) * 1e3
 
 
 @dataclass

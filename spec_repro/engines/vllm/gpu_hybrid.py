@@ -24,7 +24,7 @@ replays the step as one CUDA graph per batch shape (checked against the eager st
 where capture fails, on the CPU, or with ``SPEC_REPRO_HYBRID_GRAPHS=0``).
 
 Pure torch (no vLLM import), device-agnostic: the CPU tests run every function here on CPU tensors and check
-them against the host-side hybrid and :func:`ngram_lookup`. The vLLM side (``plugin._gpu_hybrid_step``) hands
+them against the host-side hybrid and :func:`ngram_lookup`. The vLLM side (``hybrid_runner._gpu_hybrid_step``) hands
 it the sampler's ``[B, k+1]`` output, the runner's discard mask and EAGLE's ``[B, k]`` drafts.
 """
 from __future__ import annotations

@@ -16,8 +16,8 @@ the V1 runner only, so an instrumented engine forces V1 (``VLLMConfig.model_runn
 
 Engine configurations (``engine_config``): ``default`` only where vLLM chose everything (no forced runner, no forced
 async scheduling); ``v1-forced`` the V1 runner forced, vLLM's own scheduling (what earlier code called
-``default``); ``study-like`` V1 forced and synchronous (the study's vLLM 0.10). ``relabel_runs`` / ``relabel_steps``
-turn older tables (``default`` on a forced V1 runner, ``vllm-default``) into these labels.
+``default``); ``study-like`` V1 forced and synchronous (the study's vLLM 0.10). ``relabel_runs`` turns an
+older runs table (``default`` on a forced V1 runner, ``vllm-default``) into these labels.
 """
 from __future__ import annotations
 
@@ -166,60 +166,3 @@ def relabel_runs(runs, engines: dict | None = None):
     if "instrumented" in df.columns:
         df["instrumented"] = df["instrumented"].fillna(False).astype(bool)
     return df
-
-
-def relabel_steps(steps, engines: dict):
-    """A step table's ``engine_config`` from its engines' forced settings (``engines``: spec -> engine record).
-    Every step the plugin timed ran on the V1 runner (the plugin hooks no other)."""
-    df = steps.copy()
-    lab = {s: engine_config_label((e.get("config") or {}).get("model_runner"), (e.get("config") or {}).get(
-        "async_scheduling")) for s, e in engines.items()}
-    df["engine_config"] = df["spec"].map(lab).fillna(df["engine_config"].map(
-        lambda v: canonical_config(v) if isinstance(v, str) else v))
-    return df
-
-
-def relabel_folder(folder, why: str = "") -> list[str]:
-    """Relabel a committed live folder in place: its runs.csv (``relabel_runs``) and steps.parquet
-    (``relabel_steps``) from the engine configs its MANIFEST.json records (``_device_runs.engines``); each
-    rewritten file's manifest entry gets its new sha256 and ``why`` (``provenance.update_entry``). Returns the
-    files rewritten (none when the folder already has the labels)."""
-    import json
-    from pathlib import Path
-
-    import pandas as pd
-
-    from ...io import write_via
-    from ...provenance import sha256_file, update_entry
-
-    folder = Path(folder)
-    man = folder / "MANIFEST.json"
-    engines = {e["spec"]: e for e in json.loads(man.read_text()).get("_device_runs", {}).get("engines", [])}
-    done = []
-    runs_f, steps_f = folder / "runs.csv", folder / "steps.parquet"
-    if runs_f.exists():
-        old = pd.read_csv(runs_f)
-        if "async_scheduling_forced" not in old.columns:
-            write_via(relabel_runs(old, engines).to_csv, runs_f, index=False)
-            done.append(runs_f.name)
-    if steps_f.exists():
-        old = pd.read_parquet(steps_f)
-        if "engine_config" in old.columns:
-            new = relabel_steps(old, engines)
-            if not new["engine_config"].equals(old["engine_config"]):
-                write_via(new.to_parquet, steps_f, compression="zstd", index=False)
-                done.append(steps_f.name)
-    for name in done:
-        update_entry(man, name, sha256=sha256_file(folder / name), relabelled=why)
-    if done:
-        data = json.loads(man.read_text())
-        dev = data.get("_device_runs", {})
-        if dev.get("engines"):
-            for e in dev["engines"]:
-                c = e.get("config") or {}
-                e["engine_config"] = engine_config_label(c.get("model_runner"), c.get("async_scheduling"))
-            from .live import ENGINE_NOTES
-
-            update_entry(man, "_device_runs", engines=dev["engines"], engine_configs=ENGINE_NOTES,
-                         relabelled=why)
-    return done

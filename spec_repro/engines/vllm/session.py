@@ -547,7 +547,7 @@ def predictor_from_acc(acc_by_key: dict, prompts: dict):
     """A predictor for ``agreement.agreement`` from profiled acceptance: the step at position p accepts
     min(acc_len[p-1] - 1, k) and drafts min(draft_len[p-1], k) (k where the profile keeps no draft lengths: a
     model drafter always drafts k), as ``agreement.torch_profiler_predictor`` reads the n-gram profile."""
-    from .plugin import prompt_hash
+    from .common import prompt_hash
 
     by_hash = {prompt_hash(p): key for key, p in prompts.items()}
 

@@ -1,0 +1,267 @@
+"""The step timer: per engine step, CUDA events from a pool, resolved lazily into one JSON row per step.
+
+What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``), with CUDA events taken
+from a pool and resolved lazily: finished steps are turned into rows right after the sampler is launched, while
+the GPU still runs the current forward, so the step gains no synchronize and little host time. Version 3 also
+records every event on a stream looked up once per step and reads the batch shape from the SchedulerOutput
+only when the row is built (off the step's critical path). Measured on the H200: data/gpu/overhead.csv.
+
+* ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
+* ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
+* ``t_draft``:  ``propose_draft_token_ids`` (n-gram lookup on the CPU, EAGLE/draft-model forwards on the GPU);
+* ``t_other``:  the rest of the step (input preparation, bookkeeping, draft-token copies) plus the engine
+  core's host time between two consecutive steps (scheduling, output processing) when that gap is shorter than
+  ``SPEC_REPRO_STEP_GAP_S`` (default 0.05 s; longer gaps are idle time between ``generate`` calls).
+
+Events measure the GPU stream's timeline; for CPU phases (the n-gram proposer runs after a sync) the stream is
+idle, so the events fire at host time and measure the CPU work. Each step is written as one JSON line with the
+columns of ``spec_repro.traces.STEP_COLUMNS`` plus ``phase`` (prefill/decode/mixed), ``accepted_per_req``
+({req_id: accepted}) and, with detail on, ``req_info`` ({req_id: [output position before the step, scheduled
+tokens, draft tokens]}) and ``new_reqs`` ({req_id: [prompt_len, sha1(prompt int32 bytes)[:12]]}); with the
+hybrid on, ``hybrid`` (``hybrid.LiveHybrid.summary``: how many requests got n-gram's, EAGLE's or no draft at
+this step, their draft tokens, whether EAGLE drafted; with detail, ``per_req`` {req_id: [source, k]}). A step's
+``hybrid`` is what it proposed: those drafts are verified at the request's next step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .common import ENV_GAP, ENV_PATH, prompt_hash
+
+
+class _Step:
+    __slots__ = ("so", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx", "stream",
+                 "index", "hybrid")
+
+    def __init__(self, so, host_start, gap, ctx, stream):
+        self.so, self.marks, self.host_start, self.host_end = so, [], host_start, None
+        self.gap, self.in_forward, self.outputs, self.ctx, self.stream = gap, False, None, ctx, stream
+        self.index = 0
+        self.hybrid = None          # the live hybrid's choices at this step (LiveHybrid.summary)
+
+    def set_outputs(self, out) -> None:
+        try:
+            self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
+        except Exception:
+            self.outputs = None
+
+
+class StepRecorder:
+    """Collects steps of one process; writes JSON lines to ``path`` (append)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.ctx = {"run_id": "", "engine": "vllm", "model": "", "method": "none", "k": 0, "batch_size": 0,
+                    "record": True, "detail": False}
+        self.cur: _Step | None = None
+        self.pending: list[_Step] = []
+        self.step = 0
+        self.rows_written = 0
+        self.last_host_end = None
+        self.gap_cap = float(os.environ.get(ENV_GAP, "0.05"))
+        self._rank_ok = None
+        self._torch = None
+        self._pool: list = []      # CUDA events to reuse (creating them costs host time every step)
+        self._lines: list[str] = []
+
+    def set_context(self, **kw) -> None:
+        # a new dict: steps still pending keep the context they ran under
+        self.ctx = {**self.ctx, **{k: v for k, v in kw.items() if k in self.ctx}}
+        if "run_id" in kw:
+            self.step = 0
+            self.last_host_end = None
+
+    def _recording_rank(self) -> bool:
+        if self._rank_ok is None:
+            try:
+                from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+                self._rank_ok = get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
+            except Exception:
+                self._rank_ok = True
+        return self._rank_ok
+
+    def _event(self, stream):
+        ev = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def begin(self, runner, so) -> None:
+        self.cur = None
+        if not self.ctx["record"] or not self._recording_rank():
+            return
+        if not getattr(so, "total_num_scheduled_tokens", 0):
+            return
+        if self._torch is None:
+            import torch
+
+            self._torch = torch
+        now = time.perf_counter()
+        gap = None if self.last_host_end is None else now - self.last_host_end
+        # the batch shape is read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a
+        # new SchedulerOutput every step and does not change it afterwards
+        stream = self._torch.cuda.current_stream()
+        st = _Step(so, now, gap, self.ctx, stream)
+        st.marks.append(("start", self._event(stream)))
+        self.cur = st
+
+    def mark(self, name: str) -> None:
+        st = self.cur
+        if st is not None:
+            st.marks.append((name, self._event(st.stream)))
+
+    def end(self, out) -> None:
+        st, self.cur = self.cur, None
+        if st is None:
+            return
+        st.marks.append(("end", self._event(st.stream)))
+        st.host_end = self.last_host_end = time.perf_counter()
+        if out is not None:
+            if hasattr(out, "sampled_token_ids") and not hasattr(out, "get_output"):
+                st.set_outputs(out)
+            elif hasattr(out, "get_output"):
+                out._spec_repro_step = st
+        st.index = self.step
+        self.step += 1
+        self.pending.append(st)
+        if len(self.pending) > 1024:      # nothing drained them (no sampling step): resolve here
+            self.flush()
+
+    def drain(self, max_steps: int = 2) -> None:
+        """Resolve up to ``max_steps`` finished steps whose events have completed, without waiting.
+
+        Called right after the sampler was launched, while the GPU still runs this step's forward: the host
+        would only wait there, so the work is hidden (this keeps the timer's own cost off the step)."""
+        n = 0
+        while self.pending and n < max_steps and self.pending[0].marks[-1][1].query():
+            self._lines.append(json.dumps(self._row(self.pending.pop(0))))
+            n += 1
+        if len(self._lines) >= 256:
+            self._write()
+
+    def flush(self) -> int:
+        """Resolve every finished step (waiting for its events) and append everything to the file."""
+        while self.pending:
+            self._lines.append(json.dumps(self._row(self.pending.pop(0))))
+        return self._write()
+
+    def _write(self) -> int:
+        n = len(self._lines)
+        if n:
+            d = os.path.dirname(self.path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write("\n".join(self._lines) + "\n")
+            self._lines = []
+            self.rows_written += n
+        return n
+
+    def _row(self, st: _Step) -> dict:
+        marks = st.marks
+        marks[-1][1].synchronize()  # complete already when called from drain(); cheap
+        start = marks[0][1]
+        times = [(name, start.elapsed_time(ev) / 1e3) for name, ev in marks]
+        self._pool.extend(ev for _, ev in marks)
+        st.marks = []
+        phases = phase_times(times)
+        gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
+        phases["t_other"] += gap
+        phases["t_total"] += gap
+        meta = step_meta(st.so, detail=bool(st.ctx["detail"]))
+        meta["step"] = st.index
+        st.so = None
+        if st.hybrid is not None:
+            meta["hybrid"] = st.hybrid.resolve() if hasattr(st.hybrid, "resolve") else st.hybrid   # device counts
+        return build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
+
+
+def phase_times(marks: list[tuple[str, float]]) -> dict:
+    """Four phases from ordered (mark name, seconds since step start) pairs.
+
+    Pairs fwd0..fwd1 -> verify, samp0..samp1 -> reject, draft0..draft1 -> draft; ``end`` closes the step;
+    t_other = total - the three. A missing closing mark ends its phase at the next mark."""
+    out = {"t_draft": 0.0, "t_verify": 0.0, "t_reject": 0.0}
+    opens = {"fwd0": ("fwd1", "t_verify"), "samp0": ("samp1", "t_reject"), "draft0": ("draft1", "t_draft")}
+    total = 0.0
+    for i, (name, t) in enumerate(marks):
+        if name == "end":
+            total = t
+        if name in opens:
+            close, col = opens[name]
+            t1 = next((tt for nn, tt in marks[i + 1:] if nn == close), None)
+            if t1 is None:
+                t1 = marks[i + 1][1] if i + 1 < len(marks) else t
+            out[col] += max(0.0, t1 - t)
+    total = max(total, sum(out.values()))
+    out["t_other"] = total - out["t_draft"] - out["t_verify"] - out["t_reject"]
+    out["t_total"] = total
+    return out
+
+
+def step_meta(so, detail: bool = False) -> dict:
+    """Batch shape of one step from vLLM's SchedulerOutput (target-forward tokens, KV before, drafts, phase)."""
+    nsched = dict(so.num_scheduled_tokens)
+    spec = {r: len(v) for r, v in (so.scheduled_spec_decode_tokens or {}).items()}
+    kv = 0
+    pos: dict[str, int] = {}
+    new: dict[str, list] = {}
+    for r in so.scheduled_new_reqs:
+        kv += int(r.num_computed_tokens)
+        pos[r.req_id] = 0
+        ids = r.prompt_token_ids or []
+        if detail:
+            new[r.req_id] = [len(ids), prompt_hash(ids)]
+    c = so.scheduled_cached_reqs
+    n_out = list(getattr(c, "num_output_tokens", []) or [])
+    for i, rid in enumerate(c.req_ids):
+        kv += int(c.num_computed_tokens[i])
+        pos[rid] = int(n_out[i]) if i < len(n_out) else -1
+    decoding = [r for r in nsched if pos.get(r, 0) > 0 and nsched[r] == 1 + spec.get(r, 0)]
+    phase = "decode" if len(decoding) == len(nsched) else ("prefill" if not decoding else "mixed")
+    meta = {"num_reqs": len(nsched), "batched_tokens": int(so.total_num_scheduled_tokens), "kv_tokens": kv,
+            "num_draft_tokens": int(sum(spec.values())), "phase": phase, "_spec": spec}
+    if detail:
+        meta["req_info"] = {r: [pos.get(r, -1), int(nsched[r]), spec.get(r, 0)] for r in nsched}
+        meta["new_reqs"] = new
+    return meta
+
+
+def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None) -> dict:
+    """One STEP_COLUMNS row (plus optional fields) from a step's context, shape, phase times and outputs."""
+    spec = meta.get("_spec", {})
+    acc: dict[str, int] = {}
+    if outputs is not None:
+        for rid, n in zip(*outputs):
+            if rid in spec and n > 0:
+                acc[rid] = max(0, min(spec[rid], n - 1))
+    row = {"run_id": ctx["run_id"], "engine": ctx["engine"], "model": ctx["model"], "method": ctx["method"],
+           "k": int(ctx["k"]), "batch_size": int(ctx["batch_size"]), "step": int(meta.get("step", 0)),
+           "num_reqs": meta["num_reqs"], "batched_tokens": meta["batched_tokens"], "kv_tokens": meta["kv_tokens"],
+           **{k: float(v) for k, v in phases.items()},
+           "num_draft_tokens": meta["num_draft_tokens"], "num_accepted_tokens": int(sum(acc.values())),
+           "phase": meta["phase"], "accepted_per_req": acc, "t_sched": float(gap),
+           "outputs_known": outputs is not None}
+    if raw_gap is not None:
+        row["t_gap"] = float(raw_gap)
+    for key in ("req_info", "new_reqs", "hybrid"):
+        if key in meta:
+            row[key] = meta[key]
+    return row
+
+
+_REC: list = [None, None]   # (pid, recorder) of this process
+
+
+def _recorder() -> StepRecorder:
+    rec = _REC[1]
+    if rec is not None:
+        return rec
+    rec = StepRecorder(os.environ.get(ENV_PATH) or os.devnull)
+    _REC[:] = [os.getpid(), rec]
+    import atexit
+
+    atexit.register(rec.flush)
+    return rec
