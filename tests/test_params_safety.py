@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from spec_repro import reproduce as R
-from spec_repro.cli import main
 from spec_repro.reproduce import ParameterError, check_declared, check_injectable, parse_parameters
+
+from _cli import run_cli
 
 NB = "05_oracle_bound"
 
@@ -29,13 +30,8 @@ def _payload(marker) -> str:
 
 def cli(args, capsys) -> tuple[int, str]:
     """(exit code, stderr) of ``spec-repro ARGS`` in-process."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-    return code, capsys.readouterr().err
+    code, _out, err = run_cli(args, capsys)
+    return code, err
 
 
 @pytest.fixture()

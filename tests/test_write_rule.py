@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat as nbf
@@ -18,7 +17,8 @@ import pytest
 
 from spec_repro import reproduce as R
 from spec_repro import writerule
-from spec_repro.cli import main
+
+from _cli import run_cli
 
 NB = "05_oracle_bound"
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
@@ -88,16 +88,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def cli(args, capsys) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``spec-repro ARGS`` in-process."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    return code, out, err
+cli = run_cli
 
 
 def _refused(code: int, err: str, *needles: str) -> None:
