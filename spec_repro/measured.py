@@ -427,7 +427,7 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
     forward (``floor_ms``: ``steps.draft_forward_bytes`` / 4.8 TB/s) and ``floor_share`` = floor_ms / d1_ms (1: a
     drafted token at the HBM floor)."""
     from . import costmodel
-    from .engines.vllm.session import DRAFT_SWEEP
+    from .engines.vllm.hybrid_jobs import DRAFT_SWEEP
     from .engines.vllm.steps import H200_HBM_BYTES_PER_S, draft_forward_bytes
 
     folder = Path(folder or data_dir() / "gpu" / "draftk")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from spec_repro.engines.vllm import agreement as A
-from spec_repro.engines.vllm import live, session
+from spec_repro.engines.vllm import live
 from spec_repro.paths import data_dir
 
 FX = Path(__file__).parent / "fixtures" / "vllm" / "async_eagle_steps.json"
@@ -40,7 +40,7 @@ def test_async_steps_are_read_back_from_the_next_steps(fx):
 
 def test_async_steps_agree_with_the_profiler(fx):
     steps = A.request_steps(fx["records"], fx["prompts"])
-    pred = session.predictor_from_acc(fx["predictions"], fx["prompts"])
+    pred = A.predictor_from_acc(fx["predictions"], fx["prompts"])
     rep = A.agreement(steps, fx["prompts"], fx["outputs"], k=fx["k"], predictor=pred)
     assert rep["steps"] > 60 and rep["unpredicted_steps"] == 0
     assert rep["accepted_agreement_rate"] >= 0.9

@@ -1,10 +1,19 @@
 """vLLM's acceptance checked against this package's: vLLM's n-gram proposer replayed on recorded greedy outputs, the
 plugin's per-request steps, and step-by-step agreement with a predictor (the replay or the torch engine's
-profiler) and with the committed torch traces."""
+profiler) and with the committed torch traces; the agreement runs on real weights (Qwen2.5-Coder-1.5B with the
+package's EAGLE head, n-gram and the 0.5B draft model, each engine decoding the committed prompts with per-request
+step logs): the prompts, the profiler's predictions on vLLM's outputs and the report.
+
+    python -m spec_repro.engines.vllm.agreement prepare-prompts [--out F]   # CPU: the committed prompts file
+    python -m spec_repro.engines.vllm.agreement predict --out DIR --head H  # GPU: DIR/predictions.json
+    python -m spec_repro.engines.vllm.agreement report --out DIR            # CPU or GPU: DIR/qwen_agreement.json
+"""
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -12,7 +21,13 @@ from ...paths import data_dir
 from .common import prompt_hash
 
 __all__ = ["ngram_propose", "predict_ngram_steps", "load_step_records", "request_steps", "ngram_agreement",
-           "agreement", "token_agreement", "torch_profiler_predictor", "load_smollm2_steps", "compare_torch_traces"]
+           "agreement", "token_agreement", "torch_profiler_predictor", "load_smollm2_steps", "compare_torch_traces",
+           "AGREEMENT_PROMPTS", "prepare_prompts", "load_prompts", "agreement_outputs", "profile_outputs",
+           "predictor_from_acc", "predict", "agreement_report"]
+
+AGREEMENT_PROMPTS = Path(__file__).resolve().parents[3] / "data" / "gpu" / "qwen_agreement_prompts.jsonl"
+AGREEMENT_MODEL, AGREEMENT_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+AGREEMENT_K = 5                  # the agreement engines' k (the hybrid's: the same engines run both)
 
 
 # ---- n-gram acceptance: vLLM's proposer replayed on recorded outputs -----------------------------------------
@@ -210,3 +225,154 @@ def compare_torch_traces(outputs: dict, prompts: dict, per: dict, k: int, traces
             "accepted_agreement_rate": agree / steps if steps else None,
             "steps_with_drafts": dsteps, "drafted_steps_agree": dagree,
             "drafted_steps_agreement_rate": dagree / dsteps if dsteps else None}
+
+
+# ---- vLLM's own agreement runs: the prompts, the profiler's predictions on vLLM's outputs, the report ---------
+def prepare_prompts(out: str | Path = AGREEMENT_PROMPTS, model: str = AGREEMENT_MODEL, workloads=("code-edit", "sharegpt",
+                    "humaneval", "mt-bench", "gsm-symbolic"), n: int = 40, seed: int = 0,
+                    max_prompt_tokens: int = 1024) -> Path:
+    """Token-id prompts through ``model``'s chat template (its converted folder's tokenizer): each workload's first
+    ``n`` by its seeded order, as ``collect`` selects them; eos ids for vLLM's stop."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from ... import models
+    from ... import workloads as W
+    from ...io import atomic_write
+
+    d = models.converted_dir(model)
+    tok = AutoTokenizer.from_pretrained(d)
+    gc = GenerationConfig.from_pretrained(d)
+    eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
+    eos = sorted({int(x) for x in eos if x is not None} | ({int(tok.eos_token_id)} if tok.eos_token_id is not None
+                                                             else set()))
+    with atomic_write(Path(out)) as f:
+        for w in workloads:
+            for r in W.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens):
+                f.write(json.dumps({"key": f"{w}/{r.id}", "dataset": w, "request_id": str(r.id),
+                                    "prompt_token_ids": list(map(int, r.prompt_token_ids)), "eos": eos}) + "\n")
+    return Path(out)
+
+
+def load_prompts(path: str | Path = AGREEMENT_PROMPTS) -> dict[str, list[int]]:
+    return {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(path)) if r}
+
+
+def agreement_outputs(results: str | Path) -> dict[str, dict[str, list[int]]]:
+    """Per spec, its agreement runs' greedy outputs by prompt key (``results.jsonl`` records of task prompts)."""
+    out: dict = {}
+    for line in open(results):
+        d = json.loads(line)
+        if d.get("kind") == "run" and d.get("task") == "prompts":
+            out.setdefault(d["spec"], {}).update(dict(zip(d["keys"], d["outputs"])))
+    return out
+
+
+def profile_outputs(prompts: dict, outputs: dict, proposers: dict, k_max: int = 16) -> dict:
+    """``profiler.profile_decoded`` on vLLM's outputs: {proposer: {key: [acc_len, draft_len] per position}}."""
+    from ...profiler import profile_decoded
+
+    keys = [k for k in outputs if k in prompts]
+    profs = profile_decoded([prompts[k] for k in keys], [outputs[k] for k in keys], proposers, k_max=k_max)
+    return {name: {k: [list(map(int, p.acc[name])), list(map(int, p.draft_len.get(name) or []))]
+                   for k, p in zip(keys, profs)} for name in proposers}
+
+
+def predictor_from_acc(acc_by_key: dict, prompts: dict):
+    """A predictor for ``agreement.agreement`` from profiled acceptance: the step at position p accepts
+    min(acc_len[p-1] - 1, k) and drafts min(draft_len[p-1], k) (k where the profile keeps no draft lengths: a
+    model drafter always drafts k), as ``agreement.torch_profiler_predictor`` reads the n-gram profile."""
+    by_hash = {prompt_hash(p): key for key, p in prompts.items()}
+
+    def predict(prompt, output, positions, *, k, min_n=3, max_n=7):
+        acc, lens = acc_by_key[by_hash[prompt_hash(prompt)]]
+        return {p: (int(min(lens[p - 1], k)) if lens else k, int(min(acc[p - 1] - 1, k)))
+                for p in positions if 1 <= p <= len(acc)}
+    return predict
+
+
+AGREE_SPECS = {"hybrid-default-eagle": "eagle", "hybrid-default-ngram": "ngram", "agree-draft": "draft"}
+
+
+def predict(out: str | Path, head: str, model: str = AGREEMENT_MODEL, draft_model: str = AGREEMENT_DRAFT,
+            device: str = "cuda", k_max: int = 16) -> Path:
+    """The package's profiler on each agreement engine's own outputs (GPU): ``out/predictions.json``."""
+    from ... import models
+    from ...collect import build_proposers
+
+    out = Path(out)
+    prompts = load_prompts()
+    outs = agreement_outputs(out / "results.jsonl")
+    target, _ = models.load(model, device=device)
+    drafter = models.load(draft_model, device=device)[0] if "agree-draft" in outs else None
+    res = {}
+    for spec, proposer in AGREE_SPECS.items():
+        if spec in outs:
+            props = build_proposers([proposer], target, draft_model=drafter, eagle_head=head)
+            res[spec] = profile_outputs(prompts, outs[spec], props, k_max=k_max)[next(iter(props))]
+    path = out / "predictions.json"
+    path.write_text(json.dumps({"model": model, "draft_model": draft_model, "head": str(head), "k_max": k_max,
+                                "dtype": str(target.dtype), "specs": res}))
+    return path
+
+
+def agreement_report(out: str | Path, prompts: dict | None = None) -> dict:
+    """vLLM's accepted tokens per step (the plugin's per-request steps) against the profiler's prediction on the
+    same outputs (``predictions.json``), per agreement spec; n-gram also against vLLM's proposer replayed
+    (``agreement.predict_ngram_steps``). Also vLLM's own counters beside the step log's sum."""
+    out = Path(out)
+    prompts = prompts or load_prompts()
+    outs = agreement_outputs(out / "results.jsonl")
+    pred_f = out / "predictions.json"
+    preds = json.loads(pred_f.read_text())["specs"] if pred_f.exists() else {}
+    counters: dict = {}
+    for line in open(out / "results.jsonl"):
+        d = json.loads(line)
+        if d.get("kind") == "run" and d.get("task") == "prompts":
+            c = counters.setdefault(d["spec"], {"num_accepted_tokens": 0, "num_drafts": 0})
+            c["num_accepted_tokens"] += d["num_accepted_tokens"]
+            c["num_drafts"] += d["num_drafts"]
+    rep = {}
+    for spec, proposer in AGREE_SPECS.items():
+        if spec not in outs:
+            continue
+        recs = [r for r in load_step_records(out / f"steps_{spec}.jsonl") if r.get("req_info")]
+        steps = request_steps(recs, prompts)
+        k = AGREEMENT_K
+        r = {"proposer": proposer, "k": k, "requests": len(outs[spec]), "vllm_counters": counters.get(spec),
+             "step_log_accepted": sum(a for rows in steps.values() for _, _, a in rows)}
+        sub = {key: steps[key] for key in steps if key in outs[spec]}
+        if spec in preds:
+            r["vs_profiler"] = agreement(sub, prompts, outs[spec], k=k,
+                                         predictor=predictor_from_acc(preds[spec], prompts))
+        if proposer == "ngram":
+            r["vs_replica"] = agreement(sub, prompts, outs[spec], k=k, predictor=predict_ngram_steps)
+        rep[spec] = r
+    (out / "qwen_agreement.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
+    return rep
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.agreement", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare-prompts")
+    pp.add_argument("--out", default=str(AGREEMENT_PROMPTS))
+    pr = sub.add_parser("predict")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--head", required=True)
+    ag = sub.add_parser("report")
+    ag.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare-prompts":
+        print(prepare_prompts(a.out))
+    elif a.cmd == "predict":
+        print(predict(a.out, a.head))
+    else:
+        for spec, r in agreement_report(a.out).items():
+            v = r.get("vs_profiler") or {}
+            print(spec, r["proposer"], "steps", v.get("steps"), "agree", v.get("accepted_agree"),
+                  "rate", v.get("accepted_agreement_rate"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,14 @@ HYBRID_BATCH_SIZES = (1, 8, 32, 64)
 HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive-rule")
 PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
 ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids
+ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # adaptive-rule's cost model in the live runs (fitted on H200 Qwen steps)
+# EAGLE's drafting time per k (data/gpu/draftk): each target's dims and its head's dims, dummy weights
+DRAFT_SWEEP = {
+    "qwen": {"model": "data/gpu/configs/qwen25_coder_1p5b", "name": HYBRID_MODEL,
+             "draft": "data/heads/qwen2.5-coder-1.5b-eagle", "vocab_size": 151936},
+    "llama8b": {"model": "data/gpu/configs/llama31_8b", "name": "llama31-8b", "draft": "data/gpu/configs/eagle_llama31_8b",
+                "vocab_size": 128256},
+}
 # engine configuration -> VLLMConfig fields (``labels``): "v1-forced": vLLM's own scheduling (async for EAGLE) on the
 # V1 runner the plugin hooks; "study-like": synchronous, V1; "default": what a user runs, vLLM 0.25's own choice of
 # runner too (the V2 runner for EAGLE and no SD on Qwen2, config/vllm.py:518-555; V1 for n-gram, :2068-2071),

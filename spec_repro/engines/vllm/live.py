@@ -172,9 +172,8 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     import pandas as pd
 
     from ...provenance import machine_info, package_versions, record, sha256_file
+    from .agreement import agreement_report
     from .jobs import lossless_report
-    from .session import agreement_report
-
     from .summary import check_raw_out
 
     raw, out = Path(raw), Path(out)
@@ -344,7 +343,7 @@ def profile_hybrid_task(raw: str | Path | None, out: str | Path = OUT / "hybrid_
     from ... import models
     from ... import workloads as W
     from ...collect import build_proposers
-    from .session import profile_outputs
+    from .agreement import profile_outputs
 
     outs = {}
     if trace is not None:
@@ -543,12 +542,12 @@ def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[li
     """adaptive-rule's steps over profiled requests (``load_profiles`` records) at batch size ``B``, as the
     simulator takes them (``adaptive.adaptive_steps``, the decisions the live policy takes step for step:
     tests/test_hybrid.py): per request, per step, (draft tokens verified, tokens accepted, EAGLE drafted).
-    ``cost_model``: the rule's (default: the one the live runs priced proposals with, ``session.ADAPTIVE_COST``)."""
+    ``cost_model``: the rule's (default: the one the live runs priced proposals with, ``hybrid_jobs.ADAPTIVE_COST``)."""
     from ... import adaptive as AD
     from ...costmodel import load_cost_model
     from ...simcore import group_arrays
     from ...traces import Trace
-    from .session import ADAPTIVE_COST
+    from .hybrid_jobs import ADAPTIVE_COST
 
     props = ["ngram", "eagle"]
     t = Trace.from_arrays({r["key"]: {q: r["acc"][q] for q in props} for r in reqs},

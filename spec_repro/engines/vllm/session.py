@@ -36,7 +36,8 @@ import json
 import sys
 from pathlib import Path
 
-from .jobs import (LLAMA8B, ROOT, config_label, estimate_seconds, hybrid_plan, hybrid_specs, rotated_spec,
+from .hybrid_jobs import ADAPTIVE_COST, DRAFT_SWEEP
+from .jobs import (LLAMA8B, config_label, estimate_seconds, hybrid_plan, hybrid_specs, rotated_spec,
                    run_specs)
 
 __all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "STAGING_3", "STAGING_4", "MEASURED_S", "AGREEMENT_PROMPTS",
@@ -44,7 +45,6 @@ __all__ = ["PARTS", "PARTS_2", "SESSION_PARTS", "STAGING", "STAGING_2", "STAGING
 
 BUDGET_S = 1800                  # the session's device seconds, staging included
 PLAN_LIMIT_S = 1650              # what the plan may take (margin for polls and slow calls)
-AGREEMENT_PROMPTS = ROOT / "data" / "gpu" / "qwen_agreement_prompts.jsonl"
 QWEN, QWEN_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 K = 5                            # the hybrid's k; the agreement runs at the same k (same engines)
 HYBRID_WORKLOADS = ("code-edit",)   # sharegpt: the second session (+5 engine starts' worth of runs)
@@ -179,15 +179,8 @@ def _second_session_specs(part: str, head: str, model_dir: str, best: str | None
 # fits costmodel's per_token drafter with its d0 (c_step), separable once k varies
 DRAFT_KS = (1, 3, 5, 8, 12)
 DRAFT_ORDER = (1, 12, 5, 3, 8)     # run order: both targets' end points first (d0, d1 from two k), if the deadline cuts
-DRAFT_SWEEP = {
-    "qwen": {"model": "data/gpu/configs/qwen25_coder_1p5b", "name": QWEN, "draft": "data/heads/qwen2.5-coder-1.5b-eagle",
-             "vocab_size": 151936},
-    "llama8b": {"model": "data/gpu/configs/llama31_8b", "name": "llama31-8b", "draft": "data/gpu/configs/eagle_llama31_8b",
-                "vocab_size": 128256},
-}
 S6 = "-s6"     # the sixth session's engines (part w)
 S8 = "-s8"     # the seventh session's (part x)
-ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # parts x, u, v: adaptive-rule's cost model (fitted on live5's steps)
 S9 = "-s9"     # the eighth session's (parts u, v, z)
 # parts u, v: EAGLE alone, the device-side rule, the host-side machinery idle (eagle-only: the hybrid term the
 # predictor fits for adaptive-rule, out of sample) and the simulator's best causal policy, host-side, padded
@@ -493,132 +486,8 @@ def plan(budget: float = PLAN_LIMIT_S, session: int = 1) -> dict:
             "fits": total <= budget and bool(parts), "parts": [r["part"] for r in parts], "dropped": dropped, "deferred": deferred}
 
 
-# ---- prompts, predictions, agreement ------------------------------------------------------------------------
-def prepare_prompts(out: str | Path = AGREEMENT_PROMPTS, model: str = QWEN, workloads=("code-edit", "sharegpt",
-                    "humaneval", "mt-bench", "gsm-symbolic"), n: int = 40, seed: int = 0,
-                    max_prompt_tokens: int = 1024) -> Path:
-    """Token-id prompts through ``model``'s chat template (its converted folder's tokenizer): each workload's first
-    ``n`` by its seeded order, as ``collect`` selects them; eos ids for vLLM's stop."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    from ... import models
-    from ... import workloads as W
-    from ...io import atomic_write
-
-    d = models.converted_dir(model)
-    tok = AutoTokenizer.from_pretrained(d)
-    gc = GenerationConfig.from_pretrained(d)
-    eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
-    eos = sorted({int(x) for x in eos if x is not None} | ({int(tok.eos_token_id)} if tok.eos_token_id is not None
-                                                             else set()))
-    with atomic_write(Path(out)) as f:
-        for w in workloads:
-            for r in W.load(w, n=n, seed=seed, tokenizer=tok, max_prompt_tokens=max_prompt_tokens):
-                f.write(json.dumps({"key": f"{w}/{r.id}", "dataset": w, "request_id": str(r.id),
-                                    "prompt_token_ids": list(map(int, r.prompt_token_ids)), "eos": eos}) + "\n")
-    return Path(out)
-
-
-def load_prompts(path: str | Path = AGREEMENT_PROMPTS) -> dict[str, list[int]]:
-    return {r["key"]: r["prompt_token_ids"] for r in map(json.loads, open(path)) if r}
-
-
-def agreement_outputs(results: str | Path) -> dict[str, dict[str, list[int]]]:
-    """Per spec, its agreement runs' greedy outputs by prompt key (``results.jsonl`` records of task prompts)."""
-    out: dict = {}
-    for line in open(results):
-        d = json.loads(line)
-        if d.get("kind") == "run" and d.get("task") == "prompts":
-            out.setdefault(d["spec"], {}).update(dict(zip(d["keys"], d["outputs"])))
-    return out
-
-
-def profile_outputs(prompts: dict, outputs: dict, proposers: dict, k_max: int = 16) -> dict:
-    """``profiler.profile_decoded`` on vLLM's outputs: {proposer: {key: [acc_len, draft_len] per position}}."""
-    from ...profiler import profile_decoded
-
-    keys = [k for k in outputs if k in prompts]
-    profs = profile_decoded([prompts[k] for k in keys], [outputs[k] for k in keys], proposers, k_max=k_max)
-    return {name: {k: [list(map(int, p.acc[name])), list(map(int, p.draft_len.get(name) or []))]
-                   for k, p in zip(keys, profs)} for name in proposers}
-
-
-def predictor_from_acc(acc_by_key: dict, prompts: dict):
-    """A predictor for ``agreement.agreement`` from profiled acceptance: the step at position p accepts
-    min(acc_len[p-1] - 1, k) and drafts min(draft_len[p-1], k) (k where the profile keeps no draft lengths: a
-    model drafter always drafts k), as ``agreement.torch_profiler_predictor`` reads the n-gram profile."""
-    from .common import prompt_hash
-
-    by_hash = {prompt_hash(p): key for key, p in prompts.items()}
-
-    def predict(prompt, output, positions, *, k, min_n=3, max_n=7):
-        acc, lens = acc_by_key[by_hash[prompt_hash(prompt)]]
-        return {p: (int(min(lens[p - 1], k)) if lens else k, int(min(acc[p - 1] - 1, k)))
-                for p in positions if 1 <= p <= len(acc)}
-    return predict
-
-
-AGREE_SPECS = {"hybrid-default-eagle": "eagle", "hybrid-default-ngram": "ngram", "agree-draft": "draft"}
-
-
-def predict(out: str | Path, head: str, model: str = QWEN, draft_model: str = QWEN_DRAFT, device: str = "cuda",
-            k_max: int = 16) -> Path:
-    """The package's profiler on each agreement engine's own outputs (GPU): ``out/predictions.json``."""
-    from ... import models
-    from ...collect import build_proposers
-
-    out = Path(out)
-    prompts = load_prompts()
-    outs = agreement_outputs(out / "results.jsonl")
-    target, _ = models.load(model, device=device)
-    drafter = models.load(draft_model, device=device)[0] if "agree-draft" in outs else None
-    res = {}
-    for spec, proposer in AGREE_SPECS.items():
-        if spec in outs:
-            props = build_proposers([proposer], target, draft_model=drafter, eagle_head=head)
-            res[spec] = profile_outputs(prompts, outs[spec], props, k_max=k_max)[next(iter(props))]
-    path = out / "predictions.json"
-    path.write_text(json.dumps({"model": model, "draft_model": draft_model, "head": str(head), "k_max": k_max,
-                                "dtype": str(target.dtype), "specs": res}))
-    return path
-
-
-def agreement_report(out: str | Path, prompts: dict | None = None) -> dict:
-    """vLLM's accepted tokens per step (the plugin's per-request steps) against the profiler's prediction on the
-    same outputs (``predictions.json``), per agreement spec; n-gram also against vLLM's proposer replayed
-    (``agreement.predict_ngram_steps``). Also vLLM's own counters beside the step log's sum."""
-    from .agreement import agreement, load_step_records, predict_ngram_steps, request_steps
-
-    out = Path(out)
-    prompts = prompts or load_prompts()
-    outs = agreement_outputs(out / "results.jsonl")
-    pred_f = out / "predictions.json"
-    preds = json.loads(pred_f.read_text())["specs"] if pred_f.exists() else {}
-    counters: dict = {}
-    for line in open(out / "results.jsonl"):
-        d = json.loads(line)
-        if d.get("kind") == "run" and d.get("task") == "prompts":
-            c = counters.setdefault(d["spec"], {"num_accepted_tokens": 0, "num_drafts": 0})
-            c["num_accepted_tokens"] += d["num_accepted_tokens"]
-            c["num_drafts"] += d["num_drafts"]
-    rep = {}
-    for spec, proposer in AGREE_SPECS.items():
-        if spec not in outs:
-            continue
-        recs = [r for r in load_step_records(out / f"steps_{spec}.jsonl") if r.get("req_info")]
-        steps = request_steps(recs, prompts)
-        k = K
-        r = {"proposer": proposer, "k": k, "requests": len(outs[spec]), "vllm_counters": counters.get(spec),
-             "step_log_accepted": sum(a for rows in steps.values() for _, _, a in rows)}
-        sub = {key: steps[key] for key in steps if key in outs[spec]}
-        if spec in preds:
-            r["vs_profiler"] = agreement(sub, prompts, outs[spec], k=k,
-                                         predictor=predictor_from_acc(preds[spec], prompts))
-        if proposer == "ngram":
-            r["vs_replica"] = agreement(sub, prompts, outs[spec], k=k, predictor=predict_ngram_steps)
-        rep[spec] = r
-    (out / "qwen_agreement.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
-    return rep
+from .agreement import (AGREE_SPECS, AGREEMENT_PROMPTS, agreement_outputs, agreement_report, load_prompts,  # noqa: F401
+                        predict, predictor_from_acc, prepare_prompts, profile_outputs)
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
