@@ -33,34 +33,46 @@ from .jobs import done_specs
 __all__ = ["STAGES", "TRACE_WORKLOADS", "grid_specs", "run", "notebook_parameters", "status"]
 
 STAGES = ("qwen", "traces", "llama", "tables")
-QWEN_METHODS = ("none", "pr24344-pad", "pr24344-skip-pad")    # then the idle hybrid and EAGLE alone (part i)
+QWEN_METHODS = ("none", "pr24344-pad", "pr24344-skip-pad")    # then eagle-only, EAGLE alone and the idle hybrid
+SPEC_SUFFIX = "-s2"          # the grid's spec names (run identifiers: a resumed run skips the specs it finished)
 TRACE_WORKLOADS = ("code-edit", "sharegpt")
 TRACE_N, TRACE_TOKENS, TRACE_K_MAX = 24, 256, 16
 QWEN_DIR, LLAMA_DIR = "qwen2", "llama8b2"
-LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"    # the preset fitted on the first live session's Qwen steps
+LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"    # the preset fitted on the H200's live Qwen steps (data/gpu/live)
 NOTEBOOK_RESERVE_S = 240     # deadline_s: seconds kept for the notebooks after the last stage started
 TRACES_S = 200               # the traces stage: engine start + decode + profiling (the H200 run of 2026-12-01: 114 s)
 
 
 def llama_specs() -> list[dict]:
     """Llama-3.1-8B dims on vLLM's default engine (the runner vLLM picks, async where it allows): no SD and
-    n-gram, side by side in one run."""
-    from .session import part_specs
+    n-gram (k = 3, the study's), side by side in one run; dummy weights, bs 1/16/64/256, 512-token prompts, 256
+    tokens, every shape warmed, 3 repeats."""
+    from .jobs import LLAMA8B
 
-    none = part_specs("c")[0]                         # llama8b-none-default: the first session's part c spec
-    ngram = {**none, "name": "llama8b-ngram-default", "config": {**none["config"], "method": "ngram", "k": 3}}
-    return [{**s, "name": s["name"] + "-s2"} for s in (none, ngram)]
+    task = {"type": "batches", "batch_sizes": [1, 16, 64, 256], "prompt_len": 512, "max_tokens": 256,
+            "vocab_size": 128256, "repeats": 3, "warm_each": True}
+    none = {"name": "llama8b-none-default" + SPEC_SUFFIX, "engine_config": "default", "tasks": [task],
+            "config": {"model": LLAMA8B, "method": "none", "load_format": "dummy", "max_model_len": 4096,
+                       "max_num_seqs": 256, "name": "llama31-8b", "gpu_memory_utilization": 0.85,
+                       "async_scheduling": None, "model_runner": "default"}}
+    ngram = {**none, "name": "llama8b-ngram-default" + SPEC_SUFFIX,
+             "config": {**none["config"], "method": "ngram", "k": 3}}
+    return [none, ngram]
+
+
+def qwen_specs(head: str | Path, model_dir: str | Path) -> list[dict]:
+    """Qwen2.5-Coder-1.5B on code-edit, k = 5, the V1 runner forced: no SD, the padded hybrids (``QWEN_METHODS``),
+    the hybrid's machinery with every request on EAGLE, EAGLE alone and the idle (pass-through) hybrid."""
+    from .hybrid_jobs import hybrid_specs
+
+    specs = hybrid_specs(str(head), model_dir=str(model_dir), k=5, workloads=("code-edit",),
+                         methods=QWEN_METHODS + ("eagle-only", "eagle", "idle"))
+    return [{**s, "name": s["name"] + SPEC_SUFFIX} for s in specs]
 
 
 def grid_specs(head: str | Path, model_dir: str | Path) -> dict[str, list[dict]]:
     """The engine specs of the qwen and llama stages (pure: nothing is loaded)."""
-    from .session import part_specs
-
-    head, model_dir = str(head), str(model_dir)
-    qwen = [s for s in part_specs("e", head, model_dir)
-            if any(s["name"] == f"hybrid-default-{m}-s2" for m in QWEN_METHODS)]
-    return {"qwen": qwen + part_specs("i", head, model_dir) + part_specs("j", head, model_dir),
-            "llama": llama_specs()}
+    return {"qwen": qwen_specs(head, model_dir), "llama": llama_specs()}
 
 
 def status(out: str | Path, head: str | Path = "HEAD", model_dir: str | Path = "MODEL") -> dict[str, bool]:
