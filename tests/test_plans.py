@@ -11,14 +11,35 @@ def _seconds(stages):
     return sum(s.get("seconds", s.get("seconds_each", 0) * s.get("calls", 1)) for s in stages)
 
 
-@pytest.mark.parametrize("name", ["head"])
-def test_a_plan_fits_its_lease(name):
-    plan = json.loads((PLANS / f"{name}.json").read_text())
+def _engine_specs(plan):
+    """The engine specs a plan's ``engines`` stage runs: the grid of the job the plan is named for."""
+    from spec_repro.engines.vllm import v2grid
+
+    assert plan["name"] == "v2grid", f"plan {plan['name']!r} has an engines stage but no job to build its specs"
+    return v2grid.grid_specs("HEAD", model_dir="MODEL", draft_dir="DRAFT")
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_plan_fits_its_lease_priced_from_its_own_seconds(path):
+    """Every stage of every plan (and of its ``next``) carries its seconds, or, for a stage that runs engines, the
+    plan's ``engine_seconds`` prices each engine; the total of what runs fits the plan's ``limit_s``."""
+    plan = json.loads(path.read_text())
+    assert plan["name"] == path.stem
     for p in (plan, plan.get("next")):
         if p is None:
             continue
-        assert p["stages"] and all(s.get("seconds", s.get("seconds_each")) for s in p["stages"]), p["stages"]
-        assert _seconds(p["stages"]) <= p["limit_s"], (name, _seconds(p["stages"]), p["limit_s"])
+        fixed = [s for s in p["stages"] if not s.get("engines")]
+        assert p["stages"] and all(s.get("seconds", s.get("seconds_each")) for s in fixed), p["stages"]
+        total = _seconds(fixed)
+        if len(fixed) < len(p["stages"]):
+            from spec_repro.engines.vllm.v2grid import plan_rows
+
+            assert p["engine_seconds"]["start_s"] > 0 and p["engine_seconds"]["per_workload_s"]
+            priced = plan_rows(_engine_specs(p), p)
+            assert abs(priced["total_s"] - total - sum(r["seconds"] for r in priced["rows"]
+                                                       if r["stage"].startswith("engine ") and not r["deferred"])) < 1e-6
+            total = priced["total_s"]
+        assert total <= p["limit_s"], (path.name, total, p["limit_s"])
 
 
 def test_the_head_plan_is_what_ran():
