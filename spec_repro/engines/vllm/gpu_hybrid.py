@@ -18,7 +18,7 @@ Policies (both proposers run every step: the rule cannot skip EAGLE's drafting w
 
 Lossless by construction: only the draft tokens change; greedy verification keeps the target's output.
 
-Launches. Eager, a step is ~40 small kernels launched from Python; in part k (H200, 2026-12-02) the machinery
+Launches. Eager, a step is ~40 small kernels launched from Python; in data/gpu/live4 (H200) the machinery
 idle (``gpu-eagle-only``) took 0.5-1.4 ms more drafting time a step than vLLM's own EAGLE step. :class:`DeviceStep`
 replays the step as one CUDA graph per batch shape (checked against the eager step on its first replays; eager
 where capture fails, on the CPU, or with ``SPEC_REPRO_HYBRID_GRAPHS=0``).
@@ -124,7 +124,7 @@ class DeviceStep:
     """One step of the device-side hybrid for a batch: this step's tokens into the history, n-gram's lookup, the
     mix with EAGLE's drafts, the step's counts; ``(draft [B, k], counts [2])``.
 
-    Eager (:meth:`eager`: ~40 kernels launched from Python, ~0.5-1.4 ms of host time a step on the H200, part k), or
+    Eager (:meth:`eager`: ~40 kernels launched from Python, ~0.5-1.4 ms of host time a step on the H200: data/gpu/live4), or
     on a CUDA device one graph replay per batch shape (``graphs``, default: on where the device is CUDA): the
     host's work is then four input copies and a replay. A shape's graph is captured at its first step, its warm-up
     and capture pointed at the history's scratch row (no request's tokens move), and checked against the eager path

@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     sp.add_argument("--spec", required=True)
     sp.add_argument("--out", required=True)
     sub.add_parser("list")
-    hy = sub.add_parser("hybrid", help="the live hybrid's measurement (issue 18 step 7)")
+    hy = sub.add_parser("hybrid", help="the live hybrid's measurement")
     hy.add_argument("--head", required=True, help="the package's EAGLE head for Qwen2.5-Coder-1.5B (a dir)")
     hy.add_argument("--out", required=True)
     hy.add_argument("--model-dir", help="default: spec_repro.models.converted_dir('qwen2.5-coder-1.5b')")

@@ -1,4 +1,4 @@
-"""Issue 18's live session on the H200 (``gpu/live_job.sh``) -> ``data/gpu/live/``: compact tables from the raw
+"""vLLM live on the H200 (``gpu/live_job.sh``) -> ``data/gpu/live*/``: compact tables from the raw
 device folder (its ``results.jsonl`` and the plugin's ``steps_*.jsonl``; the raw step logs stay out of the repo).
 
 What ran: vLLM 0.25.0 on one H200. Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF,
@@ -184,7 +184,7 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
     write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
     ll, agree = [], {}
-    for qres in sorted(raw.rglob("qwen*/results.jsonl")):     # qwen (session 1), qwen2 (session 2), ...
+    for qres in sorted(raw.rglob("qwen*/results.jsonl")):     # every Qwen results folder: qwen, qwen2, ...
         recs = [json.loads(x) for x in open(qres) if x.strip()]
         ll += lossless_report(recs)
         if any(d.get("task") == "prompts" for d in recs):       # the agreement engines
@@ -230,7 +230,7 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
 
 
 def _profiled_on(path: Path) -> str | None:
-    """The device a ``live profile`` file was profiled on (its records' ``device``; None in the first session's)."""
+    """The device a ``live profile`` file was profiled on (its records' ``device``; None in files that predate it)."""
     with open(path) as f:
         first = f.readline()
     return json.loads(first).get("device") if first.strip() else None
@@ -284,8 +284,8 @@ def throughput(runs=None, out: str | Path = OUT, workload: str = "code-edit"):
 
 
 def llama_baseline(out: str | Path = OUT, committed: str | Path | None = None):
-    """Llama-3.1-8B dims, no SD: the default engine beside the study-like one (both this session) and the
-    committed study-like baseline (data/gpu/runs.csv, session 3); the committed SD throughputs as speedups over
+    """Llama-3.1-8B dims, no SD: the default engine beside the study-like one (both in ``out``) and the
+    committed study-like baseline (data/gpu/runs.csv); the committed SD throughputs as speedups over
     each baseline."""
     import pandas as pd
 
@@ -430,9 +430,9 @@ def host_index(steps, phase: str = "t_other"):
     alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's
     host terms by it; a batch size's reference cancels there (the host-scaled model is fitted on steps divided by
     the same index), so only the run-to-run ratio matters. The reference is per engine: it tells a policy's host
-    apart only where it shares an engine with the configurations fitted (part m's rotated engine), not between
-    engines (part k's: one per policy). The worker's probe read before and after each run (``engine_probe_ms``),
-    tried as this index on data/gpu/live10, tracks a run's drafting less well than its own t_other and predicts no
+    apart only where it shares an engine with the configurations fitted (a rotated engine: data/gpu/live5), not
+    between engines (one per policy: data/gpu/live4). The worker's probe read before and after each run
+    (``engine_probe_ms``), tried as this index on data/gpu/live10, tracks a run's drafting less well than its own t_other and predicts no
     better; where one policy's t_other is not the host's (data/gpu/live9, gpu-pr24344 at bs 64) the index misses."""
     d = steps[steps["phase"] == "decode"]
     run = d.groupby(["spec", "batch_size", "run_id"])[phase].median()
@@ -441,7 +441,7 @@ def host_index(steps, phase: str = "t_other"):
 
 def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
                    per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit") -> dict:
-    """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, this session), in the package
+    """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, in ``out``), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
     CUDA graph only for uniform decode batches; without ``ragged`` one F for all, as ``costmodel.fit`` does);
@@ -452,8 +452,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     ``h0 + h1*B`` (its drafting time beyond EAGLE's) fitted on those. Every fit weighs each configuration's batch
     size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
     one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
-    at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on the
-    fifth GPU session's steps); the target's forward stays the fit; and wall over summed step time per batch size
+    at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on
+    data/gpu/live5's steps); the target's forward stays the fit; and wall over summed step time per batch size
     and path, the hybrids' from their idle counterpart (``hybrid_configs``): async scheduling hides a share of
     no SD's step that grows with the batch, and of the device-side machinery's at bs 32 / 64 only.
     ``host_scaled`` (implies ``per_bs``): every step's host phases (``HOST_PHASES``) divided by its run's
@@ -519,7 +519,7 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
             m["by_bs"]["eagle_draft"] = mean_by_bs(e, e["t_draft"] / kk)        # per drafted token, whole batch
         if len(hy):
             # beyond the per-batch-size EAGLE drafting that _walk adds with it (not beyond the line: that folded
-            # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in part m)
+            # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in data/gpu/live5)
             extra = hy["t_draft"] - K * hy["batch_size"].map(m["by_bs"]["eagle_draft"]) * eag
             m["by_bs"]["hybrid_overhead"] = mean_by_bs(hy, pd.Series(extra, index=hy.index))
         # wall over summed step time per batch size: async scheduling hides a share of the step that grows with
@@ -671,7 +671,7 @@ def predict_runs(profiles: list[dict], models: dict, runs, index, prompts_per_bs
 
 def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
     """Measured tok/s (``throughput``, mean of 3 repeats, with min and max) beside three predictions over the
-    run's own outputs (``hybrid_trace.jsonl``), every cost model fitted on this session's steps:
+    run's own outputs (``hybrid_trace.jsonl``), every cost model fitted on the run's steps:
     ``one_F``: one target forward for every batch (the package's cost-model form, as ``costmodel.fit`` fits it),
     no SD / EAGLE / n-gram alone; ``ragged``: + a second forward for ragged batches; ``mended``: + the hybrid's
     own per-step work, fitted on the OTHER hybrid (pr24344's term predicts pr24344-skip and the reverse), so
@@ -699,7 +699,7 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
                      hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False,
                      workload: str = "code-edit"):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
-    predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, the first live session's):
+    predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, data/gpu/live's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
     hybrid (``eagle-only``: the same lookups, bookkeeping and host reads, every request on EAGLE), so both padded
     hybrids are predicted out of sample. ``ratio`` = measured / predicted; ``per_bs``: also the prediction with
@@ -708,7 +708,7 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
     own runs' t_other, its drafting from the idle hybrid's fitted term. ``workload``: the runs, steps and fits of
     that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
-    idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. the eighth GPU session's
+    idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/live7's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
     host-side policy, none for the device-side one (its idle counterpart did not run there)."""
     prof = load_profiles(profiles_path)
@@ -755,13 +755,13 @@ SINGLES = ("eagle", "ngram")       # the single proposers a hybrid is held again
 
 
 def device_trace(out: str | Path, workload: str = "code-edit") -> Path | None:
-    """The device-side hybrid's profile in ``out`` (``hybrid_trace_s4.jsonl``: part k; ``_s5``: part m; another
-    workload's ``hybrid_trace_<workload>_sN.jsonl``: part s's sharegpt), or None."""
+    """The device-side hybrid's profile in ``out`` (``hybrid_trace_sN.jsonl``; another workload's
+    ``hybrid_trace_<workload>_sN.jsonl``), the highest N, or None."""
     pat = re.compile(r"hybrid_trace_s(\d+)\.jsonl" if workload == "code-edit" else
                      rf"hybrid_trace_{re.escape(workload)}_s(\d+)\.jsonl")
     found = sorted((int(m.group(1)), p) for p in Path(out).glob("hybrid_trace_*.jsonl")
                    if (m := pat.fullmatch(p.name)))
-    return found[-1][1] if found else None     # the latest session's (s10 after s9)
+    return found[-1][1] if found else None     # the highest N (s10 after s9)
 
 
 def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit"):
@@ -786,7 +786,7 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
 
 def table_args(out: str | Path) -> dict:
     """``device_hybrid_table``'s hybrids and idle configurations for the run in ``out``: the device-side rule
-    against its idle machinery (parts k, m, s), and where adaptive-rule ran (parts u, v) also adaptive-rule
+    against its idle machinery, and where adaptive-rule ran (data/gpu/live7) also adaptive-rule
     against the host-side machinery idle (eagle-only), gpu-pr24344 then without a hybrid term unless its own idle
     counterpart ran beside it."""
     import pandas as pd
@@ -801,17 +801,17 @@ def table_args(out: str | Path) -> dict:
 
 def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-pr24344",
                         idle: str = "gpu-eagle-only", host_scaled: bool | None = None, workload: str = "code-edit"):
-    """Part k's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``) per
-    configuration and batch size: measured tok/s (mean, min, max of the repeats), ``vs_best_single`` (over the
-    faster of EAGLE and n-gram at that batch size: the Must show's 0.98x), ``vs_eagle`` (for ``idle``: the plugin's
+    """A device-side hybrid's run (``out``: no SD, EAGLE, n-gram, ``idle``, ``gpu-eagle-only``, ``gpu-pr24344``)
+    per configuration and batch size: measured tok/s (mean, min, max of the repeats), ``vs_best_single`` (over the
+    faster of EAGLE and n-gram at that batch size), ``vs_eagle`` (for ``idle``: the plugin's
     overhead), ``predicted_padded``'s prediction and ratio, and ``steps`` / ``predicted_steps``: decode steps per
     repeat, measured (the step log) over predicted (the profile of the same requests), which separates the
-    acceptance half of a prediction from the cost half; a rotated engine's (part m) ``paired_*`` ratios over EAGLE
+    acceptance half of a prediction from the cost half; a rotated engine's ``paired_*`` ratios over EAGLE
     alone (``paired_ratios``) and the prediction with per-batch-size host terms (``ratio_per_bs``); ``host_scaled``:
     each run predicted at its own host speed too (``ratio_host``: ``predicted_padded``); None: where the run has a
-    rotated engine (its policies share one engine's host index: part m), not where each policy ran in an engine of
-    its own (part k, where the index cannot tell engines' hosts apart). ``workload``: that workload's runs (part
-    s: sharegpt) against the profile of its requests (``device_trace(out, workload)``)."""
+    rotated engine (its policies share one engine's host index), not where each policy ran in an engine of
+    its own (where the index cannot tell engines' hosts apart). ``workload``: that workload's runs (e.g.
+    sharegpt) against the profile of its requests (``device_trace(out, workload)``)."""
     import pandas as pd
 
     if host_scaled is None:
@@ -819,7 +819,7 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
                            .str.contains("-rotate", regex=False).any())
 
     profiles_path = profiles_path or device_trace(out, workload)
-    hybrids = (hybrid,) if isinstance(hybrid, str) else tuple(hybrid)     # several: the eighth session's (u, v)
+    hybrids = (hybrid,) if isinstance(hybrid, str) else tuple(hybrid)     # several: e.g. data/gpu/live7's
     res = predicted_padded(out, profiles_path, idle=idle, hybrids=hybrids, per_bs=True, host_scaled=host_scaled,
                            workload=workload)
     t = throughput(out=out, workload=workload)
@@ -919,12 +919,12 @@ def main(argv=None) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         t = throughput(out=a.out)
         print(t.round(3).to_string(index=False))
-        if (t["model"] == "llama31-8b").any():      # sessions without Llama runs: no baseline
+        if (t["model"] == "llama31-8b").any():      # runs without Llama dims: no baseline
             print(llama_baseline(a.out).round(3).to_string(index=False))
         print(step_split(a.out).round(2).to_string(index=False))
         if (Path(a.out) / "hybrid_trace.jsonl").exists():
             print(measured_vs_predicted(a.out).round(3).to_string(index=False))
-        if device_trace(a.out) is not None:                                 # parts k, m: the device-side hybrid
+        if device_trace(a.out) is not None:                                 # the device-side hybrid's runs
             print(device_hybrid_table(a.out).round(3).to_string(index=False))
     return 0
 

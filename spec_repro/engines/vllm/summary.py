@@ -172,7 +172,7 @@ def write_verify_limits(llm, dims: dict, out: Path) -> None:
 
 
 def fit_cost_models(llm) -> dict:
-    """Cost models of the target forward on the H200 (Llama-3.1-8B dims, session 1, every timed step but JIT
+    """Cost models of the target forward on the H200 (Llama-3.1-8B dims, the ``1-plugin-v1`` runs, every timed step but JIT
     outliers): ``all`` steps and ``decode`` steps only."""
     from ... import costmodel
 

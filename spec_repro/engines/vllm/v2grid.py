@@ -82,7 +82,7 @@ def engine_seconds(spec: dict, plan: dict) -> float:
 
 def plan_rows(specs: list[dict], plan: dict | None = None) -> dict:
     """The plan priced: per stage and engine its calls and seconds, the total of what runs and what the plan
-    defers (``deferred``: specs left to a later session, with the cache pieces they need)."""
+    defers (``deferred``: specs left to a later run, with the cache pieces they need)."""
     plan = plan or load_plan()
     deferred = {d["spec"]: d for d in plan.get("deferred", [])}
     rows, total = [], 0.0
