@@ -2,7 +2,7 @@
 # Study-scale Qwen2.5-Coder-1.5B traces decoded by vLLM and an EAGLE head trained on vLLM-decoded data, on the
 # lent H200. Every stage skips what it finished (a marker per stage; train resumes from its checkpoint).
 #
-# Plan (device seconds; one machine, calls back to back so it stays warm). Measured 2026-12-01 (fifth session):
+# Plan (device seconds; one machine, calls back to back so it stays warm). Measured 2026-12-01:
 #   stage    calls  seconds  what
 #   vllm       6    ~40      .stage/c1..c7 (vLLM 0.25.0 wheel + deps; c6+c7 in one call)  bash gpu/traces_job.sh vllm cN
 #   cache     19    ~100     .carry/pNN (gzip'd stream: Qwen 1.5B GGUF + workloads + HEADS)  bash gpu/traces_job.sh piece pNN
