@@ -700,12 +700,13 @@ def _user_error(e: BaseException) -> bool:
     from .costmodel import CostModelError
     from .io import LockedError
     from .models import ModelError
+    from .provenance import ManifestError
     from .simulate import SimulationError
     from .traces import TraceError
     from .workloads import WorkloadError
 
     return isinstance(e, (TraceError, SimulationError, CostModelError, ModelError, WorkloadError, LockedError,
-                          OSError, MemoryError, UnicodeError))
+                          ManifestError, OSError, MemoryError, UnicodeError))
 
 
 def main(argv=None) -> int:

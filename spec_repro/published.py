@@ -335,6 +335,7 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
     import pandas as pd
 
     from .locations import data_dir
+    from .provenance import check_manifest
 
     path = Path(path) if path else data_dir() / "published" / _TABLE
     if not path.is_file():
@@ -342,7 +343,7 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
                          f"draft-position-rates PATH/combined_*.jsonl --out {path.parent}`")
     df = pd.read_csv(path)
     man = path.parent / "MANIFEST.json"
-    e = json.loads(man.read_text()).get(path.name, {}) if man.is_file() else {}
+    e = check_manifest(man).get(path.name, {}) if man.is_file() else {}
     where = (f"{e.get('source_repo', '?').removeprefix('https://github.com/')} @ {str(e.get('source_commit', '?'))[:7]}, "
              f"{STUDY_TRACE_DIR}/combined_*.jsonl, {len(e.get('source_files', {}))} files" if e
              else "no MANIFEST.json entry")

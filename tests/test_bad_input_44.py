@@ -4,6 +4,9 @@ result); never a traceback, a silently dropped value or a stale folder left behi
 Fast: tiny fixtures, in-process CLI; the real model is never loaded."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from test_bad_input import _check_error, good_records, run, sim, write_jsonl
 
 
@@ -12,3 +15,59 @@ def test_dynamic_k_duplicate_batch_size_refused(tmp_path):
     code, msg = run(sim(t, "--dynamic-k", "1:5", "1:2", tmp=tmp_path, proposers="eagle", policy=("dynamic-k",)))
     _check_error(code, msg, "--dynamic-k.*batch size 1 more than one")
     assert not (tmp_path / "out.csv").exists()
+
+
+# ---- 2: a cut MANIFEST.json is one line naming the file ----------------------------------------------------------
+def _cut_manifest(folder: Path) -> Path:
+    man = folder / "MANIFEST.json"
+    man.write_text('{"t.csv": {"date": "2026-01-01", "mod')
+    return man
+
+
+def _one_line_naming(e, man: Path):
+    msg = str(e.value)
+    assert isinstance(e.value, ValueError) and "\n" not in msg and str(man) in msg, msg
+
+
+def test_cut_manifest_readers_name_the_file(tmp_path):
+    from spec_repro.measured import verify_cost
+    from spec_repro.provenance import ManifestError, manifest_line, trace_provenance
+    from spec_repro.published import read_draft_position_rates
+    from spec_repro.tracefiles import read_trace
+
+    man = _cut_manifest(tmp_path)
+    (tmp_path / "t.csv").write_text("k,ratio\n0,1.0\n1,1.1\n")
+    for call in (lambda: manifest_line(tmp_path, [tmp_path / "t.csv"]), lambda: verify_cost(tmp_path / "t.csv"),
+                 lambda: read_draft_position_rates(tmp_path / "t.csv")):
+        with pytest.raises(ManifestError) as e:
+            call()
+        _one_line_naming(e, man)
+    t = read_trace(write_jsonl(tmp_path / "x.jsonl", good_records()))
+    t.meta["files"] = [str(tmp_path / "x.jsonl")]
+    with pytest.raises(ManifestError) as e:
+        trace_provenance(t)
+    _one_line_naming(e, man)
+
+
+def test_cut_manifest_add_proposers_refused_before_work(tmp_path, monkeypatch):
+    from spec_repro import collect
+    from spec_repro.provenance import ManifestError
+
+    man = _cut_manifest(tmp_path)
+    monkeypatch.setattr(collect, "read_trace", lambda *a, **k: pytest.fail("trace read before the manifest"))
+    with pytest.raises(ManifestError) as e:
+        collect.add_proposers(tmp_path / "t.parquet", {})
+    _one_line_naming(e, man)
+
+
+def test_manifest_error_is_one_line_at_the_cli(tmp_path, monkeypatch):
+    """Any command that meets a cut manifest ends in one line (ManifestError is a user error)."""
+    from spec_repro import cli
+    from spec_repro.provenance import check_manifest
+
+    man = _cut_manifest(tmp_path)
+    args = cli.build_parser().parse_args(["workloads", "list"])
+    args.func = lambda a: check_manifest(man)
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, a: args})())
+    code, msg = run(["workloads", "list"])
+    _check_error(code, msg, "MANIFEST.json: not a readable JSON manifest")
