@@ -67,6 +67,8 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg})") from e
+            except ValueError as e:  # an integer of more digits than Python converts (4,300): one line
+                raise TraceError(f"{where}: {_too_long(e)}") from None
             except RecursionError:
                 raise TraceError(f"{where}: JSON nested too deeply") from None
             if not isinstance(rec, dict):
@@ -130,6 +132,11 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
         raise TraceError(f"{path}: {e}") from e
 
 
+def _too_long(e: ValueError) -> str:
+    """One line for the ValueError ``json.loads`` raises past Python's int-string conversion limit."""
+    return f"a number too long to read ({str(e).split(';')[0].strip()[:120]})"
+
+
 def _published_acc_list(val, where: str) -> list:
     if isinstance(val, dict):
         if "acc_len" not in val:
@@ -140,6 +147,8 @@ def _published_acc_list(val, where: str) -> list:
             val = json.loads(val)
         except json.JSONDecodeError as e:
             raise TraceError(f"{where}: acc_len string is not a JSON list ({e.msg})") from e
+        except ValueError as e:
+            raise TraceError(f"{where}: acc_len string: {_too_long(e)}") from None
     if not isinstance(val, list):
         raise TraceError(f"{where}: acc_len must be a list of ints, got {type(val).__name__}")
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):

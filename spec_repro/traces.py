@@ -401,6 +401,9 @@ def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
                     recs.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
+                except ValueError as e:  # an integer past Python's int-string conversion limit
+                    raise TraceError(f"{p}:{lineno}: a number too long to read "
+                                     f"({str(e).split(';')[0].strip()[:120]})") from None
     if not recs:
         raise TraceError(f"{p}: empty step-timing file")
     return validate_steps(pd.DataFrame(recs), str(p)), recs

@@ -4,6 +4,7 @@ result); never a traceback, a silently dropped value or a stale folder left behi
 Fast: tiny fixtures, in-process CLI; the real model is never loaded."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,31 @@ def test_manifest_error_is_one_line_at_the_cli(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {"parse_args": lambda self, a: args})())
     code, msg = run(["workloads", "list"])
     _check_error(code, msg, "MANIFEST.json: not a readable JSON manifest")
+
+
+# ---- 3: a number past Python's int-string conversion limit in JSON lines ----------------------------------------
+def _huge_id_line(rec: dict, key: str = "id") -> str:
+    return json.dumps({**rec, key: 0}).replace(f'"{key}": 0', f'"{key}": ' + "9" * 5000, 1)
+
+
+def test_huge_request_id_in_jsonl_trace_is_one_line(tmp_path):
+    recs = good_records()
+    t = write_jsonl(tmp_path / "t.jsonl", [_huge_id_line(recs[0])] + recs[1:])
+    code, msg = run(sim(t, tmp=tmp_path))
+    _check_error(code, msg, r"t\.jsonl:1: a number too long to read")
+
+
+def test_huge_number_in_acc_len_string_is_one_line(tmp_path):
+    rec = good_records(1)[0]
+    rec["acc_ngram"] = json.dumps([1] * 19 + [0]).replace("0]", "9" * 5000 + "]")
+    code, msg = run(sim(write_jsonl(tmp_path / "t.jsonl", [rec]), tmp=tmp_path))
+    _check_error(code, msg, r"t\.jsonl:1.*a number too long to read")
+
+
+def test_huge_number_in_step_log_is_one_line(tmp_path):
+    from spec_repro.traces import TraceError, read_step_records
+
+    p = tmp_path / "steps.jsonl"
+    p.write_text('{"step": ' + "9" * 5000 + "}\n")
+    with pytest.raises(TraceError, match=r"steps\.jsonl:1: a number too long to read"):
+        read_step_records(p)
