@@ -85,6 +85,9 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             gen = rec.get("generated_token_ids")
             if not isinstance(prompt, list):
                 raise TraceError(f"{where}: 'prompt_token_ids' must be a list of token ids")
+            if "prompt_len" in rec and (isinstance(rec["prompt_len"], bool) or rec["prompt_len"] != len(prompt)):
+                raise TraceError(f"{where}: request {rid!r}: prompt_len {rec['prompt_len']!r} but {len(prompt)} "
+                                 f"prompt_token_ids")
             per_prop: dict[str, list[int]] = {}
             for key, val in rec.items():
                 m = _PUBLISHED_ACC.match(key)
@@ -162,7 +165,7 @@ def _proposer_from_name(path: Path) -> str | None:
     return hits[0] if hits else None
 
 
-_CACHE_VERSION = "1"  # bump when read_published_jsonl's output changes
+_CACHE_VERSION = "2"  # bump when read_published_jsonl's output or what it refuses changes (2: prompt_len)
 
 
 def read_published_cached(path: Path, **kw) -> Trace:

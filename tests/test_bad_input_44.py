@@ -100,3 +100,29 @@ def test_huge_number_in_step_log_is_one_line(tmp_path):
     p.write_text('{"step": ' + "9" * 5000 + "}\n")
     with pytest.raises(TraceError, match=r"steps\.jsonl:1: a number too long to read"):
         read_step_records(p)
+
+
+# ---- 4: prompt_len must agree with prompt_token_ids -------------------------------------------------------------
+def test_jsonl_prompt_len_disagreeing_with_ids_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))  # no parse cached by an older reader
+    recs = good_records()
+    recs[1]["prompt_len"] = 7                   # 29 prompt_token_ids
+    code, msg = run(sim(write_jsonl(tmp_path / "t.jsonl", recs), tmp=tmp_path))
+    _check_error(code, msg, r"t\.jsonl:2: request '1': prompt_len 7 but 29 prompt_token_ids")
+    recs[1]["prompt_len"] = 29                  # agreeing: read as before
+    code, msg = run(sim(write_jsonl(tmp_path / "t.jsonl", recs), tmp=tmp_path))
+    assert code == 0, msg
+
+
+def test_parquet_prompt_len_disagreeing_with_ids_refused(tmp_path):
+    from spec_repro.tracefiles import read_trace
+    from spec_repro.traces import Trace
+
+    t = read_trace(write_jsonl(tmp_path / "src.jsonl", good_records()))
+    assert "prompt_token_ids" in t.requests.columns
+    acc, req = t.acc.copy(), t.requests.copy()
+    acc.loc[acc.request_id == "2", "prompt_len"] = 5
+    req.loc[req.request_id == "2", "prompt_len"] = 5
+    Trace(acc, req, t.meta).to_parquet(tmp_path / "t.parquet")
+    code, msg = run(sim(tmp_path / "t.parquet", tmp=tmp_path))
+    _check_error(code, msg, r"t\.parquet: request '2': prompt_len 5 but 29 prompt_token_ids")
