@@ -294,7 +294,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
         raise ValueError("no proposers given")
     want("-n", n, 1)
     want("--max-new-tokens", max_new_tokens, 1)
-    want("--k-max", k_max, 1, MAX_K)
+    want("--k-max", k_max, 1, MAX_K - 1)  # acc_len reaches k_max + 1, which the int16 column must hold
     want("--batch-size", batch_size, 1, 65536)
     want("--max-prompt-tokens", max_prompt_tokens, 1)
     want("--min-n", min_n, 1)

@@ -126,3 +126,29 @@ def test_parquet_prompt_len_disagreeing_with_ids_refused(tmp_path):
     Trace(acc, req, t.meta).to_parquet(tmp_path / "t.parquet")
     code, msg = run(sim(tmp_path / "t.parquet", tmp=tmp_path))
     _check_error(code, msg, r"t\.parquet: request '2': prompt_len 5 but 29 prompt_token_ids")
+
+
+# ---- 5: --k-max bounded by what the acc_len column holds, before any work ---------------------------------------
+@pytest.mark.parametrize("k_max,ok", [(32767, False), (32766, True)])
+def test_collect_k_max_fits_acc_len_dtype_before_loading(tmp_path, monkeypatch, k_max, ok):
+    import numpy as np
+
+    from spec_repro import collect, models
+
+    class Loaded(Exception):
+        pass
+
+    def load(*a, **k):
+        raise Loaded
+    monkeypatch.setattr(models, "load", load)
+    args = dict(workloads=["code-edit"], n=1, max_new_tokens=1, proposers=["ngram"], k_max=k_max, batch_size=1,
+                max_prompt_tokens=64, early_exit_layers=None, min_n=1, max_n=3)
+    if ok:
+        collect._check_args(**args)
+        assert k_max + 1 <= np.iinfo(np.int16).max
+        return
+    with pytest.raises(ValueError, match=r"--k-max must be an integer in 1\.\.32,766, got 32767"):
+        collect._check_args(**args)
+    code, msg = run(["collect", "--model", "smollm2-135m", "--workloads", "code-edit", "--out", tmp_path / "o",
+                     "--k-max", k_max])
+    _check_error(code, msg, r"--k-max must be an integer in 1\.\.32,766, got 32767")
