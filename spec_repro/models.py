@@ -295,6 +295,33 @@ def _record_converted(name: str, files: dict) -> None:
     _write_json(d / "info.json", {**_read_json(d / "info.json"), "converted_files": rec})
 
 
+def _clean_stale_converts(d: Path, quiet: bool = False) -> list[Path]:
+    """Remove the ``.convert-PID-*`` / ``.stale-PID-*`` folders in model folder ``d`` that a conversion killed
+    mid-way (SIGKILL, power loss) left behind (up to the model's size each): those whose PID no longer runs, or
+    that carry no PID (an older version's; the caller holds the model's lock, so no conversion is writing them).
+    Returns what was removed."""
+    import shutil
+
+    from .io import _alive
+
+    gone = []
+    try:
+        cands = [p for p in d.iterdir() if p.name.startswith((".convert-", ".stale-")) and p.is_dir()]
+    except OSError:
+        return gone
+    for p in cands:
+        pid = p.name.split("-", 2)[1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            gone.append(p)
+    if gone and not quiet:
+        print(f"[{d.name}] removed {len(gone)} folder(s) a killed conversion left: "
+              f"{', '.join(p.name for p in gone)}", file=sys.stderr, flush=True)
+    return gone
+
+
 def convert(name: str, quiet: bool = False) -> Path:
     """De-quantize the GGUF once and save safetensors + tokenizer (with chat template) to ``converted_dir``.
 
@@ -310,11 +337,12 @@ def convert(name: str, quiet: bool = False) -> Path:
     with lock(out):
         if _converted_ok(name):
             return out
+        _clean_stale_converts(d, quiet)
         if out.exists():
             if not quiet:
                 print(f"[{name}] converted weights in {out} do not match their recorded sha256 (or none was "
                       f"recorded): converting again from the verified GGUF", file=sys.stderr, flush=True)
-            stale = d / f".stale-{os.getpid()}-{time.time_ns()}"
+            stale = d / f".stale-{os.getpid()}-{time.time_ns()}"  # the pid: a kill's leftover is found later
             os.replace(out, stale)
             import shutil
 
@@ -335,7 +363,7 @@ def convert(name: str, quiet: bool = False) -> Path:
             if hasattr(cfg, "quantization_config"):
                 del cfg.quantization_config
         model.hf_quantizer = None
-        with tempfile.TemporaryDirectory(dir=d, prefix=".convert-") as tmp:
+        with tempfile.TemporaryDirectory(dir=d, prefix=f".convert-{os.getpid()}-") as tmp:
             tmp = Path(tmp) / "hf"
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)

@@ -152,3 +152,68 @@ def test_collect_k_max_fits_acc_len_dtype_before_loading(tmp_path, monkeypatch, 
     code, msg = run(["collect", "--model", "smollm2-135m", "--workloads", "code-edit", "--out", tmp_path / "o",
                      "--k-max", k_max])
     _check_error(code, msg, r"--k-max must be an integer in 1\.\.32,766, got 32767")
+
+
+# ---- 6 / 7: model conversion: a killed run's folders, a full disk --------------------------------------------------
+MODEL = "smollm2-135m"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def fake_convert(tmp_path, monkeypatch):
+    """``models.convert`` of the embedded model with the GGUF "fetched" and torch / transformers faked: the model
+    ``from_pretrained`` returns is ``state["model"]`` (none: it raises _Stop). Yields (model folder, state)."""
+    import sys
+    import types
+
+    from spec_repro import models
+
+    monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))
+    d = models.model_dir(MODEL)
+    d.mkdir(parents=True)
+    gguf = d / "m.gguf"
+    gguf.write_bytes(b"gguf")
+    monkeypatch.setattr(models, "fetch", lambda *a, **k: gguf)
+    state: dict = {"model": None}
+
+    def load(*a, **k):
+        if state["model"] is None:
+            raise _Stop
+        return state["model"]
+    tok = types.SimpleNamespace(chat_template="{{x}}",
+                                save_pretrained=lambda p: (Path(p) / "tok.json").write_text("{}"))
+    auto_m = types.SimpleNamespace(from_pretrained=load)
+    auto_t = types.SimpleNamespace(from_pretrained=lambda *a, **k: tok)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(float32="float32"))
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(AutoModelForCausalLM=auto_m,
+                                                                          AutoTokenizer=auto_t))
+    return d, state
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_convert_removes_folders_a_killed_conversion_left(fake_convert):
+    import os
+
+    from spec_repro import models
+
+    d, _ = fake_convert
+    dead, live = d / f".convert-{_dead_pid()}-abc", d / f".convert-{os.getpid()}-def"
+    old, stale = d / ".convert-k3x9q_2a", d / f".stale-{_dead_pid()}-123"   # an older version's name; a cut swap
+    for f in (dead, live, old, stale):
+        (f / "hf").mkdir(parents=True)
+        (f / "hf" / "model.safetensors").write_bytes(b"\0" * 1000)
+    with pytest.raises(_Stop):
+        models.convert(MODEL, quiet=True)
+    assert not dead.exists() and not old.exists() and not stale.exists()
+    assert live.exists(), "a running conversion's folder was removed"
