@@ -217,3 +217,58 @@ def test_convert_removes_folders_a_killed_conversion_left(fake_convert):
         models.convert(MODEL, quiet=True)
     assert not dead.exists() and not old.exists() and not stale.exists()
     assert live.exists(), "a running conversion's folder was removed"
+
+
+class _Model:
+    """What convert asks of a model: a config, its parameters, ``save_pretrained`` (here: a full disk)."""
+
+    def __init__(self, error):
+        import types
+
+        self.config, self.error = types.SimpleNamespace(), error
+
+    def parameters(self):
+        import types
+
+        return [types.SimpleNamespace(numel=lambda: 150 * 2**20, element_size=lambda: 4)]
+
+    def save_pretrained(self, path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "model.safetensors").write_bytes(b"\0" * 4096)   # half written, then the disk is full
+        raise self.error
+
+
+def _safetensor_full():
+    from safetensors import SafetensorError
+
+    return SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                           '"No space left on device" })')
+
+
+@pytest.mark.parametrize("error", [_safetensor_full, lambda: OSError(28, "No space left on device")],
+                         ids=["safetensors", "oserror"])
+def test_convert_full_disk_is_one_line_and_cleans_up(fake_convert, error, capsys):
+    import errno
+
+    from spec_repro import models
+
+    d, state = fake_convert
+    assert errno.ENOSPC == 28
+    state["model"] = _Model(error())
+    with pytest.raises(models.ModelError) as e:
+        models.convert(MODEL, quiet=True)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("no space left") and "free " in msg, msg
+    assert "needs about 601 MB" in msg, msg
+    assert not [p for p in d.iterdir() if p.name.startswith(".convert-")], "the cut conversion was left behind"
+    assert not models.converted_dir(MODEL).exists()
+
+
+def test_convert_other_errors_still_raise(fake_convert):
+    from spec_repro import models
+
+    d, state = fake_convert
+    state["model"] = _Model(RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        models.convert(MODEL, quiet=True)
+    assert not [p for p in d.iterdir() if p.name.startswith(".convert-")]
