@@ -296,10 +296,10 @@ def _record_converted(name: str, files: dict) -> None:
 
 
 def _clean_stale_converts(d: Path, quiet: bool = False) -> list[Path]:
-    """Remove the ``.convert-PID-*`` / ``.stale-PID-*`` folders in model folder ``d`` that a conversion killed
-    mid-way (SIGKILL, power loss) left behind (up to the model's size each): those whose PID no longer runs, or
-    that carry no PID (an older version's; the caller holds the model's lock, so no conversion is writing them).
-    Returns what was removed."""
+    """Remove the ``.convert-PID-*`` / ``.stale-PID-*`` folders in model folder ``d`` that a conversion
+    killed mid-way (SIGKILL, power loss) left behind (up to the model's size each): those whose PID no longer
+    runs, or that carry no PID (an older version's; the caller holds the model's lock, so no conversion is
+    writing them). Returns what was removed."""
     import shutil
 
     from .io import _alive
@@ -394,7 +394,8 @@ def convert(name: str, quiet: bool = False) -> Path:
                 del cfg.quantization_config
         model.hf_quantizer = None
         try:
-            with tempfile.TemporaryDirectory(dir=d, prefix=f".convert-{os.getpid()}-") as tmp:  # removed on error
+            # removed on any error; the pid in its name lets a later run remove it after a kill
+            with tempfile.TemporaryDirectory(dir=d, prefix=f".convert-{os.getpid()}-") as tmp:
                 tmp = Path(tmp) / "hf"
                 model.save_pretrained(tmp)
                 tok.save_pretrained(tmp)

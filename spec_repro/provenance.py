@@ -17,7 +17,8 @@ from .fetch import sha256_file  # hashing a file needs no trace type (models and
 if TYPE_CHECKING:
     from .traces import Trace
 
-__all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "ManifestError", "describe_source",
+__all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "ManifestError",
+           "describe_source",
            "short_source", "trace_provenance", "manifest_line"]
 
 _PKGS = ("spec-repro", "numpy", "pandas", "torch", "transformers", "vllm", "gguf")
@@ -80,9 +81,9 @@ class ManifestError(ValueError):
 
 
 def check_manifest(manifest: str | Path) -> dict:
-    """The entries of a JSON manifest ({} when there is none); ManifestError (a ValueError) with one line naming
-    the file when it is not a JSON object of entries. Commands call it before their work, so a bad manifest
-    never fails a finished run; readers of entries call it too, so a cut manifest is never a bare
+    """The entries of a JSON manifest ({} when there is none); ManifestError (a ValueError) with one line
+    naming the file when it is not a JSON object of entries. Commands call it before their work, so a bad
+    manifest never fails a finished run; readers of entries call it too, so a cut manifest is never a bare
     JSONDecodeError."""
     manifest = Path(manifest)
     if not manifest.exists():
@@ -90,11 +91,11 @@ def check_manifest(manifest: str | Path) -> dict:
     try:
         data = json.loads(manifest.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError, OSError) as e:
-        raise ManifestError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or remove "
-                         f"it (nothing was written)") from None
+        raise ManifestError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or "
+                            f"remove it (nothing was written)") from None
     if not isinstance(data, dict):
-        raise ManifestError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing was "
-                         f"written)")
+        raise ManifestError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing "
+                            f"was written)")
     return data
 
 

@@ -85,8 +85,9 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             gen = rec.get("generated_token_ids")
             if not isinstance(prompt, list):
                 raise TraceError(f"{where}: 'prompt_token_ids' must be a list of token ids")
-            if "prompt_len" in rec and (isinstance(rec["prompt_len"], bool) or rec["prompt_len"] != len(prompt)):
-                raise TraceError(f"{where}: request {rid!r}: prompt_len {rec['prompt_len']!r} but {len(prompt)} "
+            plen = rec.get("prompt_len", len(prompt))
+            if isinstance(plen, bool) or plen != len(prompt):
+                raise TraceError(f"{where}: request {rid!r}: prompt_len {plen!r} but {len(prompt)} "
                                  f"prompt_token_ids")
             per_prop: dict[str, list[int]] = {}
             for key, val in rec.items():

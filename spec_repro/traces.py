@@ -507,7 +507,7 @@ def _check_requests_match(t: "Trace", where) -> None:
         r = m[bad].iloc[0]
         raise TraceError(f"{where}: request {r.request_id!r}: prompt/output lengths differ between the acceptance "
                          f"rows and the request table")
-    if "prompt_token_ids" in t.requests.columns:  # the ids, where stored, are the prompt: their count is its length
+    if "prompt_token_ids" in t.requests.columns:  # stored ids are the prompt: their count is its length
         n = [-1 if v is None or isinstance(v, float) else len(v) for v in t.requests["prompt_token_ids"]]
         off = np.flatnonzero((np.asarray(n) >= 0) & (np.asarray(n) != t.requests["prompt_len"].to_numpy()))
         if len(off):

@@ -1,5 +1,5 @@
-"""Issue 44: cases of a hostile probe. Each ends in ONE clear ``error:`` line and a non-zero exit (or the correct
-result); never a traceback, a silently dropped value or a stale folder left behind.
+"""Issue 44: cases of a hostile probe. Each ends in ONE clear ``error:`` line and a non-zero exit (or the
+correct result); never a traceback, a silently dropped value or a stale folder left behind.
 
 Fast: tiny fixtures, in-process CLI; the real model is never loaded."""
 from __future__ import annotations
@@ -13,12 +13,13 @@ from test_bad_input import _check_error, good_records, run, sim, write_jsonl
 
 def test_dynamic_k_duplicate_batch_size_refused(tmp_path):
     t = write_jsonl(tmp_path / "t.jsonl", good_records())
-    code, msg = run(sim(t, "--dynamic-k", "1:5", "1:2", tmp=tmp_path, proposers="eagle", policy=("dynamic-k",)))
+    code, msg = run(sim(t, "--dynamic-k", "1:5", "1:2", tmp=tmp_path, proposers="eagle",
+                        policy=("dynamic-k",)))
     _check_error(code, msg, "--dynamic-k.*batch size 1 more than one")
     assert not (tmp_path / "out.csv").exists()
 
 
-# ---- 2: a cut MANIFEST.json is one line naming the file ----------------------------------------------------------
+# ---- 2: a cut MANIFEST.json is one line naming the file ----------------------------------------------------
 def _cut_manifest(folder: Path) -> Path:
     man = folder / "MANIFEST.json"
     man.write_text('{"t.csv": {"date": "2026-01-01", "mod')
@@ -38,7 +39,8 @@ def test_cut_manifest_readers_name_the_file(tmp_path):
 
     man = _cut_manifest(tmp_path)
     (tmp_path / "t.csv").write_text("k,ratio\n0,1.0\n1,1.1\n")
-    for call in (lambda: manifest_line(tmp_path, [tmp_path / "t.csv"]), lambda: verify_cost(tmp_path / "t.csv"),
+    for call in (lambda: manifest_line(tmp_path, [tmp_path / "t.csv"]),
+                 lambda: verify_cost(tmp_path / "t.csv"),
                  lambda: read_draft_position_rates(tmp_path / "t.csv")):
         with pytest.raises(ManifestError) as e:
             call()
@@ -74,7 +76,7 @@ def test_manifest_error_is_one_line_at_the_cli(tmp_path, monkeypatch):
     _check_error(code, msg, "MANIFEST.json: not a readable JSON manifest")
 
 
-# ---- 3: a number past Python's int-string conversion limit in JSON lines ----------------------------------------
+# ---- 3: a number past Python's int-string conversion limit in JSON lines -----------------------------------
 def _huge_id_line(rec: dict, key: str = "id") -> str:
     return json.dumps({**rec, key: 0}).replace(f'"{key}": 0', f'"{key}": ' + "9" * 5000, 1)
 
@@ -102,7 +104,7 @@ def test_huge_number_in_step_log_is_one_line(tmp_path):
         read_step_records(p)
 
 
-# ---- 4: prompt_len must agree with prompt_token_ids -------------------------------------------------------------
+# ---- 4: prompt_len must agree with prompt_token_ids --------------------------------------------------------
 def test_jsonl_prompt_len_disagreeing_with_ids_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "cache"))  # no parse cached by an older reader
     recs = good_records()
@@ -128,7 +130,7 @@ def test_parquet_prompt_len_disagreeing_with_ids_refused(tmp_path):
     _check_error(code, msg, r"t\.parquet: request '2': prompt_len 5 but 29 prompt_token_ids")
 
 
-# ---- 5: --k-max bounded by what the acc_len column holds, before any work ---------------------------------------
+# ---- 5: --k-max bounded by what the acc_len column holds, before any work ----------------------------------
 @pytest.mark.parametrize("k_max,ok", [(32767, False), (32766, True)])
 def test_collect_k_max_fits_acc_len_dtype_before_loading(tmp_path, monkeypatch, k_max, ok):
     import numpy as np
@@ -141,20 +143,20 @@ def test_collect_k_max_fits_acc_len_dtype_before_loading(tmp_path, monkeypatch, 
     def load(*a, **k):
         raise Loaded
     monkeypatch.setattr(models, "load", load)
-    args = dict(workloads=["code-edit"], n=1, max_new_tokens=1, proposers=["ngram"], k_max=k_max, batch_size=1,
-                max_prompt_tokens=64, early_exit_layers=None, min_n=1, max_n=3)
+    args = dict(workloads=["code-edit"], n=1, max_new_tokens=1, proposers=["ngram"], k_max=k_max,
+                batch_size=1, max_prompt_tokens=64, early_exit_layers=None, min_n=1, max_n=3)
     if ok:
         collect._check_args(**args)
         assert k_max + 1 <= np.iinfo(np.int16).max
         return
     with pytest.raises(ValueError, match=r"--k-max must be an integer in 1\.\.32,766, got 32767"):
         collect._check_args(**args)
-    code, msg = run(["collect", "--model", "smollm2-135m", "--workloads", "code-edit", "--out", tmp_path / "o",
-                     "--k-max", k_max])
+    code, msg = run(["collect", "--model", "smollm2-135m", "--workloads", "code-edit",
+                     "--out", tmp_path / "o", "--k-max", k_max])
     _check_error(code, msg, r"--k-max must be an integer in 1\.\.32,766, got 32767")
 
 
-# ---- 6 / 7: model conversion: a killed run's folders, a full disk --------------------------------------------------
+# ---- 6 / 7: model conversion: a killed run's folders, a full disk ------------------------------------------
 MODEL = "smollm2-135m"
 
 
@@ -164,8 +166,9 @@ class _Stop(Exception):
 
 @pytest.fixture
 def fake_convert(tmp_path, monkeypatch):
-    """``models.convert`` of the embedded model with the GGUF "fetched" and torch / transformers faked: the model
-    ``from_pretrained`` returns is ``state["model"]`` (none: it raises _Stop). Yields (model folder, state)."""
+    """``models.convert`` of the embedded model with the GGUF "fetched" and torch / transformers faked: the
+    model ``from_pretrained`` returns is ``state["model"]`` (none: it raises _Stop). Gives (model folder,
+    state)."""
     import sys
     import types
 
@@ -209,7 +212,8 @@ def test_convert_removes_folders_a_killed_conversion_left(fake_convert):
 
     d, _ = fake_convert
     dead, live = d / f".convert-{_dead_pid()}-abc", d / f".convert-{os.getpid()}-def"
-    old, stale = d / ".convert-k3x9q_2a", d / f".stale-{_dead_pid()}-123"   # an older version's name; a cut swap
+    old = d / ".convert-k3x9q_2a"                      # an older version's name (no pid)
+    stale = d / f".stale-{_dead_pid()}-123"           # a swap killed mid-way
     for f in (dead, live, old, stale):
         (f / "hf").mkdir(parents=True)
         (f / "hf" / "model.safetensors").write_bytes(b"\0" * 1000)
@@ -260,7 +264,7 @@ def test_convert_full_disk_is_one_line_and_cleans_up(fake_convert, error, capsys
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("no space left") and "free " in msg, msg
     assert "needs about 601 MB" in msg, msg
-    assert not [p for p in d.iterdir() if p.name.startswith(".convert-")], "the cut conversion was left behind"
+    assert not [p for p in d.iterdir() if p.name.startswith(".convert-")], "the cut conversion was left"
     assert not models.converted_dir(MODEL).exists()
 
 
