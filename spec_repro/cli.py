@@ -93,9 +93,15 @@ def _run_simulate(args):
         extra["ngram_match"] = args.ngram_match
         if args.dynamic_k:
             try:
-                extra["dynamic_k"] = {int(b): int(k) for b, k in (x.split(":") for x in args.dynamic_k)}
+                pairs = [(int(b), int(k)) for b, k in (x.split(":") for x in args.dynamic_k)]
             except ValueError:
                 raise SimulationError(f"--dynamic-k takes B:K pairs of integers, got {args.dynamic_k}") from None
+            seen = [b for b, _ in pairs]
+            dup = sorted({b for b in seen if seen.count(b) > 1})
+            if dup:
+                raise SimulationError(f"--dynamic-k gives batch size {dup[0]} more than one k "
+                                      f"({' '.join(args.dynamic_k)}); give each batch size once")
+            extra["dynamic_k"] = dict(pairs)
         asked = [q for q in parse_proposers(args.proposers) if q in trace.proposers]
         cm, notes = cost_model_for(trace, args.cost_model, proposers=asked)  # the notebooks' stand-ins
         for note in notes:
@@ -694,12 +700,13 @@ def _user_error(e: BaseException) -> bool:
     from .costmodel import CostModelError
     from .io import LockedError
     from .models import ModelError
+    from .provenance import ManifestError
     from .simulate import SimulationError
     from .traces import TraceError
     from .workloads import WorkloadError
 
     return isinstance(e, (TraceError, SimulationError, CostModelError, ModelError, WorkloadError, LockedError,
-                          OSError, MemoryError, UnicodeError))
+                          ManifestError, OSError, MemoryError, UnicodeError))
 
 
 def main(argv=None) -> int:

@@ -294,7 +294,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
         raise ValueError("no proposers given")
     want("-n", n, 1)
     want("--max-new-tokens", max_new_tokens, 1)
-    want("--k-max", k_max, 1, MAX_K)
+    want("--k-max", k_max, 1, MAX_K - 1)  # acc_len reaches k_max + 1, which the int16 column must hold
     want("--batch-size", batch_size, 1, 65536)
     want("--max-prompt-tokens", max_prompt_tokens, 1)
     want("--min-n", min_n, 1)
@@ -577,7 +577,11 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     from .profiler import proposer_acceptance
     from .traces import Trace
 
+    from .provenance import check_manifest
+
     path = Path(path)
+    man_path = path.parent / "MANIFEST.json"
+    old = check_manifest(man_path).get(path.name, {})  # a damaged manifest is found now, not after the work
     t = read_trace(path)
     k_max = int(t.acc.k_max.iloc[0])
     if "output_token_ids" not in t.requests.columns:
@@ -600,8 +604,6 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     kept = t.acc[~t.acc.proposer.isin(list(proposers))]
     new = Trace(pd.concat([kept] + rows, ignore_index=True), t.requests, meta)
     new.to_parquet(path)
-    man_path = path.parent / "MANIFEST.json"
-    old = json.loads(man_path.read_text()).get(path.name, {}) if man_path.exists() else {}
     keep = {k: v for k, v in old.items() if k not in ("date", "machine", "versions", "command")}
     keep.setdefault("proposers", {}).update(settings or {})
     keep["mean_acc_len"] = {p: round(float(new.acc[new.acc.proposer == p].acc_len.mean()), 3)

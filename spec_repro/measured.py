@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .locations import data_dir, repo_root
-from .provenance import manifest_line
+from .provenance import check_manifest, manifest_line
 from .traces import TraceError
 
 __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
@@ -346,7 +346,7 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     src = f"measured on CPU: {manifest_line(p.parent, [p])}"
     man = p.parent / "MANIFEST.json"
     if man.exists():
-        e = json.loads(man.read_text()).get(p.name, {})
+        e = check_manifest(man).get(p.name, {})
         if e.get("weight_bytes") and "median_s" in df and (df["k"] == 0).any():
             t1 = float(df.loc[df["k"] == 0, "median_s"].iloc[0])
             src += (f"; model {e.get('model', '?')}, KV cache {e.get('kv_len', '?')} tokens, "

@@ -295,6 +295,63 @@ def _record_converted(name: str, files: dict) -> None:
     _write_json(d / "info.json", {**_read_json(d / "info.json"), "converted_files": rec})
 
 
+def _clean_stale_converts(d: Path, quiet: bool = False) -> list[Path]:
+    """Remove the ``.convert-PID-*`` / ``.stale-PID-*`` folders in model folder ``d`` that a conversion
+    killed mid-way (SIGKILL, power loss) left behind (up to the model's size each): those whose PID no longer
+    runs, or that carry no PID (an older version's; the caller holds the model's lock, so no conversion is
+    writing them). Returns what was removed."""
+    import shutil
+
+    from .io import _alive
+
+    gone = []
+    try:
+        cands = [p for p in d.iterdir() if p.name.startswith((".convert-", ".stale-")) and p.is_dir()]
+    except OSError:
+        return gone
+    for p in cands:
+        pid = p.name.split("-", 2)[1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            gone.append(p)
+    if gone and not quiet:
+        print(f"[{d.name}] removed {len(gone)} folder(s) a killed conversion left: "
+              f"{', '.join(p.name for p in gone)}", file=sys.stderr, flush=True)
+    return gone
+
+
+def _out_of_space(e: BaseException) -> bool:
+    """True for a full disk: OSError ENOSPC / EDQUOT, or safetensors' SafetensorError wrapping one (its Rust
+    IoError says "No space left" / "StorageFull" / "os error 28")."""
+    import errno
+
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    msg = str(e)
+    return type(e).__name__ == "SafetensorError" and any(
+        s in msg for s in ("No space left", "StorageFull", "code: 28", "os error 28", "Disk quota"))
+
+
+def _no_space_message(name: str, d: Path, model) -> str:
+    """One line: the conversion's size (float32 weights), the space free beside it and how much to free."""
+    import shutil
+
+    try:
+        need = sum(p.numel() * p.element_size() for p in model.parameters()) // 2**20 + 1
+    except Exception:  # noqa: BLE001 - a size estimate only
+        need = None
+    try:
+        free = shutil.disk_usage(d).free // 2**20
+    except OSError:
+        free = None
+    more = f"free {max(need - free, 1):,} MB" if need is not None and free is not None else "free some space"
+    return (f"no space left on the device of {d} to convert {name} (needs about "
+            f"{'?' if need is None else f'{need:,}'} MB, {'?' if free is None else f'{free:,}'} MB free): "
+            f"{more} there, or set SPEC_REPRO_CACHE to a larger disk (nothing was kept)")
+
+
 def convert(name: str, quiet: bool = False) -> Path:
     """De-quantize the GGUF once and save safetensors + tokenizer (with chat template) to ``converted_dir``.
 
@@ -310,11 +367,12 @@ def convert(name: str, quiet: bool = False) -> Path:
     with lock(out):
         if _converted_ok(name):
             return out
+        _clean_stale_converts(d, quiet)
         if out.exists():
             if not quiet:
                 print(f"[{name}] converted weights in {out} do not match their recorded sha256 (or none was "
                       f"recorded): converting again from the verified GGUF", file=sys.stderr, flush=True)
-            stale = d / f".stale-{os.getpid()}-{time.time_ns()}"
+            stale = d / f".stale-{os.getpid()}-{time.time_ns()}"  # the pid: a kill's leftover is found later
             os.replace(out, stale)
             import shutil
 
@@ -335,12 +393,18 @@ def convert(name: str, quiet: bool = False) -> Path:
             if hasattr(cfg, "quantization_config"):
                 del cfg.quantization_config
         model.hf_quantizer = None
-        with tempfile.TemporaryDirectory(dir=d, prefix=".convert-") as tmp:
-            tmp = Path(tmp) / "hf"
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            hashes = {p.name: sha256_file(p) for p in tmp.iterdir() if p.is_file()}
-            os.replace(tmp, out)
+        try:
+            # removed on any error; the pid in its name lets a later run remove it after a kill
+            with tempfile.TemporaryDirectory(dir=d, prefix=f".convert-{os.getpid()}-") as tmp:
+                tmp = Path(tmp) / "hf"
+                model.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+                hashes = {p.name: sha256_file(p) for p in tmp.iterdir() if p.is_file()}
+                os.replace(tmp, out)
+        except Exception as e:
+            if not _out_of_space(e):
+                raise
+            raise ModelError(_no_space_message(name, d, model)) from None
         _record_converted(name, hashes)
         del model
         _write_json(d / "info.json", {**_read_json(d / "info.json"),

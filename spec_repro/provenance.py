@@ -17,7 +17,8 @@ from .fetch import sha256_file  # hashing a file needs no trace type (models and
 if TYPE_CHECKING:
     from .traces import Trace
 
-__all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "describe_source",
+__all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "ManifestError",
+           "describe_source",
            "short_source", "trace_provenance", "manifest_line"]
 
 _PKGS = ("spec-repro", "numpy", "pandas", "torch", "transformers", "vllm", "gguf")
@@ -74,20 +75,27 @@ def update_entry(manifest: str | Path, name: str, **fields) -> dict:
     return data[name]
 
 
+class ManifestError(ValueError):
+    """A MANIFEST.json that is not a readable JSON object of entries (cut, damaged, foreign); the message, one
+    line, names the file."""
+
+
 def check_manifest(manifest: str | Path) -> dict:
-    """The entries of a JSON manifest ({} when there is none); ValueError with one line when it is not a JSON
-    object of entries. Commands call it before their work, so a bad manifest never fails a finished run."""
+    """The entries of a JSON manifest ({} when there is none); ManifestError (a ValueError) with one line
+    naming the file when it is not a JSON object of entries. Commands call it before their work, so a bad
+    manifest never fails a finished run; readers of entries call it too, so a cut manifest is never a bare
+    JSONDecodeError."""
     manifest = Path(manifest)
     if not manifest.exists():
         return {}
     try:
         data = json.loads(manifest.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError, OSError) as e:
-        raise ValueError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or remove "
-                         f"it (nothing was written)") from None
+        raise ManifestError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or "
+                            f"remove it (nothing was written)") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing was "
-                         f"written)")
+        raise ManifestError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing "
+                            f"was written)")
     return data
 
 
@@ -175,7 +183,7 @@ def trace_provenance(trace: Trace) -> str:
         parts.append("files: " + ", ".join(Path(f).name for f in files))
         for f in files:  # the collection manifest next to the file: model checksum, machine, versions, date
             man = Path(f).parent / "MANIFEST.json"
-            e = json.loads(man.read_text()).get(Path(f).name) if man.exists() else None
+            e = check_manifest(man).get(Path(f).name)
             if not e:
                 continue
             m, v = e.get("machine", {}), e.get("versions", {})
@@ -195,7 +203,7 @@ def manifest_line(folder: Path, files: Sequence[Path]) -> str:
     man = next((folder / n for n in ("MANIFEST.json", "manifest.json") if (folder / n).exists()), folder / "manifest.json")
     if not man.exists():
         return f"files {', '.join(f.name for f in files)} (no manifest.json)"
-    data = json.loads(man.read_text())
+    data = check_manifest(man)
     names = {f.name for f in files} | {f.stem for f in files}
     hits = [v for k, v in data.items() if isinstance(v, dict) and (k in names or Path(k).name in names
                                                                  or any(n in json.dumps(v) for n in names))]

@@ -67,6 +67,8 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg})") from e
+            except ValueError as e:  # an integer of more digits than Python converts (4,300): one line
+                raise TraceError(f"{where}: {_too_long(e)}") from None
             except RecursionError:
                 raise TraceError(f"{where}: JSON nested too deeply") from None
             if not isinstance(rec, dict):
@@ -83,6 +85,10 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             gen = rec.get("generated_token_ids")
             if not isinstance(prompt, list):
                 raise TraceError(f"{where}: 'prompt_token_ids' must be a list of token ids")
+            plen = rec.get("prompt_len", len(prompt))
+            if isinstance(plen, bool) or plen != len(prompt):
+                raise TraceError(f"{where}: request {rid!r}: prompt_len {plen!r} but {len(prompt)} "
+                                 f"prompt_token_ids")
             per_prop: dict[str, list[int]] = {}
             for key, val in rec.items():
                 m = _PUBLISHED_ACC.match(key)
@@ -130,6 +136,11 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
         raise TraceError(f"{path}: {e}") from e
 
 
+def _too_long(e: ValueError) -> str:
+    """One line for the ValueError ``json.loads`` raises past Python's int-string conversion limit."""
+    return f"a number too long to read ({str(e).split(';')[0].strip()[:120]})"
+
+
 def _published_acc_list(val, where: str) -> list:
     if isinstance(val, dict):
         if "acc_len" not in val:
@@ -140,6 +151,8 @@ def _published_acc_list(val, where: str) -> list:
             val = json.loads(val)
         except json.JSONDecodeError as e:
             raise TraceError(f"{where}: acc_len string is not a JSON list ({e.msg})") from e
+        except ValueError as e:
+            raise TraceError(f"{where}: acc_len string: {_too_long(e)}") from None
     if not isinstance(val, list):
         raise TraceError(f"{where}: acc_len must be a list of ints, got {type(val).__name__}")
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):
@@ -153,7 +166,7 @@ def _proposer_from_name(path: Path) -> str | None:
     return hits[0] if hits else None
 
 
-_CACHE_VERSION = "1"  # bump when read_published_jsonl's output changes
+_CACHE_VERSION = "2"  # bump when read_published_jsonl's output or what it refuses changes (2: prompt_len)
 
 
 def read_published_cached(path: Path, **kw) -> Trace:
@@ -335,6 +348,7 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
     import pandas as pd
 
     from .locations import data_dir
+    from .provenance import check_manifest
 
     path = Path(path) if path else data_dir() / "published" / _TABLE
     if not path.is_file():
@@ -342,7 +356,7 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
                          f"draft-position-rates PATH/combined_*.jsonl --out {path.parent}`")
     df = pd.read_csv(path)
     man = path.parent / "MANIFEST.json"
-    e = json.loads(man.read_text()).get(path.name, {}) if man.is_file() else {}
+    e = check_manifest(man).get(path.name, {}) if man.is_file() else {}
     where = (f"{e.get('source_repo', '?').removeprefix('https://github.com/')} @ {str(e.get('source_commit', '?'))[:7]}, "
              f"{STUDY_TRACE_DIR}/combined_*.jsonl, {len(e.get('source_files', {}))} files" if e
              else "no MANIFEST.json entry")

@@ -401,6 +401,9 @@ def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
                     recs.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
+                except ValueError as e:  # an integer past Python's int-string conversion limit
+                    raise TraceError(f"{p}:{lineno}: a number too long to read "
+                                     f"({str(e).split(';')[0].strip()[:120]})") from None
     if not recs:
         raise TraceError(f"{p}: empty step-timing file")
     return validate_steps(pd.DataFrame(recs), str(p)), recs
@@ -504,6 +507,13 @@ def _check_requests_match(t: "Trace", where) -> None:
         r = m[bad].iloc[0]
         raise TraceError(f"{where}: request {r.request_id!r}: prompt/output lengths differ between the acceptance "
                          f"rows and the request table")
+    if "prompt_token_ids" in t.requests.columns:  # stored ids are the prompt: their count is its length
+        n = [-1 if v is None or isinstance(v, float) else len(v) for v in t.requests["prompt_token_ids"]]
+        off = np.flatnonzero((np.asarray(n) >= 0) & (np.asarray(n) != t.requests["prompt_len"].to_numpy()))
+        if len(off):
+            r = t.requests.iloc[int(off[0])]
+            raise TraceError(f"{where}: request {r.request_id!r}: prompt_len {int(r.prompt_len)} but "
+                             f"{n[int(off[0])]} prompt_token_ids")
 
 
 def _check_int_range(col: pd.Series, dt: str, where: str, name: str) -> None:
