@@ -5,8 +5,8 @@ hosts take), each part's sha256 and the whole file's in ``<name>.parts.json`` be
 - ``assemble(manifest, out)`` checks every part (present, its size, its sha256), concatenates them into ``out``
   atomically and checks the whole file's sha256; any missing or altered part is one :class:`PartsError` line
   naming it, and nothing is written;
-- ``cached(manifest)``: the file reassembled once under ``$SPEC_REPRO_CACHE/parts/<sha256>/<name>`` and verified
-  (hashed again on every call: size and mtime are never taken as proof).
+- ``cached(manifest)``: the file reassembled once under ``$SPEC_REPRO_CACHE/parts/<sha256>/<name>`` (or another
+  folder of the cache) and verified (hashed again on every call: size and mtime are never taken as proof).
 
 The EAGLE heads (``spec_repro.proposers.eagle_files``) and the heads' training decodes use it.
 """
@@ -106,12 +106,12 @@ def assemble(manifest: str | Path, out: str | Path) -> Path:
     return out
 
 
-def cached(manifest: str | Path) -> Path:
-    """The file ``manifest`` describes, reassembled once under ``$SPEC_REPRO_CACHE/parts/<sha256>/`` and verified
-    on every call. Where the parts are absent (a machine they were not sent to) a cached copy that verifies is
-    used alone."""
+def cached(manifest: str | Path, where: str = "parts") -> Path:
+    """The file ``manifest`` describes, reassembled once under ``$SPEC_REPRO_CACHE/<where>/<sha256>/`` and
+    verified on every call. Where the parts are absent (a machine they were not sent to) a cached copy that
+    verifies is used alone."""
     man = read_manifest(manifest)
-    out = cache_root() / "parts" / man["sha256"] / man["file"]
+    out = cache_root() / where / man["sha256"] / man["file"]
     if verify_file(out, man["sha256"]):
         return out
     return assemble(manifest, out)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .traces import STUDY_FILES, STUDY_MODEL, STUDY_SOURCE, Trace, TraceError, _check_acc_array, dataset_from_path
+from .traces import STUDY_FILES, STUDY_MODEL, STUDY_SOURCE, Trace, TraceError, _check_acc_array, dataset_from_path, \
+    too_long_number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,7 +69,7 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg})") from e
             except ValueError as e:  # an integer of more digits than Python converts (4,300): one line
-                raise TraceError(f"{where}: {_too_long(e)}") from None
+                raise TraceError(f"{where}: {too_long_number(e)}") from None
             except RecursionError:
                 raise TraceError(f"{where}: JSON nested too deeply") from None
             if not isinstance(rec, dict):
@@ -136,11 +137,6 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
         raise TraceError(f"{path}: {e}") from e
 
 
-def _too_long(e: ValueError) -> str:
-    """One line for the ValueError ``json.loads`` raises past Python's int-string conversion limit."""
-    return f"a number too long to read ({str(e).split(';')[0].strip()[:120]})"
-
-
 def _published_acc_list(val, where: str) -> list:
     if isinstance(val, dict):
         if "acc_len" not in val:
@@ -152,7 +148,7 @@ def _published_acc_list(val, where: str) -> list:
         except json.JSONDecodeError as e:
             raise TraceError(f"{where}: acc_len string is not a JSON list ({e.msg})") from e
         except ValueError as e:
-            raise TraceError(f"{where}: acc_len string: {_too_long(e)}") from None
+            raise TraceError(f"{where}: acc_len string: {too_long_number(e)}") from None
     if not isinstance(val, list):
         raise TraceError(f"{where}: acc_len must be a list of ints, got {type(val).__name__}")
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):

@@ -45,7 +45,7 @@ import pandas as pd
 
 __all__ = [
     "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
-    "read_steps", "read_step_records", "validate_steps", "dataset_from_path",
+    "read_steps", "read_step_records", "validate_steps", "dataset_from_path", "too_long_number",
 ]
 
 ACC_COLUMNS: dict[str, str] = {
@@ -387,6 +387,12 @@ def read_steps(path: str | Path) -> pd.DataFrame:
     return read_step_records(p)[0]
 
 
+def too_long_number(e: ValueError) -> str:
+    """One line for the ValueError ``json.loads`` raises past Python's int-string conversion limit (4,300
+    digits)."""
+    return f"a number too long to read ({str(e).split(';')[0].strip()[:120]})"
+
+
 def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
     """A JSON-lines step log read once: (the validated step table, the raw records in the same order, for the
     fields a writer logs beyond the table's, e.g. the vLLM plugin's ``hybrid`` counts)."""
@@ -402,8 +408,7 @@ def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
                 except json.JSONDecodeError as e:
                     raise TraceError(f"{p}:{lineno}: not JSON ({e.msg})") from e
                 except ValueError as e:  # an integer past Python's int-string conversion limit
-                    raise TraceError(f"{p}:{lineno}: a number too long to read "
-                                     f"({str(e).split(';')[0].strip()[:120]})") from None
+                    raise TraceError(f"{p}:{lineno}: {too_long_number(e)}") from None
     if not recs:
         raise TraceError(f"{p}: empty step-timing file")
     return validate_steps(pd.DataFrame(recs), str(p)), recs

@@ -738,7 +738,7 @@ def _decodes_exist(path) -> bool:
     p = Path(path)
     from .parts import manifest_of
 
-    return p.is_file() or manifest_of(p).is_file() or (p.name.endswith(".parts.json") and p.is_file())
+    return p.is_file() or manifest_of(p).is_file()
 
 
 def write_decodes(path, prompts, outs, held, meta: dict) -> Path:

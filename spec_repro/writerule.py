@@ -25,11 +25,12 @@ The rule:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Iterable, Mapping
+
+from .fetch import sha256_file
 
 __all__ = ["WriteRuleError", "COMMITTED_DIRS", "MARKER", "SUMMARY_FILES", "is_plain", "check_targets",
            "config", "record_config", "recorded_config", "mergeable", "check_foreign_summaries", "mark_written"]
@@ -115,10 +116,6 @@ def mergeable(summary: Path, cfg: dict, plain: bool) -> bool:
     return plain and Path(summary).is_file() and recorded_config(summary) == cfg
 
 
-def _sha256(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
 def _marker(folder: Path) -> dict:
     try:
         data = json.loads((folder / MARKER).read_text())
@@ -134,7 +131,7 @@ def check_foreign_summaries(folder: Path, what: str = "--figures") -> None:
     written = _marker(folder)
     for name in SUMMARY_FILES:
         f = folder / name
-        if f.exists() and written.get(name) != (_sha256(f) if f.is_file() else None):
+        if f.exists() and written.get(name) != (sha256_file(f) if f.is_file() else None):
             raise WriteRuleError(f"{what} {folder}: it holds a {name} that spec-repro did not write (or that was "
                                  f"changed since); nothing was written: move it, or give another folder")
 
@@ -145,6 +142,6 @@ def mark_written(folder: Path, names: Iterable[str]) -> None:
 
     folder = Path(folder)
     written = _marker(folder)
-    written.update({n: _sha256(folder / n) for n in names if (folder / n).is_file()})
+    written.update({n: sha256_file(folder / n) for n in names if (folder / n).is_file()})
     with atomic_write(folder / MARKER) as f:
         f.write(json.dumps(written, indent=1, sort_keys=True) + "\n")

@@ -48,18 +48,14 @@ def resolve_parts(d: Path) -> Path:
     sha256 and the whole file's), with the folder's config.json and TRAINING.json; a missing or altered part is
     one EagleError line naming it. A cached copy that verifies is used alone (the device machine, where the
     parts do not travel: ``gpu/stage_cache.sh`` stages the joined head). Any other folder is returned as is."""
-    from ..fetch import cache_root, verify_file
     from ..io import atomic_write
-    from ..parts import PartsError, assemble, read_manifest
+    from ..parts import PartsError, cached
 
     man = d / PARTS_MANIFEST
     if not man.is_file() or (d / "model.safetensors").is_file():
         return d
     try:
-        sha = read_manifest(man)["sha256"]
-        dest = cache_root() / "heads" / sha
-        if not verify_file(dest / "model.safetensors", sha):
-            assemble(man, dest / "model.safetensors")
+        dest = cached(man, where="heads").parent
     except PartsError as e:
         raise EagleError(f"EAGLE head {d}: {e}") from None
     for name in ("config.json", "TRAINING.json"):
