@@ -17,7 +17,8 @@
 #          data/heads/qwen2.5-coder-1.5b-eagle/, the decodes' into data/heads/decodes/qwen2.5-coder-1.5b/
 # Knobs: INIT=DIR (continue that head: data/heads/qwen2.5-coder-1.5b-eagle, staged), DECODES=FILE (a decodes file: read
 # when it exists, e.g. data/heads/decodes/qwen2.5-coder-1.5b/decodes.parquet.parts.json once staged, else written),
-# LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170).
+# LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170),
+# GRID=1 (the V2 grid in the time left), GRID_ONLY / GRID_FIRST (its specs: all of them / those run before the training).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -39,9 +40,17 @@ case "$1" in
     setsid nohup env TRAIN_S=${TRAIN_S:-$E} bash gpu/head_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo "started: ends in $E s, training budget ${TRAIN_S:-$E} s" ;;
   run)
+    # (0) GRID_FIRST="<spec> ...": grid engines that need no head (no SD) before the training, so that the grid's
+    #     path has run once before the head's time is spent (the later grid skips what finished)
+    if [ "${GRID:-0}" = 1 ] && [ -n "${GRID_FIRST:-}" ]; then
+      python3 -m spec_repro.engines.vllm.v2grid run --head data/heads/$Q-eagle --out $R/v2grid --only $GRID_FIRST \
+        --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) >> $R/log_grid.txt 2>&1
+      echo "grid first rc=$?" >> $R/log_grid.txt
+    fi
     # (1) the head: trained (or continued: INIT, DECODES) unless TRAIN_S=0
     if [ "${TRAIN_S:-0}" != 0 ] && [ ! -f $HEAD/TRAINING.json ]; then
-      python3 -m spec_repro.cli train eagle --engine vllm --target $Q --out $HEAD \
+      # (the split tokenizes ~65k prompts: threaded here; kept decodes mean no vLLM engine forks this process)
+      TOKENIZERS_PARALLELISM=true python3 -m spec_repro.cli train eagle --engine vllm --target $Q --out $HEAD \
         --workloads sharegpt sharegpt-turns py-functions py-write --train-n 20000 sharegpt-turns=5000 --val-n 64 \
         --max-new-tokens 1024 --steps 100000 --time-budget $TRAIN_S --lr ${LR:-8e-4} --tokens-per-batch 16384 \
         --ttt-depth 5 --depth-decay ${DECAY:-0.8} ${INIT:+--init-head $INIT} --decodes ${DECODES:-$R/decodes.parquet} \
@@ -73,7 +82,7 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
     # (3) the V2 grid (spec_repro.engines.vllm.v2grid: vLLM's own runner, uninstrumented) in the time left
     if [ "${GRID:-0}" = 1 ]; then
       python3 -m spec_repro.engines.vllm.v2grid run --head $H --out $R/v2grid ${GRID_ONLY:+--only $GRID_ONLY} \
-        --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) > $R/log_grid.txt 2>&1
+        --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) >> $R/log_grid.txt 2>&1
       echo "grid rc=$?" >> $R/log_grid.txt
       tar czf $BACK/v2grid.tgz -C $R v2grid log_grid.txt && listback
     fi

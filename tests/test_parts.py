@@ -3,6 +3,7 @@ into parts of at most 16 MiB with their sha256, joined and verified on load, and
 clear line naming it."""
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,20 @@ def test_decodes_round_trip_keep_their_held_out_set_and_refuse_other_settings(tm
     m = parts.split(f, tmp_path / "c", part_bytes=200)            # committed in parts: joined, verified
     assert read_decodes(tmp_path / "c" / "d.parquet", prompts, meta)[0] == outs
     assert read_decodes(m, prompts, meta)[0] == outs
+
+
+def test_vllm_gets_the_joined_head_of_a_head_in_parts(tmp_path):
+    """vLLM loads a folder's model.safetensors: the engine hands it the joined, verified copy of a committed head,
+    and an altered part stops it with the part's name before vLLM starts."""
+    from spec_repro.engines.vllm import engine as VE
+
+    _target, whole, d = _head_in_parts(tmp_path)
+    sc = VE.speculative_config(VE.VLLMConfig(model="m", method="eagle", k=3, draft=str(d)))
+    assert sc["model"] != str(d) and (Path(sc["model"]) / "model.safetensors").read_bytes() == \
+        (whole / "model.safetensors").read_bytes()
+    assert VE.speculative_config(VE.VLLMConfig(model="m", method="eagle", k=3, draft=str(whole)))["model"] == str(whole)
+    (Path(sc["model"]) / "model.safetensors").write_bytes(b"junk")
+    p = d / "model.safetensors.part1"
+    p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1]))
+    with pytest.raises(VE.VLLMEngineError, match=r"part 1 .* is altered"):
+        VE.speculative_config(VE.VLLMConfig(model="m", method="eagle", k=3, draft=str(d)))

@@ -102,6 +102,13 @@ def speculative_config(cfg: VLLMConfig) -> dict | None:
             raise VLLMEngineError(f"method {m!r} needs draft= (the {'head' if 'eagle' in m else 'draft model'}: "
                                   "a local dir with config.json or an HF id)")
         sc["model"] = cfg.draft
+        if "eagle" in m and Path(cfg.draft).expanduser().is_dir():  # a head committed in parts: its joined copy
+            from ...proposers.eagle_files import EagleError, resolve_parts
+
+            try:
+                sc["model"] = str(resolve_parts(Path(cfg.draft).expanduser()))
+            except EagleError as e:
+                raise VLLMEngineError(str(e)) from None
     # mtp: the target's own MTP layers (e.g. GLM-4.5's); vLLM finds them in the target's config
     if cfg.draft_tensor_parallel_size:
         sc["draft_tensor_parallel_size"] = cfg.draft_tensor_parallel_size
