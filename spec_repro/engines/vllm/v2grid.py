@@ -31,6 +31,10 @@ BATCH_SIZES = (1, 8, 32, 64)                  # in run order: bs 1 first
 EAGLE_KS = (3, 1, 5, 2)                       # k = 3 first (the study's), then the rest
 NGRAM_K = 5                                   # as the committed V1 n-gram runs (data/gpu/live*): comparable with them
 DRAFT_K = 3
+# a run is host-contended when the hypervisor stole at least this share of its wall time (summed over vCPUs):
+# on the lent H200 the same no-SD engine configuration ran 0.65-0.81x as fast at a steal share of 0.11-0.30 as
+# at ~0 (data/gpu/v2grid: two engines of v2grid-none-k0)
+CLEAN_STEAL = 0.01
 
 
 def grid_specs(head: str, *, model_dir: str | None = None, draft_dir: str | None = None, repeats: int = 3,
@@ -108,18 +112,25 @@ def grid_rows(records: list[dict]) -> list[dict]:
     """One row per timed run of a results.jsonl (``run`` records) with what ran (``labels.run_labels`` from its
     engine's config and resolved settings), tok/s from the output tokens and wall time, vLLM's generation-token
     counter beside it, and acceptance from vLLM's spec-decode counters: acceptance length 1 + accepted / drafts,
-    rate accepted / draft tokens, per-position rates accepted_per_pos / drafts."""
+    rate accepted / draft tokens, per-position rates accepted_per_pos / drafts. ``engine``: ``<spec>#<n>``, the
+    n-th engine of that spec in the records (the same configuration started again); ``steal_share``: the
+    hypervisor's steal time over the run (/proc/stat, all vCPUs) per second of its wall time."""
     from .labels import run_labels
 
-    engines = {r["spec"]: r for r in records if r.get("kind") == "engine"}
+    engines, seen, eng_of = {}, {}, {}
     rows = []
     for r in records:
+        if r.get("kind") == "engine":               # an engine's runs follow its record: name it spec#n
+            seen[r["spec"]] = seen.get(r["spec"], 0) + 1
+            eng_of[r["spec"]] = f"{r['spec']}#{seen[r['spec']]}"
+            engines[r["spec"]] = r
         if r.get("kind") != "run":
             continue
         e = engines.get(r["spec"], {})
+        steal = r.get("host_steal_s")
         cfg = r.get("config") or e.get("config") or {}
         drafts = r.get("num_drafts") or 0
-        rows.append({"spec": r["spec"], "method": cfg.get("method"), "k": r.get("k"), "workload": r.get("workload"),
+        rows.append({"engine": eng_of.get(r["spec"], f"{r['spec']}#1"), "spec": r["spec"], "method": cfg.get("method"), "k": r.get("k"), "workload": r.get("workload"),
                      "batch_size": r.get("batch_size"), "repeat": r.get("repeat"), "chunk": r.get("chunk"),
                      "output_tokens": r.get("output_tokens"),
                      "vllm_generation_tokens": r.get("vllm_generation_tokens"), "wall_s": r.get("wall_s"),
@@ -131,27 +142,101 @@ def grid_rows(records: list[dict]) -> list[dict]:
                      "acceptance_rate": ((r.get("num_accepted_tokens") or 0) / r["num_draft_tokens"]
                                          if r.get("num_draft_tokens") else None),
                      "per_position_rate": [a / drafts for a in r.get("accepted_per_pos") or []] if drafts else [],
+                     "host_steal_s": steal,
+                     "steal_share": steal / r["wall_s"] if steal is not None and r.get("wall_s") else None,
                      "instrumented": bool(r.get("instrumented")), **run_labels(cfg, e)})
     return rows
 
 
 def grid_table(rows: list[dict]):
-    """Per configuration (spec), workload and batch size: tok/s per repeat (its chunks' tokens over their wall
-    time), mean / min / max over repeats, acceptance length over all its drafts, and the labels of what ran."""
+    """Per engine (a configuration's n-th start), workload and batch size: tok/s per repeat (its chunks' tokens
+    over their wall time), mean / min / max over repeats, the hypervisor's steal share (mean over repeats) and the
+    repeats free of it (``clean_repeats``: steal under ``CLEAN_STEAL`` of the wall time), acceptance length over
+    all its drafts, and the labels of what ran."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    keys = ["spec", "method", "k", "workload", "batch_size"]
+    if "engine" not in df:
+        df["engine"] = df["spec"] + "#1"
+    if "host_steal_s" not in df:
+        df["host_steal_s"] = float("nan")
+    keys = ["engine", "spec", "method", "k", "workload", "batch_size"]
     lab = ["runner", "async_scheduling", "instrumented", "engine_config"]
     g = df.groupby(keys + ["repeat"] + lab, dropna=False).agg(
         tokens=("output_tokens", "sum"), wall=("wall_s", "sum"), acc=("num_accepted_tokens", "sum"),
-        drafts=("num_drafts", "sum")).reset_index()
+        drafts=("num_drafts", "sum"), steal=("host_steal_s", "sum")).reset_index()
     g["tok_s"] = g["tokens"] / g["wall"]
+    g["steal_share"] = g["steal"] / g["wall"]
+    g["clean"] = g["steal_share"] < CLEAN_STEAL
     t = g.groupby(keys + lab, dropna=False, sort=False).agg(
         tok_s=("tok_s", "mean"), tok_s_min=("tok_s", "min"), tok_s_max=("tok_s", "max"), repeats=("tok_s", "size"),
+        steal_share=("steal_share", "mean"), clean_repeats=("clean", "sum"),
         acc=("acc", "sum"), drafts=("drafts", "sum")).reset_index()
     t["acceptance_length"] = (1 + t["acc"] / t["drafts"]).where(t["drafts"] > 0)
     return t.drop(columns=["acc", "drafts"])
+
+
+def ratio_table(table):
+    """Each engine's tok/s over no SD's (the same workload and batch size, one machine): the mean over repeats, and
+    the extremes' ratio range (its min over no SD's max, its max over no SD's min). The baseline is the no-SD
+    engine with the least steal share (``none_engine``); ``contended``: this engine's runs had a mean steal share
+    of at least ``CLEAN_STEAL`` at that point (its ratio understates what an uncontended host gives)."""
+    nones = table[table["method"] == "none"]
+    best = nones.groupby("engine")["steal_share"].mean().sort_values().index[0]
+    base = nones[nones["engine"] == best].set_index(["workload", "batch_size"])
+    t = table[table["method"] != "none"].copy()
+    t["none_engine"] = best
+    idx = list(zip(t["workload"], t["batch_size"]))
+    b = base.reindex(idx)
+    t["none_tok_s"] = b["tok_s"].to_numpy()
+    t["ratio"] = t["tok_s"] / t["none_tok_s"]
+    t["ratio_lo"] = t["tok_s_min"] / b["tok_s_max"].to_numpy()
+    t["ratio_hi"] = t["tok_s_max"] / b["tok_s_min"].to_numpy()
+    t["contended"] = t["steal_share"] >= CLEAN_STEAL
+    return t.reset_index(drop=True)
+
+
+def summarize(raw, out: str | Path, command: str = "") -> dict:
+    """``data/gpu/v2grid/`` from device folders holding the job's ``results.jsonl`` (in the order they ran): ``runs.csv`` (one row per
+    timed run, ``grid_rows``), ``table.csv`` (``grid_table``), ``ratios.csv`` (``ratio_table``), the raw records
+    (``results.jsonl.gz``: every run's outputs kept) and ``MANIFEST.json`` (each file's sha256, the command).
+    Written into a stage folder first: a failure leaves ``out`` as it was."""
+    import gzip
+    import hashlib
+
+    from ...io import staged_dir
+
+    srcs = [Path(r) / "results.jsonl" for r in ([raw] if isinstance(raw, (str, Path)) else raw)]
+    for src in srcs:
+        if not src.is_file():
+            raise FileNotFoundError(f"{src}: no such file (the v2grid job's results)")
+    text = "".join(src.read_text() for src in srcs)          # in the order given: the engines' order
+    recs = [json.loads(x) for x in text.splitlines() if x.strip()]
+    rows = grid_rows(recs)
+    if not rows:
+        raise ValueError(f"{', '.join(map(str, srcs))}: no timed runs")
+    import pandas as pd
+
+    runs = pd.DataFrame(rows)
+    for c in ("accepted_per_pos", "per_position_rate"):
+        runs[c] = runs[c].map(json.dumps)
+    table = grid_table(rows)
+    ratios = ratio_table(table)
+    with staged_dir(out) as st:
+        runs.to_csv(st / "runs.csv", index=False)
+        table.to_csv(st / "table.csv", index=False, float_format="%.6g")
+        ratios.to_csv(st / "ratios.csv", index=False, float_format="%.6g")
+        with gzip.GzipFile(st / "results.jsonl.gz", "wb", mtime=0) as f:
+            f.write(text.encode())
+        engines = [{k: r.get(k) for k in ("spec", "start_s", "instrumented", "resolved", "vllm", "env")}
+                   for r in recs if r.get("kind") == "engine"]
+        man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs],
+               "engines": engines, "not_run": [r for r in recs if r.get("kind") in ("spec_skipped", "spec_failed",
+                                                                                    "engine_error")],
+               "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(st.iterdir())
+                         if p.is_file() and not p.name.startswith(".")}}
+        (st / "MANIFEST.json").write_text(json.dumps(man, indent=1, default=str) + "\n")
+    return {"runs": len(runs), "configurations": int(table["spec"].nunique())}
 
 
 def main(argv=None) -> int:
@@ -172,7 +257,14 @@ def main(argv=None) -> int:
             p.add_argument("--deadline", type=float, help="seconds from now for the whole job")
     t = sub.add_parser("table")
     t.add_argument("--out", required=True, help="the job's folder (its results.jsonl)")
+    sm = sub.add_parser("summarize")
+    sm.add_argument("--raw", required=True, nargs="+", help="the job's folder(s) from the device (each with its "
+                    "results.jsonl), in the order their engines ran")
+    sm.add_argument("--out", default=str(ROOT / "data" / "gpu" / "v2grid"))
     a = ap.parse_args(argv)
+    if a.cmd == "summarize":
+        print(json.dumps(summarize(a.raw, a.out, " ".join(["python -m spec_repro.engines.vllm.v2grid", *sys.argv[1:]]))))
+        return 0
     if a.cmd == "table":
         recs = [json.loads(x) for x in open(Path(a.out) / "results.jsonl") if x.strip()]
         print(grid_table(grid_rows(recs)).to_string(index=False))
