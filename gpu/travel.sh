@@ -1,8 +1,8 @@
 #!/bin/bash
 # What travels with a device call: the tracked tree (64 MiB a call, carried files included). The committed data,
 # notebooks and figures (~150 MB, the heads' weights in parts among them) stay here while the GPU jobs run: they
-# need the package, gpu/, the heads' JSON (config, parts manifest, record) and the model configs only (models,
-# workloads and the heads' weights come staged in the cache's pieces: gpu/stage_cache.sh).
+# need the package, gpu/, the heads' JSON (config, parts manifest, record), the model configs and the job table
+# (data/gpu/jobs.json) only (models, workloads and the heads' weights come staged in the cache's pieces: gpu/stage_cache.sh).
 #   bash gpu/travel.sh light      the rest of data/ notebooks/ figures/ out of the index and into .aside/ (ignored)
 #   bash gpu/travel.sh restore    everything back where it was, the index as HEAD has it
 #   bash gpu/travel.sh size       what would travel now (MiB)
@@ -16,7 +16,7 @@ case "${1:-}" in
     [ -d .aside ] && { echo ".aside/ exists: restore first"; exit 2; }
     git diff --quiet -- $P && git diff --cached --quiet -- $P || { echo "uncommitted changes under $P: commit first"; exit 2; }
     mkdir .aside
-    git ls-files -z $P | grep -zv -E '^data/heads/.*\.json$|^data/gpu/configs/' > .aside/.list
+    git ls-files -z $P | grep -zv -E '^data/heads/.*\.json$|^data/gpu/configs/|^data/gpu/jobs\.json$' > .aside/.list
     xargs -0 git rm --cached -q -- < .aside/.list
     while IFS= read -r -d '' f; do mkdir -p ".aside/$(dirname "$f")" && mv "$f" ".aside/$f"; done < .aside/.list ;;
   restore)

@@ -49,3 +49,22 @@ def test_the_head_plan_is_what_ran():
     train = next(s for s in plan["stages"] if s["stage"] == "train")
     assert abs(train["seconds"] - rec["total_wall_s"]) < 5
     assert str(rec["steps_done"]) in train["what"].replace(",", "")
+
+
+def test_what_travels_holds_what_the_gpu_jobs_read():
+    """gpu/travel.sh light keeps out of a device call every committed data file but those the GPU jobs read: the
+    job table (``jobs.JOBS_FILE``, read when the job module loads), the model configs and the heads' JSON."""
+    import re
+    import subprocess
+
+    from spec_repro.engines.vllm import jobs
+
+    root = PLANS.parents[1]
+    kept = re.search(r"grep -zv -E '([^']+)'", (root / "gpu" / "travel.sh").read_text()).group(1)
+    files = subprocess.run(["git", "ls-files", "data"], cwd=root, capture_output=True, text=True).stdout.split()
+    travels = {f for f in files if re.search(kept, f)}
+    assert str(jobs.JOBS_FILE.relative_to(root)) in travels
+    assert any(f.startswith("data/gpu/configs/") for f in travels)
+    assert "data/heads/qwen2.5-coder-1.5b-eagle/model.safetensors.parts.json" in travels
+    assert not any(f.endswith((".parquet", ".png")) or ".part" in f.rsplit("/", 1)[-1].replace(".parts.json", "")
+                   for f in travels)

@@ -79,3 +79,59 @@ def test_spec_decode_metrics_parse_into_a_row():
     assert (row["engine_config"], row["runner_forced"], row["runner_source"]) == ("default", None, "vllm_config")
     t = G.grid_table([row, {**row, "repeat": 1, "wall_s": 1.0}, {**row, "repeat": 2, "wall_s": 0.25}])
     assert t["repeats"].tolist() == [3] and t["tok_s_max"].tolist() == [1024.0] and t["runner"].tolist() == ["v2"]
+
+
+def test_a_restarted_configuration_is_its_own_engine_and_steal_marks_contended_points(tmp_path):
+    """Two engines of one configuration stay apart (``spec#n``); the ratio's baseline is the no-SD engine with the
+    least steal, and a point whose runs lost CLEAN_STEAL of their wall time to the hypervisor is flagged."""
+    import json
+
+    def run(spec, method, wall, steal, rep=0):
+        return {"kind": "run", "spec": spec, "config": {"method": method, "model_runner": "default"},
+                "workload": "code-edit", "batch_size": 8, "repeat": rep, "chunk": 0, "k": 3,
+                "output_tokens": 2048, "wall_s": wall, "host_steal_s": steal, "num_drafts": 10,
+                "num_accepted_tokens": 15, "num_draft_tokens": 30}
+
+    def eng(spec, method):
+        return {"kind": "engine", "spec": spec, "config": {"method": method, "model_runner": "default"},
+                "resolved": {"runner": "v2", "async_scheduling": True}}
+
+    recs = [eng("n", "none"), *[run("n", "none", 1.0, 0.0, r) for r in range(3)],
+            eng("e", "eagle"), *[run("e", "eagle", 0.5, 0.1, r) for r in range(3)],
+            eng("n", "none"), *[run("n", "none", 1.5, 0.4, r) for r in range(3)]]
+    rows = G.grid_rows(recs)
+    assert sorted({r["engine"] for r in rows}) == ["e#1", "n#1", "n#2"]
+    t = G.grid_table(rows)
+    assert t.set_index("engine")["clean_repeats"].to_dict() == {"n#1": 3, "e#1": 0, "n#2": 0}
+    r = G.ratio_table(t)
+    assert r["none_engine"].tolist() == ["n#1"] and r["ratio"].tolist() == [2.0]
+    assert r["contended"].tolist() == [True] and r["steal_share"].tolist() == pytest.approx([0.2])
+    # summarize: the files, the engines in order, every file's sha256 in the manifest
+    for name, part in (("a", recs[:8]), ("b", recs[8:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in part))
+    out = tmp_path / "out"
+    assert G.summarize([tmp_path / "a", tmp_path / "b"], out) == {"runs": 9, "configurations": 2}
+    man = json.loads((out / "MANIFEST.json").read_text())
+    assert [e["spec"] for e in man["engines"]] == ["n", "e", "n"]
+    assert sorted(man["files"]) == ["ratios.csv", "results.jsonl.gz", "runs.csv", "table.csv"]
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        G.summarize([tmp_path / "a", tmp_path / "nope"], tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()
+
+
+def test_the_committed_grid_is_vllms_default_runner_uninstrumented():
+    """data/gpu/v2grid: EAGLE and no SD on V2 with async scheduling, n-gram on V1 synchronous, none instrumented,
+    every EAGLE k of the grid at every workload and batch size, 3 repeats each."""
+    import pandas as pd
+
+    d = G.ROOT / "data" / "gpu" / "v2grid"
+    t = pd.read_csv(d / "table.csv")
+    runner = t.groupby("method")["runner"].unique().map(list).to_dict()
+    assert runner == {"eagle": ["v2"], "ngram": ["v1"], "none": ["v2"]}
+    assert not t["instrumented"].any() and (t["engine_config"] == "default").all()
+    e = t[t["method"] == "eagle"]
+    assert sorted(e["k"].unique()) == [1, 2, 3, 5] and (t["repeats"] == 3).all()
+    assert e.groupby("k").size().tolist() == [8, 8, 8, 8]        # 2 workloads x 4 batch sizes
+    r = pd.read_csv(d / "ratios.csv")
+    assert (r["none_engine"] == "v2grid-none-k0#1").all() and len(r) == 40
