@@ -102,7 +102,8 @@ def _run_simulate(args):
                 raise SimulationError(f"--dynamic-k gives batch size {dup[0]} more than one k "
                                       f"({' '.join(args.dynamic_k)}); give each batch size once")
             extra["dynamic_k"] = dict(pairs)
-        asked = [q for q in parse_proposers(args.proposers) if q in trace.proposers]
+        have = trace.proposers
+        asked = [q for q in parse_proposers(args.proposers) if q in have]
         cm, notes = cost_model_for(trace, args.cost_model, proposers=asked)  # the notebooks' stand-ins
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
