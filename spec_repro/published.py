@@ -192,7 +192,7 @@ def read_published_cached(path: Path, **kw) -> Trace:
     if cached.is_file():
         try:
             if verify_file(cached, seal.read_text().strip() if seal.is_file() else None):
-                t = Trace.from_parquet(cached)
+                t = Trace.from_parquet(cached, checked=True)   # sealed as written from the checked parse
                 t.meta["source"] = str(path)  # the same bytes may live under another name now
                 return t
         except (TraceError, OSError, UnicodeError):
