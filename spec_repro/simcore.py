@@ -261,7 +261,7 @@ def _score(G, S, P, T, r, j, start, length, shift, kmax):
     out0 = base + P[r]
     out_hi = np.maximum(n_out - 1, 0)
     hits = np.zeros(len(r), np.int64)
-    x = np.arange(len(r))   # the rows whose draft still matches
+    x = np.flatnonzero(length > 0)   # the rows whose draft still matches
     for t in range(kmax):   # hits: the draft's tokens that match, up to the first that does not
         tgt_pos = j[x] + shift + t
         tgt = np.minimum(out0[x] + np.clip(tgt_pos, 0, out_hi[x]), len(G) - 1)

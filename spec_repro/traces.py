@@ -625,19 +625,22 @@ def _check_acc_array(a, where: str, allow_empty: bool = False) -> np.ndarray:
         arr = np.asarray(a)
     except Exception as e:
         raise TraceError(f"{where}: acc_len is not a flat list of ints") from e
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or
-                             (np.issubdtype(arr.dtype, np.floating) and np.isfinite(arr).all()
-                              and np.all(arr == np.round(arr)))):
+    kind = arr.dtype.kind   # integers ("i", "u"), or floats that are finite whole numbers
+    if arr.ndim != 1 or not (kind in "iu" or (kind == "f" and np.isfinite(arr).all()
+                                              and np.all(arr == np.round(arr)))):
         raise TraceError(f"{where}: acc_len must be a flat list of finite ints")
-    if (arr < 1).any():
+    if arr.min() < 1:
         i = int(np.flatnonzero(arr < 1)[0])
         raise TraceError(f"{where}: acc_len[{i}] = {arr[i]} < 1 (it counts accepted + 1)")
-    hi = np.iinfo(np.int16).max
-    if (arr > hi).any():
+    hi = _INT16_MAX
+    if arr.max() > hi:
         i = int(np.flatnonzero(arr > hi)[0])
         raise TraceError(f"{where}: acc_len[{i}] = {arr[i]:.0f} exceeds {hi}, the largest acc_len the schema "
                          f"holds (int16; no step accepts that many tokens)")
-    return arr.astype(np.int16)
+    return arr.astype(np.int16, copy=False)
+
+
+_INT16_MAX = int(np.iinfo(np.int16).max)
 
 
 def _as_list(v):

@@ -103,23 +103,22 @@ def ngram_lookup_batch(seqs: Sequence[Sequence[int]], firsts: Sequence[int], k: 
             G = pd.factorize(G)[0].astype(np.int64)
         one = pd.factorize(seq * (int(G.max()) + 1) + G)[0].astype(np.int64)   # 1 token: (sequence, token)
         width = int(one.max()) + 1
-        ids, pos = one, np.arange(N)
+        ids = code = one                                # level n: the id of each window of n tokens, by end
+        pos = np.arange(N)                              # the ends of the windows that have an id
         for n in range(1, max_n + 1):
             if n > 1:
                 # a window whose first n-1 tokens occur once occurs once: only the others get an id (-1: once)
-                repeated = np.bincount(ids[pos], minlength=1) > 1
-                pos = np.flatnonzero(local >= n - 1)    # the windows of n tokens inside one sequence, by end
-                prev = ids[pos - 1]
-                pos = pos[prev >= 0]
-                pos = pos[repeated[ids[pos - 1]]]
-                if not len(pos):                        # no n tokens occur twice, nor any more
+                nxt = pos[(np.bincount(code) > 1)[code]] + 1
+                nxt = nxt[nxt < N]
+                nxt = nxt[local[nxt] >= n - 1]          # inside one sequence
+                if not len(nxt):                        # no n tokens occur twice, nor any more
                     break
+                pos = nxt
                 code = pd.factorize(ids[pos - 1] * width + one[pos])[0].astype(np.int64)
                 ids = np.full(N, -1, np.int64)
                 ids[pos] = code
             if n < min_n:
                 continue
-            code = ids[pos]
             # codes count up in order of first appearance: c first appears where the running maximum reaches c
             first_end = pos[np.r_[True, code[1:] > np.maximum.accumulate(code)[:-1]]]
             c = ids[E]
