@@ -68,8 +68,13 @@ def _add_simulate(sub):
 
 
 def _run_simulate(args):
+    import os
     from pathlib import Path
 
+    # the simulation does no linear algebra: numpy's OpenBLAS need not start (and stop) a thread per core, ~0.05 s
+    # of each call on a busy 2-core machine (only before numpy's first import; a user's own setting is kept)
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .costmodel import CostModelError
     from .grids import cost_model_for
     from .guard import out_file
