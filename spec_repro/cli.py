@@ -68,13 +68,27 @@ def _add_simulate(sub):
 
 
 def _run_simulate(args):
+    import gc
     import os
-    from pathlib import Path
 
     # the simulation does no linear algebra: numpy's OpenBLAS need not start (and stop) a thread per core, ~0.05 s
     # of each call on a busy 2-core machine (only before numpy's first import; a user's own setting is kept)
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # it makes few reference cycles: the cyclic collector's passes over the many objects pandas creates (~0.06 s
+    # of a call) wait until the command is done
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _simulate(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simulate(args):
+    from pathlib import Path
+
     from .costmodel import CostModelError
     from .grids import cost_model_for
     from .guard import out_file
