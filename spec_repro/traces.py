@@ -459,7 +459,10 @@ def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequ
     missing = [c for c in schema if c not in df.columns]
     if missing:
         raise TraceError(f"{where}: missing columns {missing}")
-    out = df[list(schema) + [c for c in extra if c not in schema]].copy()
+    cols = list(schema) + [c for c in extra if c not in schema]
+    if not check and list(df.columns) == cols and all(str(df[c].dtype) == dt for c, dt in schema.items()):
+        return df.reset_index(drop=True)   # already the schema's columns and dtypes: nothing to convert
+    out = df[cols].copy()
     for c, dt in schema.items():
         _check_int_range(out[c], dt, where, c)
         try:
