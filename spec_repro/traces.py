@@ -392,7 +392,7 @@ class Trace:
         # joined tables are put in the schema's dtypes, not checked a second time
         req = req.drop_duplicates(["dataset", "model", "request_id"])
         keep = [c for c in req.columns if c in REQ_OPTIONAL]
-        return Trace._checked(_one_chunk(_coerce(acc, ACC_COLUMNS, "acc", check=False)),
+        return Trace._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
                               _coerce(req, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
 
 
@@ -505,21 +505,6 @@ def _check_fields(out: pd.DataFrame, schema: Mapping[str, str], where: str) -> N
         if c in schema and (out[c] < lo).any():
             i = int(np.flatnonzero((out[c] < lo).to_numpy())[0])
             raise TraceError(f"{where}: column {c!r} = {out[c].iloc[i]} in row {i}; it must be >= {lo}")
-
-
-def _one_chunk(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with each arrow-backed column in one piece: ``pd.concat`` keeps one chunk per part, and arrow joins
-    the chunks again (a copy of the whole column) at every row selection."""
-    import pyarrow as pa
-
-    whole = {}
-    for c in df.columns:
-        arr = df[c].array
-        if hasattr(arr, "__arrow_array__") and hasattr(df[c].dtype, "__from_arrow__"):
-            data = arr.__arrow_array__()
-            if isinstance(data, pa.ChunkedArray) and data.num_chunks > 1:
-                whole[c] = df[c].dtype.__from_arrow__(data.combine_chunks())
-    return df.assign(**whole) if whole else df
 
 
 def _changes(acc: pd.DataFrame, cols: Sequence[str]) -> np.ndarray:
