@@ -618,9 +618,11 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
                 ids = random.Random(seed).sample(ids, int(sample))
             rows_g = keep & ((trace.acc["dataset"] == ds) & (trace.acc["model"] == model)).to_numpy(
                 dtype=np.bool_, na_value=False)
-            # only the rows and columns group_arrays reads are copied (none when they are the whole trace)
-            acc = trace.acc if rows_g.all() else trace.acc.loc[rows_g, ["request_id", "proposer", "position",
-                                                                        "acc_len", "draft_len"]]
+            # only the rows and columns group_arrays reads are copied (none when they are the whole trace), column
+            # by column: a mask filters each chunk of an arrow column in place (a DataFrame row selection would
+            # join them first)
+            cols = ["request_id", "proposer", "position", "acc_len", "draft_len"]
+            acc = trace.acc if rows_g.all() else pd.DataFrame({c: trace.acc[c].array[rows_g] for c in cols})
             cache[key] = _group_arrays(acc, req, props, ids)
             group_req[key] = req
             group_kmax[key] = int(trace.acc["k_max"].to_numpy()[rows_g].max())

@@ -264,7 +264,7 @@ class Trace:
         req = self.requests
         if not keep.all():
             key = ["dataset", "model", "request_id"]
-            req = req.merge(self.acc.loc[keep & first, key].drop_duplicates(), on=key, how="inner")
+            req = req.merge(_where(self.acc, keep & first, key).drop_duplicates(), on=key, how="inner")
         return keep, req
 
     def select(self, *, dataset: str | None = None, model: str | None = None,
@@ -525,7 +525,14 @@ def _changes(acc: pd.DataFrame, cols: Sequence[str]) -> np.ndarray:
 
 def _distinct(acc: pd.DataFrame, col: str) -> list:
     """The distinct values of one column, sorted (looked up on the rows where it changes)."""
-    return sorted(acc[col].iloc[np.flatnonzero(_changes(acc, [col]))].unique().tolist())
+    return sorted(acc[col].array[_changes(acc, [col])].unique().tolist())
+
+
+def _where(df: pd.DataFrame, mask: np.ndarray, cols: Sequence[str]) -> pd.DataFrame:
+    """The rows of ``df`` where ``mask`` holds, columns ``cols`` (a new 0..n-1 index). Column by column: a mask
+    filters an arrow column chunk by chunk, where a DataFrame row selection takes rows, which first joins the
+    chunks of each column (``Trace.concat`` keeps one per part): a copy of the whole column."""
+    return pd.DataFrame({c: df[c].array[mask] for c in cols})
 
 
 def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "request_id")) -> np.ndarray:
@@ -533,10 +540,9 @@ def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "re
     (compacted after each column, so it stays below rows x distinct values and never overflows). Only the rows
     where the combination changes are factorized; the others repeat the code of the row before."""
     ch = _changes(acc, cols)
-    heads = np.flatnonzero(ch)
-    code = np.zeros(len(heads), dtype=np.int64)
+    code = np.zeros(int(ch.sum()), dtype=np.int64)
     for c in cols:
-        k, uniq = pd.factorize(acc[c].array.take(heads))
+        k, uniq = pd.factorize(acc[c].array[ch])
         code = pd.factorize(code * len(uniq) + k)[0]
     return code[np.cumsum(ch) - 1]
 
