@@ -271,7 +271,7 @@ class Trace:
                proposers: Iterable[str] | None = None) -> "Trace":
         """A sub-trace; with ``proposers``, only requests that have every one of them."""
         keep, req = self.selection(dataset=dataset, model=model, proposers=proposers)
-        acc = self.acc if keep.all() else self.acc[keep]
+        acc = self.acc if keep.all() else _where(self.acc, keep, self.acc.columns)
         return Trace(acc.reset_index(drop=True), req.reset_index(drop=True), dict(self.meta))
 
     def arrays(self, proposer: str) -> dict[tuple[str, str, str], np.ndarray]:
@@ -564,7 +564,7 @@ def _runs_are_whole(acc: pd.DataFrame) -> bool:
     first = np.flatnonzero(start)
     if not (acc["output_len"].to_numpy(np.int64)[first] == np.diff(np.append(first, n))).all():
         return False
-    return not acc[key].iloc[first].duplicated().any()
+    return not _where(acc, start, key).duplicated().any()
 
 
 def _check_requests_match(t: "Trace", where) -> None:
@@ -574,7 +574,7 @@ def _check_requests_match(t: "Trace", where) -> None:
         r = t.requests[t.requests.duplicated(key)].iloc[0]
         raise TraceError(f"{where}: request {r.request_id!r} listed twice in the request table")
     cols = key + ["prompt_len", "output_len"]
-    heads = t.acc[cols].iloc[np.flatnonzero(_changes(t.acc, key))]   # each request's first row is one
+    heads = _where(t.acc, _changes(t.acc, key), cols)   # each request's first row is one of them
     per = list(zip(*(heads[c].tolist() for c in cols)))
     lens = {r[:3]: r[3:] for r in zip(*(t.requests[c].tolist() for c in cols))}
     first = {}
@@ -665,10 +665,12 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     """A list<int32> column over ``acc``'s rows: the request's ids on its first row, null on the others."""
     import pyarrow as pa
 
-    heads = np.flatnonzero(_changes(acc, _KEY))         # every request's first row is one of them
-    rows = heads[~acc[_KEY].iloc[heads].duplicated().to_numpy()]
+    ch = _changes(acc, _KEY)                            # every request's first row is one of them
+    heads = _where(acc, ch, _KEY)
+    first = ~heads.duplicated().to_numpy()
+    rows = np.flatnonzero(ch)[first]
     lookup = {tuple(str(x) for x in k): v for k, v in zip(req[_KEY].itertuples(index=False, name=None), req[col])}
-    keys = zip(*(acc[c].take(rows).astype(str).tolist() for c in _KEY))
+    keys = zip(*(heads.loc[first, c].astype(str).tolist() for c in _KEY))
     lists = [lookup.get(k) for k in keys]
     lists = [None if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in lists]
     arrs = [np.asarray(v) for v in lists if v is not None]
