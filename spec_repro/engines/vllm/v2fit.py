@@ -207,6 +207,17 @@ def write(runs=None, preset: Path = PRESET, table: Path | None = None, check: bo
         for path, body in ((Path(preset), text), (table, csv)):
             with atomic_write(path) as f:
                 f.write(body)
+    man = table.parent / "MANIFEST.json"
+    if not check and man.is_file():                   # the grid's manifest lists the table with its sha256
+        import hashlib
+
+        m = json.loads(man.read_text())
+        entry = {"file": table.name, "sha256": hashlib.sha256(csv.encode()).hexdigest(),
+                 "what": f"EAGLE alone on V2 predicted by the {NAME} preset (leave-one-k-out and in sample) beside "
+                         "what was measured (python -m spec_repro.engines.vllm.v2fit fit)"}
+        if m.get(table.name) != entry:
+            with atomic_write(man) as f:
+                f.write(json.dumps({**m, table.name: entry}, indent=1, default=str) + "\n")
     none = points(runs).query("method == 'none' and batch_size == 1 and not contended")
     return same, summary(model, tab, float(none["wall_s"].sum() / none["steps"].sum()))
 

@@ -237,7 +237,10 @@ def summarize(raw, out: str | Path, command: str = "") -> dict:
             f.write(text.encode())
         engines = [{k: r.get(k) for k in ("spec", "start_s", "instrumented", "resolved", "vllm", "env")}
                    for r in recs if r.get("kind") == "engine"]
-        man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs],
+        old = json.loads((st / "MANIFEST.json").read_text()) if (st / "MANIFEST.json").is_file() else {}
+        kept = {k: v for k, v in old.items() if isinstance(v, dict) and "file" in v and k not in FILES
+                and (Path(out) / v["file"]).is_file()}       # files others write beside (v2fit's predicted.csv)
+        man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs], **kept,
                "engines": engines, "not_run": [r for r in recs if r.get("kind") in ("spec_skipped", "spec_failed",
                                                                                     "engine_error")],
                **{p.name: {"file": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "what": FILES[p.name]}
