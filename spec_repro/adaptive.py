@@ -9,7 +9,7 @@ Positions
 ---------
 A request that has produced p tokens starts a step at output position ``j = p - 1`` (the simulator's array index:
 the context is the prompt + output tokens ``0..j``; ``acc[j]`` counts how many proposed tokens match output
-tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The issue's rule "acc[q] capped at
+tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The rule "acc[q] capped at
 p - q" (p = tokens produced so far = j + 1) is ``min(acc[q], j - q + 1)``: the j - q tokens emitted after q show
 how many of q's proposed tokens matched, and whether one failed.
 

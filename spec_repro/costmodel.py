@@ -39,7 +39,7 @@ one; at batch 8 / 32 / 64 ragged 10.1 / 6.1 / 11.5 ms vs 2.0-3.2 ms uniform. A m
     ragged forward  F_r(kv, n) = c_kv' * kv + c_tok' * n + c0'   (``CostModel.ragged_target``; None by default)
 
 priced instead of F at ragged decode steps: ``forward(kv, n, ragged=mask)``. Without it (every preset fitted
-before the issue-18 H200 run) every step is priced with F, exactly as before. Where the simulator applies it (a
+before ``data/gpu/live``'s runs) every step is priced with F, exactly as before. Where the simulator applies it (a
 policy with an engine k: fixed-K, dynamic-k, ngram-else-eagle, the adaptive policies; not the oracles, not prefill
 or the no-SD baseline) is described in :mod:`spec_repro.simulate`. ``fit`` fits F_r on the ragged decode steps of
 a step table with a ``uniform`` column. Preset ``qwen2.5-coder-1.5b-h200`` is such a fit (``fit_live``).

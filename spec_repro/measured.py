@@ -40,7 +40,7 @@ def _keep_job(d: pd.DataFrame, job: str | None) -> pd.DataFrame:
 def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None) -> tuple[pd.DataFrame | None, str]:
     """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
     ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) or not ``primary`` (superseded
-    by a later session's re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
+    by a later re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
     (``study``: the study's batching) when the table says.
 
     ``job``: only the steps of that vLLM device job (``gpu_job_specs``), with its models' no-SD runs.
@@ -62,7 +62,7 @@ def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None
             d = pd.read_parquet(f)
             if "outlier" in d.columns:
                 d = d[~d["outlier"].astype(bool)]
-            if "primary" in d.columns:   # runs re-made in a later session, or with imposed acceptance
+            if "primary" in d.columns:   # runs re-made later, or with imposed acceptance
                 d = d[d["primary"].astype(bool)]
             if run_kind and "run_kind" in d.columns:
                 d = d[d["run_kind"].astype(str) == run_kind]
@@ -133,7 +133,7 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     for f in found:
         if f.suffix == ".csv":
             d = pd.read_csv(f)
-            if "primary" in d.columns:   # runs re-made in a later session (data/gpu/README.md)
+            if "primary" in d.columns:   # runs re-made later (data/gpu/README.md)
                 d = d[d["primary"].astype(bool)]
             recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
             continue
@@ -355,7 +355,7 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     return df, src
 
 
-# ---- vLLM live with real weights (data/gpu/live, issue 18) ------------------------------------------------------
+# ---- vLLM live with real weights (data/gpu/live) ---------------------------------------------------------------
 def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """Measured vLLM speedups with REAL weights (``data/gpu/live``: Qwen2.5-Coder-1.5B, the package's EAGLE
     head, code-edit, the V1 runner forced): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
