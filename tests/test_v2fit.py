@@ -11,7 +11,8 @@ from spec_repro.costmodel import PRESETS, CostModel, CostModelError, Drafter, lo
 from spec_repro.engines.vllm import v2fit as V
 
 TRUE = CostModel("true", 0.0, 6e-6, 2.0e-3, 0.0,
-                 drafters={"eagle": Drafter("per_token", c_tok=2e-5, c0=3e-4, c_step=1.2e-3, catch_up=1.0)})
+                 drafters={"eagle": Drafter("per_token", c_tok=2e-5, c0=3e-4, c_step=1.2e-3, c_step_req=2.5e-5,
+                                            catch_up=1.0)})
 AL = {"code-edit": 1.2, "sharegpt": 1.0}      # tokens accepted per draft at k = 1; more at larger k
 
 
@@ -36,10 +37,12 @@ def synth(model=TRUE, ks=(1, 2, 3, 5), steal=0.0, slow=1.0, engine="#1") -> pd.D
 
 def coefs(m: CostModel) -> list[float]:
     d = m.drafters["eagle"]
-    return [m.c_kv, m.c_tok, m.c0, m.overhead, d.c_kv, d.c_tok, d.c0, d.c_step]
+    return [m.c_kv, m.c_tok, m.c0, m.overhead, d.c_kv, d.c_tok, d.c0, d.c_step, d.c_step_req]
 
 
 def test_the_fit_recovers_a_known_model_and_each_k_is_predicted_without_its_runs():
+    """Every term recovered, the per-request one (c_step_req) apart from the per-token ones, from all k and from
+    each leave-one-k-out subset; then the per-token terms at 0 (drafting k-independent, as fitted on V2)."""
     runs = synth()
     m = V.fit_v2(runs)
     np.testing.assert_allclose(coefs(m), coefs(TRUE), rtol=1e-6, atol=1e-12)
@@ -51,6 +54,12 @@ def test_the_fit_recovers_a_known_model_and_each_k_is_predicted_without_its_runs
     t = V.prediction_table(runs)
     assert len(t) == 32 and not t["contended"].any()
     np.testing.assert_allclose(t[["ratio", "ratio_in_sample"]], 1.0, rtol=1e-6)
+    flat = CostModel("flat", 0.0, 6e-6, 2.0e-3, 0.0, drafters={"eagle": Drafter(
+        "per_token", c_step=1.4e-3, c_step_req=2.3e-5, catch_up=1.0)})
+    runs = synth(flat, ks=(1, 2, 3))
+    for k in (None, 1, 2, 3):
+        np.testing.assert_allclose(coefs(V.fit_v2(runs, drop_k=k)), coefs(flat), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(V.prediction_table(runs)["ratio"], 1.0, rtol=1e-6)
 
 
 def test_leave_one_k_out_does_not_see_the_k_it_predicts():
@@ -111,8 +120,9 @@ def test_the_committed_preset_and_table_are_the_fit_of_the_committed_runs(tmp_pa
 
 
 def test_the_simulator_prices_a_batch_step_as_the_fit_does():
-    """Mixed batching of 8 identical requests, fixed-3 EAGLE accepting 2 of 3: a prefill step, then 85 decode steps
-    of 8 requests verifying 4 tokens each, each priced ``step_time(model, 8, 3)``; no SD: 255 of ``step_time(8, 0)``."""
+    """Mixed batching of 8 identical requests (and duplicate batching of 8 copies), fixed-3 EAGLE accepting 2 of 3:
+    a prefill step, then 85 decode steps of 8 requests verifying 4 tokens each, each priced ``step_time(model, 8,
+    3)``; no SD: 255 of ``step_time(8, 0)``."""
     from spec_repro.simulate import simulate
     from spec_repro.traces import Trace
 
@@ -120,7 +130,9 @@ def test_the_simulator_prices_a_batch_step_as_the_fit_does():
     P = 100
     t = Trace.from_arrays({f"r{i}": {"eagle": [3] * 256} for i in range(8)}, prompt_lens={f"r{i}": P for i in range(8)},
                           dataset="d", model="m", k_max=3)
-    r = simulate(t, m, "eagle", "fixed-3", batch_sizes=(8,), batching="mixed", progress=False).iloc[0]
+    assert m.drafter("eagle").c_step_req > 0                       # priced per request of the step
     pre = float(m.forward(0.0, 8 * P)) + m.overhead
-    assert r["sd_time_s"] == pytest.approx(pre + 85 * float(V.step_time(m, 8, 3)), rel=1e-12)
-    assert r["base_time_s"] == pytest.approx(pre + 255 * float(V.step_time(m, 8, 0)), rel=1e-12)
+    for batching in ("mixed", "duplicate"):     # duplicate: one request's 8 copies, the same steps
+        r = simulate(t, m, "eagle", "fixed-3", batch_sizes=(8,), batching=batching, progress=False).iloc[0]
+        assert r["sd_time_s"] == pytest.approx(pre + 85 * float(V.step_time(m, 8, 3)), rel=1e-12)
+        assert r["base_time_s"] == pytest.approx(pre + 255 * float(V.step_time(m, 8, 0)), rel=1e-12)

@@ -12,6 +12,12 @@ the tail steps (fewer requests running) is not, which inflates the fixed part by
 workload, batch size) pools its runs: per-step time = their wall time over their steps. Only uncontended runs
 (hypervisor steal share < ``v2grid.CLEAN_STEAL``) are fitted.
 
+EAGLE's drafting is a per_token drafter with a per-request term: c_step + c_step_req * B + k * (c_tok * B + c0).
+On V2 EAGLE's step time at a batch size hardly changes with k (the committed uncontended runs at bs 64: 7.09 ms at
+k = 1 on sharegpt, 7.56 at k = 2 on code-edit, 6.84 at k = 3 on sharegpt, beside no SD's 2.85-2.98 ms): what it
+costs over no SD is ~1.4 ms plus ~0.02-0.03 ms per request whatever k. Without c_step_req the growth with B can
+only go into k * c_tok * B, which prices large k too high at large batches and small k too low.
+
     python -m spec_repro.engines.vllm.v2fit fit [--check]     # the preset and predicted.csv, a summary
 """
 from __future__ import annotations
@@ -44,10 +50,12 @@ SOURCE = (
     "missed), a point's (workload, B, k) step time = its runs' wall time / their steps. Target F(n) = c_tok * n + c0 "
     "on no SD's points (n = B tokens a step); c_kv = 0 (the records hold one prompt length a chunk, its first "
     "request's, not the batch's KV: the per-request KV read is in c_tok); overhead = 0 (c0 holds the whole fixed "
-    "step time: forward and host work are not separable from wall times and every step pays both). EAGLE per "
-    "drafted token "
-    "(per_token: c_step + k * (c_tok * B + c0)) on the EAGLE points' step time minus F(B * (k + 1)). Both by "
-    "non-negative least squares on relative error. Regenerate: python -m spec_repro.engines.vllm.v2fit fit")
+    "step time: forward and host work are not separable from wall times and every step pays both). EAGLE "
+    "(per_token: c_step + c_step_req * B + k * (c_tok * B + c0)) on the EAGLE points' step time minus F(B * (k + "
+    "1)): c_step + c_step_req * B is the EAGLE path's work per step whatever k, a fixed part and one per request "
+    "in the step (on V2, EAGLE's step time grows with the batch size but hardly with k), k * (...) what grows "
+    "with the tokens drafted. Both by non-negative least squares on relative error. Regenerate: python -m "
+    "spec_repro.engines.vllm.v2fit fit")
 MODEL_CONFIG = Path("gpu") / "configs" / "qwen25_coder_1p5b"
 
 
@@ -120,10 +128,10 @@ def fit_v2(runs=None, drop_k: int | None = None) -> CostModel:
     base = CostModel(NAME, 0.0, float(c_tok), float(c0), 0.0, target_model="Qwen/Qwen2.5-Coder-1.5B-Instruct",
                      hardware=HARDWARE)
     B, k, t = (eagle[c].to_numpy(float) for c in ("batch_size", "k", "t_step"))
-    d_tok, d0, c_step = _nnls_rel(np.column_stack([k * B, k, np.ones_like(k)]), t - base.forward(0.0, B * (k + 1)), t,
-                                  "EAGLE drafting (EAGLE points)")
+    d_tok, d0, c_step, c_step_req = _nnls_rel(np.column_stack([k * B, k, np.ones_like(k), B]),
+                                              t - base.forward(0.0, B * (k + 1)), t, "EAGLE drafting (EAGLE points)")
     m = replace(base, drafters={"eagle": Drafter("per_token", 0.0, float(d_tok), float(d0), c_step=float(c_step),
-                                                 catch_up=1.0)})
+                                                 catch_up=1.0, c_step_req=float(c_step_req))})
     ks = sorted(int(x) for x in set(eagle["k"]))
     idle = sorted(int(x) for x in set(p0.loc[p0["method"] == "eagle", "k"]) - set(ks) - {drop_k})
     used = (f"{int(none['runs'].sum())} runs of v2grid-none-k0 ({len(none)} points) and {int(eagle['runs'].sum())} of "
@@ -171,7 +179,8 @@ def summary(model: CostModel, table: pd.DataFrame, none_bs1_s: float) -> str:
     and the HBM floor beside no SD's bs-1 step."""
     d, f = model.drafters["eagle"], model.fit
     lines = [f"{model.name}: F(n) = {model.c_tok * 1e3:.5f} ms * n + {model.c0 * 1e3:.3f} ms; EAGLE drafting = "
-             f"{d.c_step * 1e3:.3f} ms + k * ({d.c_tok * 1e3:.5f} ms * B + {d.c0 * 1e3:.3f} ms); overhead 0"]
+             f"{d.c_step * 1e3:.3f} ms + {d.c_step_req * 1e3:.5f} ms * B + k * ({d.c_tok * 1e3:.5f} ms * B + "
+             f"{d.c0 * 1e3:.3f} ms); overhead 0"]
     u = table[~table["contended"]]
     if len(u):
         worst = ", ".join(f"k = {r['k']} {r['workload']} bs {r['batch_size']} {r['ratio']:.2f}x"
