@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["Proposer", "make_proposer", "PROPOSERS"]
+__all__ = ["Proposer", "make_proposer", "PROPOSERS", "top1_prob"]
 
 PROPOSERS = ("ngram", "draft", "early-exit", "eagle", "eagle3")
 
@@ -41,6 +41,15 @@ class Proposer:
 
     def select(self, rows: Sequence[int]) -> None:
         pass
+
+
+def top1_prob(logits, ids):
+    """softmax(logits)[..., ids], computed in float32 (float64 logits stay float64): a drafter's probability of
+    its own greedy token when ``ids`` is the argmax of ``logits`` (its top-1 probability)."""
+    import torch
+
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    return (x.gather(-1, ids[..., None]).squeeze(-1) - torch.logsumexp(x, dim=-1)).exp()
 
 
 def make_proposer(name: str, target=None, **options) -> Proposer:
