@@ -43,7 +43,8 @@ import numpy as np
 import torch
 
 from .engines.torch import generate
-from .proposers import Proposer, top1_prob
+from .metrics import top1_prob
+from .proposers import Proposer
 from .proposers.early_exit import EarlyExitProposer
 from .proposers.ngram import NgramProposer, ngram_lookup_all
 from .traces import Trace, dequantize_confidence, quantize_confidence

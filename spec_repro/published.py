@@ -108,9 +108,8 @@ def read_published_jsonl(path: str | Path, *, dataset: str | None = None, model:
                     raise TraceError(f"{where}: length mismatch, {n} acceptance entries for "
                                      f"{len(gen)} generated tokens ({name})")
                 mismatched += bool(off)
-            for name, a in per_prop.items():
-                _check_acc_array(a, f"{where}: {name}", allow_empty=True)
-            arrays[rid] = per_prop
+            arrays[rid] = {name: _check_acc_array(a, f"{where}: {name}", allow_empty=True)
+                           for name, a in per_prop.items()}
             prompt_lens[rid] = len(prompt)
             info[rid] = {"prompt_token_ids": prompt, "output_token_ids": gen if isinstance(gen, list) else None}
     if not arrays:
@@ -151,7 +150,7 @@ def _published_acc_list(val, where: str) -> list:
             raise TraceError(f"{where}: acc_len string: {too_long_number(e)}") from None
     if not isinstance(val, list):
         raise TraceError(f"{where}: acc_len must be a list of ints, got {type(val).__name__}")
-    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in val):
+    if not set(map(type, val)) <= {int, float}:   # JSON's numbers (a bool is no number here)
         raise TraceError(f"{where}: acc_len must hold only ints")
     return val
 
@@ -193,7 +192,7 @@ def read_published_cached(path: Path, **kw) -> Trace:
     if cached.is_file():
         try:
             if verify_file(cached, seal.read_text().strip() if seal.is_file() else None):
-                t = Trace.from_parquet(cached)
+                t = Trace.from_parquet(cached, checked=True)   # sealed as written from the checked parse
                 t.meta["source"] = str(path)  # the same bytes may live under another name now
                 return t
         except (TraceError, OSError, UnicodeError):

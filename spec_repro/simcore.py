@@ -73,17 +73,22 @@ def group_arrays(acc: pd.DataFrame, requests: pd.DataFrame, proposers: Sequence[
     """Concatenate the arrays of the requests in ``order``; L = the shortest of a request's proposer arrays."""
     n = len(order)
     rank = pd.Series(np.arange(n), index=pd.Index(order, dtype=object))
-    d = acc[acc["request_id"].isin(rank.index)]
-    r_all = rank.reindex(d["request_id"].astype(object)).to_numpy(np.int64)
-    pos_all = d["position"].to_numpy(np.int64)
-    acc_all = d["acc_len"].to_numpy(np.int64)
-    dl_all = d["draft_len"].to_numpy(dtype="float64", na_value=np.nan)
-    prop_all = d["proposer"].to_numpy(object)
+    # each row's rank in `order` (-1: not asked for), looked up once per distinct request id
+    codes, uniq = pd.factorize(acc["request_id"])
+    r_uniq = rank.reindex(pd.Index(uniq, dtype=object)).to_numpy(np.float64)
+    r_all = np.append(np.nan_to_num(r_uniq, nan=-1), -1).astype(np.int64)[codes]
+    asked = r_all >= 0
+    pos_all = acc["position"].to_numpy(np.int64)
+    acc_all = acc["acc_len"].to_numpy(np.int64)
+    dl_all = acc["draft_len"].to_numpy(dtype="float64", na_value=np.nan)
     per = []
     for q in proposers:
-        m = prop_all == q
+        m = asked & (acc["proposer"] == q).to_numpy(dtype=np.bool_, na_value=False)
         r, pos = r_all[m], pos_all[m]
-        o = np.lexsort((pos, r))
+        if len(r) > 1 and not ((r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & (pos[1:] > pos[:-1]))).all():
+            o = np.lexsort((pos, r))   # rows not already in (request, position) order
+        else:
+            o = np.arange(len(r))
         r, pos = r[o], pos[o]
         Lq = np.bincount(r, minlength=n)
         start = np.zeros(n + 1, np.int64)
@@ -165,6 +170,7 @@ def walk(a, prop, off, oracle):
     return walk_lockstep(a, prop, off, oracle)
 
 
+_LOCKSTEP_TAIL = 16               # fewer requests still walking: a numpy pass per step costs more than Python
 _LOCKSTEP_MAX_L = 20_000          # lockstep passes (~20-40 us each): at most the longest request's positions
 _LOCKSTEP_MAX_TOTAL = 20_000_000  # their numpy work: the trace's positions
 
@@ -176,7 +182,7 @@ def walk_lockstep(a, prop, off, oracle):
     r = np.flatnonzero(L > 1)
     p = np.ones(len(r), np.int64)
     parts = []
-    while len(r):
+    while len(r) > _LOCKSTEP_TAIL:
         j = off[r] + p - 1
         aj = a[j]
         i = aj if oracle else prop[j] + 1
@@ -185,6 +191,20 @@ def walk_lockstep(a, prop, off, oracle):
         p = p + g
         keep = p < L[r]
         r, p = r[keep], p[keep]
+    # the few requests still walking (the longest): step by step, cheaper than a numpy pass per step
+    for rq, p0 in zip(r.tolist(), p.tolist()):
+        lo, n = int(off[rq]), int(L[rq])
+        a_r = a[lo:lo + n].tolist()
+        prop_r = a_r if oracle else prop[lo:lo + n].tolist()
+        steps = []
+        while p0 < n:
+            aj = a_r[p0 - 1]
+            i = aj if oracle else prop_r[p0 - 1] + 1
+            g = min(aj, i)
+            steps.append((p0, lo + p0 - 1, i, g))
+            p0 += g
+        s = np.array(steps, np.int64).reshape(-1, 4)
+        parts.append((np.full(len(s), rq, np.int64), s[:, 0], s[:, 1], s[:, 2], s[:, 3]))
     if not parts:
         e = np.zeros(0, np.int64)
         return e, e, e, e, e
@@ -232,19 +252,26 @@ class NgramMatch:
     why: str = ""
 
 
-def _score(toks, out, first, start, length, shift, kmax):
-    """Acceptance (accepted + 1) of each lookup draft against the output and whether it is fully scorable."""
-    L = len(start)
-    ar = np.arange(kmax)
-    j = np.arange(L)
-    src = np.clip(start[:, None] + ar, 0, len(toks) - 1)
-    tgt_pos = j[:, None] + shift + ar
-    tgt = out[np.clip(tgt_pos, 0, max(len(out) - 1, 0))] if len(out) else np.zeros_like(tgt_pos)
-    inside = ar < length[:, None]
-    ok = inside & (tgt_pos < len(out)) & (toks[src] == tgt)
-    hits = np.cumprod(ok, axis=1).sum(axis=1)
+def _score(G, S, P, T, r, j, start, length, shift, kmax):
+    """Acceptance (accepted + 1) of each lookup draft against the output and whether it is fully scorable.
+    Row x: request r[x], whose tokens are G[S[r]:S[r] + T[r]] with its output from P[r] on; its draft
+    tokens[start:start + length] is scored against output[j + shift:]."""
+    n_out = (T - P)[r]
+    base, top = S[r], T[r] - 1
+    out0 = base + P[r]
+    out_hi = np.maximum(n_out - 1, 0)
+    hits = np.zeros(len(r), np.int64)
+    x = np.flatnonzero(length > 0)   # the rows whose draft still matches
+    for t in range(kmax):   # hits: the draft's tokens that match, up to the first that does not
+        tgt_pos = j[x] + shift + t
+        tgt = np.minimum(out0[x] + np.clip(tgt_pos, 0, out_hi[x]), len(G) - 1)
+        src = base[x] + np.clip(start[x] + t, 0, top[x])
+        x = x[(t < length[x]) & (tgt_pos < n_out[x]) & (G[src] == G[tgt])]
+        if not len(x):
+            break
+        hits[x] += 1
     # scorable: the draft ended (all its tokens matched, or one failed) before the output ran out
-    scorable = (j + shift + np.minimum(hits + 1, length) <= len(out)) & (start >= 0) | (length == 0)
+    scorable = (j + shift + np.minimum(hits + 1, length) <= n_out) & (start >= 0) | (length == 0)
     return 1 + hits, scorable
 
 
@@ -263,10 +290,11 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
     by_id = requests.drop_duplicates("request_id").set_index("request_id")
     pcol = next((c for c in ("prompt_token_ids", "prompt_ids") if c in by_id.columns), None)
     ocol = next((c for c in ("output_token_ids", "output_ids") if c in by_id.columns), None)
+    prompts = dict(zip(by_id.index, by_id[pcol])) if pcol else {}
+    outputs = dict(zip(by_id.index, by_id[ocol])) if ocol else {}
     toks_all = []
     for rid in reqs.ids:
-        pr = by_id.at[rid, pcol] if pcol and rid in by_id.index else None
-        ou = by_id.at[rid, ocol] if ocol and rid in by_id.index else None
+        pr, ou = prompts.get(rid), outputs.get(rid)
         if not isinstance(pr, (list, np.ndarray)) or not isinstance(ou, (list, np.ndarray)) or len(pr) == 0:
             return NgramMatch(None, "none", {}, f"request {rid!r} records no draft_len and lacks the prompt/output "
                                                 f"token ids to recompute it")
@@ -281,26 +309,34 @@ def ngram_match(reqs: Requests, requests: pd.DataFrame, q: int, kmax: int, min_n
     out = _match_load(key)
     if out is not None:
         return _match_keep(key, out)
-    from .proposers.ngram import ngram_lookup_all   # numba's import: only when the match is computed
+    from .proposers import ngram as lookup
 
     total = int(reqs.off[-1])
-    lens = {a: np.zeros(total, np.int64) for a in ("study", "package")}
-    agree = {a: [0, 0] for a in lens}
-    for r, (pr, ou) in enumerate(toks_all):
-        toks = np.concatenate([pr, ou])
-        L = int(reqs.L[r])
-        a = reqs.acc[q, reqs.off[r]:reqs.off[r + 1]]
-        # contexts prompt + output[:i], i = 0 .. len(output): the study's position j reads i = j, the package's i = j+1
-        st_all, ln_all = ngram_lookup_all(toks, len(pr) - 1, kmax, min_n, max_n)
-        for align, shift in (("study", 0), ("package", 1)):
-            st, ln = st_all[shift:], ln_all[shift:]
-            n = min(L, len(st))   # positions past the end of the published output cannot be recomputed: 0 there
-            st, ln = st[:n], ln[:n]
-            lens[align][reqs.off[r]:reqs.off[r] + n] = ln
-            hat, scorable = _score(toks, ou, len(pr), st, ln, shift, kmax)
-            same = np.minimum(hat, kmax + 1) == np.minimum(a[:n], kmax + 1)
-            agree[align][0] += int(same[scorable].sum())
-            agree[align][1] += int(scorable.sum())
+    P = np.array([len(pr) for pr, _ in toks_all], np.int64)
+    T = P + np.array([len(ou) for _, ou in toks_all], np.int64)
+    seqs = [np.concatenate([pr, ou]) for pr, ou in toks_all]
+    G = np.concatenate(seqs)
+    S = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(T, out=S[1:])
+    # contexts prompt + output[:i], i = 0 .. len(output): the study's position j reads i = j, the package's
+    # i = j + 1
+    drafts = lookup.ngram_lookup_batch(seqs, P - 1, kmax, min_n, max_n)
+    st_all = np.concatenate([d[0] for d in drafts])
+    ln_all = np.concatenate([d[1] for d in drafts])
+    qoff = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(T - P + 1, out=qoff[1:])
+    lens, agree = {}, {}
+    for align, shift in (("study", 0), ("package", 1)):
+        # positions past the end of the published output cannot be recomputed: 0 there
+        n = np.minimum(reqs.L, T - P + 1 - shift)
+        r = np.repeat(np.arange(len(seqs)), n)
+        j = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        st, ln = st_all[qoff[r] + shift + j], ln_all[qoff[r] + shift + j]
+        lens[align] = np.zeros(total, np.int64)
+        lens[align][reqs.off[r] + j] = ln
+        hat, scorable = _score(G, S, P, T, r, j, st, ln, shift, kmax)
+        same = np.minimum(hat, kmax + 1) == np.minimum(reqs.acc[q, reqs.off[r] + j], kmax + 1)
+        agree[align] = [int(same[scorable].sum()), int(scorable.sum())]
     share = {k: (v[0] / v[1] if v[1] else float("nan")) for k, v in agree.items()}
     best = max(share, key=lambda k: (share[k] if np.isfinite(share[k]) else -1))
     if not share[best] >= NGRAM_AGREEMENT:

@@ -461,14 +461,12 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
 
 
 # ---- adaptive policies (spec_repro.adaptive): the step sequence depends on the batch size ----------------------
-def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: CostModel, Bs: np.ndarray, modes,
-                   seed: int, params, cache: dict) -> list[dict]:
+def _adaptive_rows(reqs: _Requests, req: pd.DataFrame, kmax: int, key, props, pname: str, cm: CostModel,
+                   Bs: np.ndarray, modes, seed: int, params, cache: dict) -> list[dict]:
+    """(req: the group's requests; kmax: the largest k_max of its rows.)"""
     from . import adaptive
 
     ds, model = key
-    grp = (sub.acc["dataset"] == ds) & (sub.acc["model"] == model)
-    kmax = int(sub.acc.loc[grp, "k_max"].max())
-    req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
     if key not in cache:  # the n-gram match signal (recomputed from token ids on published traces) once per group
         cache[key] = adaptive._inputs(reqs, req, list(props), cm, kmax)
     inputs = cache[key]
@@ -484,6 +482,16 @@ def _adaptive_rows(reqs: _Requests, sub: Trace, key, props, pname: str, cm: Cost
                           n_requests=len(reqs.ids), mean_tokens_per_step=float(a.gen.sum() / max(len(a.gen), 1)),
                           n_tokens=int(reqs.L.sum()), batching=mode, **r) for r in res]
     return rows
+
+
+class _NoBar:
+    """What a progress bar is asked for when none is drawn (tqdm not even imported)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 # ---- public entry ------------------------------------------------------------------------------------------------
@@ -573,18 +581,20 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
         except CostModelError as e:
             raise SimulationError(str(e)) from e
 
-    sub = trace.select(proposers=props)
+    # the requests that have every proposer, their rows of those proposers (a mask: nothing copied)
+    keep, sub_req = trace.selection(proposers=props)
+    sub_req = sub_req.reset_index(drop=True)
     fixed_k = [(name, K) for name, kind, K in policies if kind == "fixed"]
     fixed_k += [(name, max(K)) for name, kind, K in policies if kind in SWITCH]
     fixed_k += [(name, max(dict(options["dynamic_k"]).values())) for name, kind, K in policies
                 if kind == "dynamic-k"]
-    if fixed_k and len(sub.acc):
-        k_max = int(sub.acc["k_max"].to_numpy().min())
+    if fixed_k and keep.any():
+        k_max = int(trace.acc["k_max"].to_numpy()[keep].min())
         name, K = max(fixed_k, key=lambda x: x[1])
         if K > k_max:  # acceptance beyond k_max was never measured: a longer draft would be priced blind
             raise SimulationError(f"policy {name!r} drafts {K} tokens but the trace measured acceptance only up to "
                                   f"k_max = {k_max} (acc_len <= {k_max + 1}); use K <= {k_max}")
-    groups = sub.requests[["dataset", "model"]].drop_duplicates().itertuples(index=False)
+    groups = sub_req[["dataset", "model"]].drop_duplicates().itertuples(index=False)
     groups = [tuple(g) for g in groups]
     if not groups:
         raise TraceError(f"no request has every proposer of {props}")
@@ -592,35 +602,45 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
              for acct in accountings]
     units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE + SWITCH]
     rows = []
-    from .progress import tqdm
+    if progress:
+        from .progress import tqdm
 
-    bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config", disable=not progress)
+        bar = tqdm(total=len(units) * len(modes), desc="simulate", unit="config")
+    else:
+        bar = _NoBar()
     cache: dict = {}
     acache: dict = {}
+    group_req: dict = {}   # (dataset, model) -> its requests
+    group_kmax: dict = {}  # (dataset, model) -> the largest k_max of its rows
     for (ds, model), (pname, kind, K), acct in units:
         key = (ds, model)
         if key not in cache:
-            ids = sub.requests.loc[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model),
-                                   "request_id"].tolist()
+            req = sub_req[((sub_req["dataset"] == ds) & (sub_req["model"] == model))
+                          .to_numpy(dtype=np.bool_, na_value=False)]
+            ids = req["request_id"].tolist()
             if sample is not None:
                 if not 1 <= int(sample) <= len(ids):
                     raise SimulationError(f"sample={sample}: {ds!r}/{model!r} has {len(ids)} eligible requests")
                 ids = random.Random(seed).sample(ids, int(sample))
-            acc = sub.acc[(sub.acc["dataset"] == ds) & (sub.acc["model"] == model)]
-            req = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
+            rows_g = keep & ((trace.acc["dataset"] == ds) & (trace.acc["model"] == model)).to_numpy(
+                dtype=np.bool_, na_value=False)
+            # only the rows and columns group_arrays reads are copied (none when they are the whole trace)
+            acc = trace.acc if rows_g.all() else trace.acc.loc[rows_g, ["request_id", "proposer", "position",
+                                                                        "acc_len", "draft_len"]]
             cache[key] = _group_arrays(acc, req, props, ids)
+            group_req[key] = req
+            group_kmax[key] = int(trace.acc["k_max"].to_numpy()[rows_g].max())
         reqs = cache[key]
         if kind in _ADAPTIVE:
-            rows += _adaptive_rows(reqs, sub, key, props, pname, cm, Bs, modes, seed, options.get("adaptive_params"),
-                                   acache)
+            rows += _adaptive_rows(reqs, group_req[key], group_kmax[key], key, props, pname, cm, Bs, modes,
+                                   seed, options.get("adaptive_params"), acache)
             bar.update(len(modes))
             continue
         ng_lens = None
         if kind in SWITCH or (kind == "fixed" and _is_ngram(props[0]) and options.get("ngram_match") != "random"):
             if ("ngm",) + key not in acache:
-                g = sub.requests[(sub.requests["dataset"] == ds) & (sub.requests["model"] == model)]
-                kmax = int(sub.acc.loc[(sub.acc["dataset"] == ds) & (sub.acc["model"] == model), "k_max"].max())
-                acache[("ngm",) + key] = ngram_match(reqs, g, [_is_ngram(q) for q in props].index(True), kmax)
+                q_ngram = [_is_ngram(q) for q in props].index(True)
+                acache[("ngm",) + key] = ngram_match(reqs, group_req[key], q_ngram, group_kmax[key])
             ngm = acache[("ngm",) + key]
             if kind in SWITCH and ngm.lens is None:
                 raise SimulationError(f"policy {pname!r} needs n-gram's match at each position: {ngm.why}")

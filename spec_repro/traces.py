@@ -159,6 +159,13 @@ class Trace:
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
+    def _checked(cls, acc: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> "Trace":
+        """A trace of tables that are in the schema's columns and dtypes and were checked already."""
+        t = cls.__new__(cls)
+        t.acc, t.requests, t.meta = acc, requests, meta
+        return t
+
+    @classmethod
     def from_arrays(
         cls,
         arrays: Mapping[str, Mapping[str, Sequence[int]]],
@@ -183,8 +190,10 @@ class Trace:
         ``k_max`` defaults to the longest draft over the whole trace: max(acc_len) - 1, or the longest of
         ``draft_lens`` where that is longer. Requests with an empty array are skipped
         (their ids are listed in ``meta['skipped_empty']``)."""
-        cols: dict[str, list] = {c: [] for c in ("request_id", "proposer", "position", "acc_len", "draft_len",
-                                                  "prompt_len", "output_len")}
+        import pyarrow as pa
+
+        runs: list[tuple] = []          # one (request id, proposer, L, P) per acceptance array kept
+        acc_parts, dl_parts = [], []
         reqs, skipped = [], []
         conf_blocks: list = []           # per (request, proposer) run of rows: its [L, k] confidence or None
         for rid, per_prop in arrays.items():
@@ -199,7 +208,7 @@ class Trace:
             L = min(lens.values())
             P = int(prompt_lens[rid])
             for prop, a in per_prop.items():
-                arr = _check_acc_array(a, f"request {rid!r}, proposer {prop!r}")[:L]
+                acc_parts.append(_check_acc_array(a, f"request {rid!r}, proposer {prop!r}")[:L])
                 dl = np.full(L, -1, dtype=np.int64)
                 if draft_lens is not None and prop in draft_lens.get(rid, {}):
                     dl = np.asarray(draft_lens[rid][prop], dtype=np.int64)[:L]
@@ -213,21 +222,30 @@ class Trace:
                                          f"[positions, k_max] over at least its {L} positions, got shape {cf.shape}")
                     cf = cf[:L]
                 conf_blocks.append((L, cf))
-                for c, v in (("request_id", [str(rid)] * L), ("proposer", [prop] * L),
-                             ("position", np.arange(L)), ("acc_len", arr), ("draft_len", dl),
-                             ("prompt_len", np.full(L, P)), ("output_len", np.full(L, L))):
-                    cols[c].append(v)
+                dl_parts.append(dl)
+                runs.append((str(rid), str(prop), L, P))
             info = dict(request_info.get(rid, {})) if request_info else {}
             reqs.append({"request_id": str(rid), "dataset": dataset, "model": model, "prompt_len": P,
                          "output_len": L, **{k: v for k, v in info.items() if k in REQ_OPTIONAL}})
         if not reqs:
             raise TraceError(f"no request with a non-empty acceptance array ({len(skipped)} empty)")
-        flat = {c: np.concatenate(v) for c, v in cols.items()}
-        dl = pd.Series(flat.pop("draft_len")).astype("Int16")
+        run_rid, run_prop, run_L, run_P = zip(*runs)
+        n = np.array(run_L, np.int64)
+        row_run = np.repeat(np.arange(len(runs)), n)
+
+        def repeated(names):   # a string column: each run's name on its rows (arrow: no str object per row)
+            return pd.arrays.ArrowStringArray(pa.array(names, pa.large_string()).take(pa.array(row_run)))
+
+        def same(name):        # one name on every row
+            return repeated([name] * len(runs)) if isinstance(name, str) else name
+
+        dl = pd.Series(np.concatenate(dl_parts)).astype("Int16")
         dl[dl < 0] = pd.NA
-        acc = pd.DataFrame({"request_id": flat.pop("request_id"), "dataset": dataset, "model": model,
-                            "proposer": flat.pop("proposer"), **flat})
-        acc.insert(acc.columns.get_loc("prompt_len"), "draft_len", dl.to_numpy())
+        acc = pd.DataFrame({"request_id": repeated(run_rid), "dataset": same(dataset), "model": same(model),
+                            "proposer": repeated(run_prop),
+                            "position": np.arange(len(row_run)) - np.repeat(np.cumsum(n) - n, n),
+                            "acc_len": np.concatenate(acc_parts), "draft_len": dl.array,
+                            "prompt_len": np.repeat(np.array(run_P, np.int64), n), "output_len": n[row_run]})
         # by default the longest draft the trace shows: a drafted length (draft_lens) or an acceptance (acc_len - 1);
         # a trace of low acceptance (sharegpt) has drafts longer than anything accepted
         dmax = acc["draft_len"].max()
@@ -248,44 +266,51 @@ class Trace:
     # ---- queries ------------------------------------------------------------------------------------
     @property
     def proposers(self) -> list[str]:
-        return sorted(self.acc["proposer"].unique().tolist())
+        return _distinct(self.acc, "proposer")
 
     @property
     def datasets(self) -> list[str]:
-        return sorted(self.acc["dataset"].unique().tolist())
+        return _distinct(self.acc, "dataset")
 
     @property
     def models(self) -> list[str]:
-        return sorted(self.acc["model"].unique().tolist())
+        return _distinct(self.acc, "model")
 
     def check_proposers(self, proposers: Iterable[str]) -> list[str]:
         """Raise a TraceError naming what is available if any requested proposer is absent."""
         proposers = list(proposers)
-        missing = [p for p in proposers if p not in self.proposers]
+        have = self.proposers
+        missing = [p for p in proposers if p not in have]
         if missing:
-            raise TraceError(f"unknown proposer(s) {missing}: this trace has {self.proposers}")
+            raise TraceError(f"unknown proposer(s) {missing}: this trace has {have}")
         return proposers
+
+    def selection(self, *, dataset: str | None = None, model: str | None = None,
+                  proposers: Iterable[str] | None = None) -> tuple[np.ndarray, pd.DataFrame]:
+        """What ``select`` keeps, with no rows copied: a mask over ``acc``'s rows and the requests kept."""
+        keep = np.ones(len(self.acc), np.bool_)
+        for col, want in (("dataset", dataset), ("model", model)):
+            if want is not None:
+                keep &= (self.acc[col] == want).to_numpy(dtype=np.bool_, na_value=False)
+        first = self.acc["position"].to_numpy() == 0
+        if proposers is not None:
+            props = self.check_proposers(proposers)
+            keep &= self.acc["proposer"].isin(props).to_numpy(dtype=np.bool_, na_value=False)
+            if len(props) > 1:  # keep the requests that have every one of them
+                rid = _key_codes(self.acc)
+                n_props = np.bincount(rid[keep & first], minlength=rid.max(initial=-1) + 1)
+                keep &= n_props[rid] == len(props)
+        req = self.requests
+        if not keep.all():
+            key = ["dataset", "model", "request_id"]
+            req = req.merge(self.acc.loc[keep & first, key].drop_duplicates(), on=key, how="inner")
+        return keep, req
 
     def select(self, *, dataset: str | None = None, model: str | None = None,
                proposers: Iterable[str] | None = None) -> "Trace":
         """A sub-trace; with ``proposers``, only requests that have every one of them."""
-        acc = self.acc
-        if dataset is not None:
-            acc = acc[acc["dataset"] == dataset]
-        if model is not None:
-            acc = acc[acc["model"] == model]
-        if proposers is not None:
-            props = self.check_proposers(proposers)
-            acc = acc[acc["proposer"].isin(props)]
-            if len(props) > 1:  # keep the requests that have every one of them
-                rid = _key_codes(acc)
-                n_props = np.bincount(rid[acc["position"].to_numpy() == 0], minlength=rid.max(initial=-1) + 1)
-                acc = acc[n_props[rid] == len(props)]
-        key = ["dataset", "model", "request_id"]
-        req = self.requests
-        if len(acc) != len(self.acc):
-            keys = acc.loc[acc["position"].to_numpy() == 0, key].drop_duplicates()
-            req = req.merge(keys, on=key, how="inner")
+        keep, req = self.selection(dataset=dataset, model=model, proposers=proposers)
+        acc = self.acc if keep.all() else self.acc[keep]
         return Trace(acc.reset_index(drop=True), req.reset_index(drop=True), dict(self.meta))
 
     @property
@@ -361,14 +386,18 @@ class Trace:
         return path
 
     @classmethod
-    def from_parquet(cls, path: str | Path) -> "Trace":
+    def from_parquet(cls, path: str | Path, *, checked: bool = False) -> "Trace":
+        """Read a trace written by ``to_parquet``. ``checked=True``: the file is a copy this package wrote of a
+        checked trace and verified since (``published.read_published_cached``: its sha256 as sealed when it was
+        written), so its rows are only read into the schema's dtypes, not checked again."""
         import pyarrow.parquet as pq
 
         path = Path(path)
         if not path.exists():
             raise TraceError(f"{path}: no such trace file")
         try:
-            table = pq.read_table(path)
+            with pq.ParquetFile(path) as f:   # one file: no dataset layer (pq.read_table's)
+                table = f.read()
             md = table.schema.metadata or {}
             ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
             conf = table.column(CONF_COLUMN) if CONF_COLUMN in table.column_names else None
@@ -397,6 +426,10 @@ class Trace:
             raise TraceError(f"{path}: spec_repro metadata is not a JSON object")
         if ids:
             requests = _attach_ids(acc, requests, ids, path)
+        if checked:
+            keep = [c for c in requests.columns if c in REQ_OPTIONAL]
+            return cls._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
+                                _coerce(requests, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
         try:
             t = cls(acc, requests, meta)
         except TraceError as e:
@@ -440,7 +473,14 @@ class Trace:
             r = acc[dup].iloc[0]
             raise TraceError(f"duplicate rows after concat, e.g. request {r.request_id!r} of {r.dataset!r}")
         meta = {"parts": [t.meta for t in traces]}
-        return Trace(acc, req.drop_duplicates(["dataset", "model", "request_id"]), meta)
+        # every part was checked when it was built and joining them can only repeat a row (checked above): the
+        # joined tables are put in the schema's dtypes, not checked a second time
+        req = req.drop_duplicates(["dataset", "model", "request_id"])
+        if CONF_COLUMN in acc.columns:   # parts with and without confidence: the column put in one form, checked
+            return Trace(acc, req, meta)
+        keep = [c for c in req.columns if c in REQ_OPTIONAL]
+        return Trace._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
+                              _coerce(req, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
 
 
 # ---- step timings ---------------------------------------------------------------------------------------
@@ -606,17 +646,24 @@ def _check_confidence(acc: pd.DataFrame, where: str) -> pd.Series:
     return s
 
 
-def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequence[str] = (),
+            check: bool = True) -> pd.DataFrame:
+    """``df``'s schema columns (then ``extra``) in the schema's dtypes; ``check``: its values checked too."""
     missing = [c for c in schema if c not in df.columns]
     if missing:
         raise TraceError(f"{where}: missing columns {missing}")
-    out = df[list(schema) + [c for c in extra if c not in schema]].copy()
+    cols = list(schema) + [c for c in extra if c not in schema]
+    if not check and list(df.columns) == cols and all(str(df[c].dtype) == dt for c, dt in schema.items()):
+        return df.reset_index(drop=True)   # already the schema's columns and dtypes: nothing to convert
+    out = df[cols].copy()
     for c, dt in schema.items():
         _check_int_range(out[c], dt, where, c)
         try:
             out[c] = out[c].astype(dt)
         except (TypeError, ValueError) as e:
             raise TraceError(f"{where}: column {c!r} cannot be read as {dt} ({e})") from e
+    if not check:
+        return out.reset_index(drop=True)
     if where in ("acc", "requests") and len(out):
         _check_fields(out, schema, where)
     if where == "acc" and len(out):
@@ -653,14 +700,38 @@ def _check_fields(out: pd.DataFrame, schema: Mapping[str, str], where: str) -> N
             raise TraceError(f"{where}: column {c!r} = {out[c].iloc[i]} in row {i}; it must be >= {lo}")
 
 
+def _changes(acc: pd.DataFrame, cols: Sequence[str]) -> np.ndarray:
+    """Per row: True where any of ``cols`` differs from the row before (row 0: True; a null is a change).
+    Every first occurrence of a combination is such a row, so questions about distinct combinations can be
+    asked of these rows alone (a handful per request in every layout written here)."""
+    ch = np.ones(len(acc), np.bool_)
+    if len(acc) > 1:
+        same = np.ones(len(acc) - 1, np.bool_)
+        for c in cols:
+            v = acc[c].array
+            eq = v[1:] == v[:-1]
+            same &= eq.to_numpy(dtype=np.bool_, na_value=False) if hasattr(eq, "to_numpy") else \
+                np.asarray(eq, np.bool_)
+        ch[1:] = ~same
+    return ch
+
+
+def _distinct(acc: pd.DataFrame, col: str) -> list:
+    """The distinct values of one column, sorted (looked up on the rows where it changes)."""
+    return sorted(acc[col].iloc[np.flatnonzero(_changes(acc, [col]))].unique().tolist())
+
+
 def _key_codes(acc: pd.DataFrame, cols: Sequence[str] = ("dataset", "model", "request_id")) -> np.ndarray:
-    """One integer per row naming its combination of ``cols`` (compacted after each column, so it stays below
-    rows x distinct values and never overflows)."""
-    code = np.zeros(len(acc), dtype=np.int64)
+    """One integer per row naming its combination of ``cols``, numbered in order of first appearance
+    (compacted after each column, so it stays below rows x distinct values and never overflows). Only the rows
+    where the combination changes are factorized; the others repeat the code of the row before."""
+    ch = _changes(acc, cols)
+    heads = np.flatnonzero(ch)
+    code = np.zeros(len(heads), dtype=np.int64)
     for c in cols:
-        k, uniq = pd.factorize(acc[c])
+        k, uniq = pd.factorize(acc[c].array.take(heads))
         code = pd.factorize(code * len(uniq) + k)[0]
-    return code
+    return code[np.cumsum(ch) - 1]
 
 
 def _runs_are_whole(acc: pd.DataFrame) -> bool:
@@ -672,18 +743,15 @@ def _runs_are_whole(acc: pd.DataFrame) -> bool:
     start = pos == 0
     if not start[0]:
         return False
-    inner = ~start[1:]
-    if not (pos[1:][inner] == pos[:-1][inner] + 1).all():
+    key = ["dataset", "model", "request_id", "proposer"]
+    # within a run: positions step by one, the key and output_len stay the same
+    inner_ok = (pos[1:] == pos[:-1] + 1) & ~_changes(acc, [*key, "output_len"])[1:]
+    if not (inner_ok | start[1:]).all():
         return False
-    key = _key_codes(acc, ("dataset", "model", "request_id", "proposer"))
-    out_len = acc["output_len"].to_numpy(np.int64)
-    for a in (key, out_len):
-        if not (a[1:][inner] == a[:-1][inner]).all():  # the key and output_len are constant within a run
-            return False
     first = np.flatnonzero(start)
-    if not (out_len[first] == np.diff(np.append(first, n))).all():
+    if not (acc["output_len"].to_numpy(np.int64)[first] == np.diff(np.append(first, n))).all():
         return False
-    return len(np.unique(key[first])) == len(first)
+    return not acc[key].iloc[first].duplicated().any()
 
 
 def _check_requests_match(t: "Trace", where) -> None:
@@ -692,17 +760,21 @@ def _check_requests_match(t: "Trace", where) -> None:
     if t.requests.duplicated(key).any():
         r = t.requests[t.requests.duplicated(key)].iloc[0]
         raise TraceError(f"{where}: request {r.request_id!r} listed twice in the request table")
-    per = t.acc.drop_duplicates(key)[key + ["prompt_len", "output_len"]]
-    m = per.merge(t.requests[key + ["prompt_len", "output_len"]], on=key, how="left", suffixes=("", "_req"),
-                  indicator=True)
-    if (m["_merge"] != "both").any():
-        r = m[m["_merge"] != "both"].iloc[0]
-        raise TraceError(f"{where}: request {r.request_id!r} has acceptance rows but no entry in the request table")
-    bad = (m["prompt_len"] != m["prompt_len_req"]) | (m["output_len"] != m["output_len_req"])
-    if bad.any():
-        r = m[bad].iloc[0]
-        raise TraceError(f"{where}: request {r.request_id!r}: prompt/output lengths differ between the acceptance "
-                         f"rows and the request table")
+    cols = key + ["prompt_len", "output_len"]
+    heads = t.acc[cols].iloc[np.flatnonzero(_changes(t.acc, key))]   # each request's first row is one
+    per = list(zip(*(heads[c].tolist() for c in cols)))
+    lens = {r[:3]: r[3:] for r in zip(*(t.requests[c].tolist() for c in cols))}
+    first = {}
+    for r in per:
+        first.setdefault(r[:3], r[3:])                    # a request's lengths on its first row
+    for k in first:
+        if k not in lens:
+            raise TraceError(f"{where}: request {k[2]!r} has acceptance rows but no entry in the request "
+                             f"table")
+    for k, v in first.items():
+        if lens[k] != v:
+            raise TraceError(f"{where}: request {k[2]!r}: prompt/output lengths differ between the "
+                             f"acceptance rows and the request table")
     if "prompt_token_ids" in t.requests.columns:  # stored ids are the prompt: their count is its length
         n = [-1 if v is None or isinstance(v, float) else len(v) for v in t.requests["prompt_token_ids"]]
         off = np.flatnonzero((np.asarray(n) >= 0) & (np.asarray(n) != t.requests["prompt_len"].to_numpy()))
@@ -749,19 +821,22 @@ def _check_acc_array(a, where: str, allow_empty: bool = False) -> np.ndarray:
         arr = np.asarray(a)
     except Exception as e:
         raise TraceError(f"{where}: acc_len is not a flat list of ints") from e
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or
-                             (np.issubdtype(arr.dtype, np.floating) and np.isfinite(arr).all()
-                              and np.all(arr == np.round(arr)))):
+    kind = arr.dtype.kind   # integers ("i", "u"), or floats that are finite whole numbers
+    if arr.ndim != 1 or not (kind in "iu" or (kind == "f" and np.isfinite(arr).all()
+                                              and np.all(arr == np.round(arr)))):
         raise TraceError(f"{where}: acc_len must be a flat list of finite ints")
-    if (arr < 1).any():
+    if arr.min() < 1:
         i = int(np.flatnonzero(arr < 1)[0])
         raise TraceError(f"{where}: acc_len[{i}] = {arr[i]} < 1 (it counts accepted + 1)")
-    hi = np.iinfo(np.int16).max
-    if (arr > hi).any():
+    hi = _INT16_MAX
+    if arr.max() > hi:
         i = int(np.flatnonzero(arr > hi)[0])
         raise TraceError(f"{where}: acc_len[{i}] = {arr[i]:.0f} exceeds {hi}, the largest acc_len the schema "
                          f"holds (int16; no step accepts that many tokens)")
-    return arr.astype(np.int16)
+    return arr.astype(np.int16, copy=False)
+
+
+_INT16_MAX = int(np.iinfo(np.int16).max)
 
 
 def _as_list(v):
@@ -777,13 +852,30 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     """A list<int32> column over ``acc``'s rows: the request's ids on its first row, null on the others."""
     import pyarrow as pa
 
-    first = ~acc.duplicated(_KEY).to_numpy()
+    heads = np.flatnonzero(_changes(acc, _KEY))         # every request's first row is one of them
+    rows = heads[~acc[_KEY].iloc[heads].duplicated().to_numpy()]
     lookup = {tuple(str(x) for x in k): v for k, v in zip(req[_KEY].itertuples(index=False, name=None), req[col])}
-    keys = acc.loc[first, _KEY].astype(str).itertuples(index=False, name=None)
-    vals: list = [None] * len(acc)
-    for row, k in zip(np.flatnonzero(first), keys):
-        v = lookup.get(tuple(k))
-        vals[row] = None if v is None or (isinstance(v, float) and np.isnan(v)) else [int(x) for x in v]
+    keys = zip(*(acc[c].take(rows).astype(str).tolist() for c in _KEY))
+    lists = [lookup.get(k) for k in keys]
+    lists = [None if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in lists]
+    arrs = [np.asarray(v) for v in lists if v is not None]
+    ints = all(a.ndim == 1 and (a.dtype.kind in "iu" or not len(a)) for a in arrs)
+    flat = np.concatenate([a for a in arrs if len(a)] or [np.zeros(0, np.int64)]) if ints else None
+    i32 = np.iinfo(np.int32)
+    if ints and (not len(flat) or (flat.min() >= i32.min and flat.max() <= i32.max)):
+        # integer lists that fit: built from their offsets and values at once
+        n = np.zeros(len(acc), np.int64)
+        has = np.zeros(len(acc), np.bool_)
+        sel = rows[[v is not None for v in lists]]
+        n[sel] = [len(a) for a in arrs]
+        has[sel] = True
+        off = np.zeros(len(acc) + 1, np.int32)
+        np.cumsum(n, out=off[1:])
+        return pa.ListArray.from_arrays(pa.array(off), pa.array(flat.astype(np.int32)),
+                                        type=pa.list_(pa.int32()), mask=pa.array(~has))
+    vals: list = [None] * len(acc)   # anything else (ids as strings, floats, ...): element by element
+    for row, v in zip(rows, lists):
+        vals[row] = None if v is None else [int(x) for x in v]
     return pa.array(vals, type=pa.list_(pa.int32()))
 
 
@@ -808,12 +900,15 @@ def _attach_ids(acc: pd.DataFrame, requests: pd.DataFrame, ids: dict, path) -> p
     """Put the id columns read from a parquet file back on ``requests`` (one list per request). Only the rows
     that carry ids (each request's first) are looked at one by one."""
     requests = requests.copy()
-    rkeys = [tuple(str(x) for x in k) for k in requests[_KEY].itertuples(index=False, name=None)]
+    rkeys = [tuple(str(x) for x in k) for k in zip(*(requests[c].tolist() for c in _KEY))]
+    keys_of: dict = {}   # the id columns' rows are the same rows (each request's first): their keys read once
     for col, arr in ids.items():
         rows, lists = _id_lists(arr)
-        keys = acc[_KEY].iloc[rows].astype(str).itertuples(index=False, name=None)
+        tag = rows.tobytes()
+        if tag not in keys_of:
+            keys_of[tag] = list(zip(*(acc[c].take(rows).astype(str).tolist() for c in _KEY)))
         found: dict = {}
-        for k, v in zip(keys, lists):
+        for k, v in zip(keys_of[tag], lists):
             if k in found:
                 raise TraceError(f"{path}: request {k[2]!r} carries {col} twice")
             found[k] = v

@@ -231,12 +231,12 @@ def test_ngram_match_is_kept_on_disk_by_content(tmp_path, monkeypatch):
     m = ngram_match(reqs, sub.requests, 0, 16)
     entries = sorted((tmp_path / "cache" / "ngram").glob("*.npz"))
     assert len(entries) == 1 and entries[0].with_suffix(".sha256").is_file()
-    real = ngram_mod.ngram_lookup_all
+    real = ngram_mod.ngram_lookup_batch
 
     def refuse(*a, **k):
         raise AssertionError("the lookup ran again")
 
-    monkeypatch.setattr(ngram_mod, "ngram_lookup_all", refuse)
+    monkeypatch.setattr(ngram_mod, "ngram_lookup_batch", refuse)
     simcore._MATCH_CACHE.clear()
     again = ngram_match(reqs, sub.requests, 0, 16)
     np.testing.assert_array_equal(again.lens, m.lens)
@@ -250,7 +250,7 @@ def test_ngram_match_is_kept_on_disk_by_content(tmp_path, monkeypatch):
     simcore._MATCH_CACHE.clear()
     with pytest.raises(AssertionError, match="ran again"):
         ngram_match(reqs, sub.requests, 0, 16)
-    monkeypatch.setattr(ngram_mod, "ngram_lookup_all", real)
+    monkeypatch.setattr(ngram_mod, "ngram_lookup_batch", real)
     simcore._MATCH_CACHE.clear()
     np.testing.assert_array_equal(ngram_match(reqs, sub.requests, 0, 16).lens, m.lens)
     monkeypatch.setenv("SPEC_REPRO_CACHE", str(tmp_path / "off"))

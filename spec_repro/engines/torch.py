@@ -351,7 +351,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         t3 = time.perf_counter()
         greedy = logits.argmax(dim=-1).tolist()  # (rows, m)
         for n in exit_layers:
-            from ..proposers import top1_prob
+            from ..metrics import top1_prob
 
             lg = state.head(final_norm(state.last_hidden[n][:, 0]))
             ex_t = lg.argmax(dim=-1)

@@ -43,15 +43,6 @@ class Proposer:
         pass
 
 
-def top1_prob(logits, ids):
-    """softmax(logits)[..., ids], computed in float32 (float64 logits stay float64): a drafter's probability of
-    its own greedy token when ``ids`` is the argmax of ``logits`` (its top-1 probability)."""
-    import torch
-
-    x = logits if logits.dtype == torch.float64 else logits.float()
-    return (x.gather(-1, ids[..., None]).squeeze(-1) - torch.logsumexp(x, dim=-1)).exp()
-
-
 def make_proposer(name: str, target=None, **options) -> Proposer:
     """Build a proposer by name. ``target`` is the target model (needed by ``early-exit``)."""
     key = name.lower().replace("_", "-")

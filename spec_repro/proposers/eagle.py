@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from .eagle_files import EagleError, _read_weights, check_head_dir, read_config
 
-from . import Proposer, top1_prob
+from . import Proposer
+from ..metrics import top1_prob
 
 __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_head", "save_head", "new_head", "target_features",
            "feature_layers", "eagle_chain_argmax", "eagle_chain_acceptance", "eagle_chain_profile", "KINDS"]
