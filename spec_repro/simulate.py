@@ -139,7 +139,10 @@ def parse_policy(policy: str) -> tuple[str, int]:
     sw = parse_switch(p)
     if sw is not None:
         return sw[0], (sw[1], sw[2])
-    m = re.fullmatch(r"fixed-?(-?\d+)", p)
+    close = re.fullmatch(r"fixed_?(\d+)", p)
+    if close:
+        raise SimulationError(f"unknown policy {policy!r}; did you mean fixed-{close.group(1)}?")
+    m = re.fullmatch(r"fixed-(-?\d+)", p)
     if m:
         k = int(m.group(1))
         if k < 1:
