@@ -197,7 +197,7 @@ def summary_markdown(df: pd.DataFrame, prefix: str = "B") -> str:
     listed once at the end. Every line is at most ``MAX_LINE`` characters (longer text wraps)."""
     keys = _source_keys(df["source"], prefix)
     cols = ["quantity", "paper", "this_run", "verdict"]
-    out = _wrap(VERDICT_RULES, MAX_LINE) + [""] + _wrap(TERMS, MAX_LINE) + [""]
+    out = digest_lines(df) + _wrap(VERDICT_RULES, MAX_LINE) + [""] + _wrap(TERMS, MAX_LINE) + [""]
     for fid, g in df.groupby(df["finding"].astype(str).str.split(" ").str[0], sort=False):
         out.append(f"## {FINDING_TITLES.get(fid, g['finding'].iloc[0])}\n")
         out.append("| " + " | ".join(c.replace("_", " ") for c in cols) + " | source |")
@@ -210,6 +210,30 @@ def summary_markdown(df: pd.DataFrame, prefix: str = "B") -> str:
     for src, k in keys.items():
         out += _wrap(f"- **{k}**: {src}", MAX_LINE)
     return "\n".join(out) + "\n"
+
+
+DIGEST_ROWS = 12   # the digest's bullets at most: with its title, a blank line and the "more" line, 15 lines
+
+
+def digest_lines(df: pd.DataFrame) -> list[str]:
+    """The summary's opening digest: one line per headline row (finding, quantity, this run against the paper,
+    the verdict without its detail), in the table's order, at most ``DIGEST_ROWS`` of them; none without headline
+    rows."""
+    if "headline" not in df.columns:
+        return []
+    h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
+    h = h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]    # as the README's table
+    if not len(h):
+        return []
+    out = ["## In short", ""]
+    for _, r in h.head(DIGEST_ROWS).iterrows():
+        q = _cell(r.get("short")) or _cell(r["quantity"])
+        paper = f" (paper: {_paper_cell(r)})" if _compares(r) else ""
+        line = f"- {_cell(r['finding']).split(' ')[0]}. {q}: {_cell(r['this_run'])}{paper}: {_verdict_short(r['verdict'])}"
+        out.append(line if len(line) <= MAX_LINE else line[:MAX_LINE - 1] + "…")
+    if len(h) > DIGEST_ROWS:
+        out.append(f"- and {len(h) - DIGEST_ROWS} more headline rows below")
+    return out + [""]
 
 
 def _wrap(text: str, width: int) -> list[str]:

@@ -340,3 +340,24 @@ def test_committed_findings_tables_are_never_cut():
                 for mime in ("text/plain", "text/html"):
                     text = o.get("data", {}).get(mime, "")
                     assert "..." not in text and "…" not in text, (nb.name, mime)
+
+
+def test_the_summary_opens_with_a_digest_of_its_headline_rows():
+    """SUMMARY.md's first section: one line per headline row (SmolLM2's left to the tables, as in the README), at
+    most DIGEST_ROWS, then a line for the rest; the committed summaries open with it."""
+    from spec_repro.paths import repo_root
+
+    row = dict(finding="1 speedup", quantity="q", paper="p", this_run="1.5x", verdict="agrees (detail)",
+               source="s", headline=True)
+    rows = [{**row, "quantity": f"q{i}"} for i in range(F.DIGEST_ROWS + 2)]
+    rows += [{**row, "quantity": "smollm2-135m q"}, {**row, "quantity": "not headline", "headline": False}]
+    d = F.digest_lines(pd.DataFrame(rows))
+    assert d[0] == "## In short" and d[2] == "- 1. q0: 1.5x (paper: p): agrees"
+    assert len(d) == 2 + F.DIGEST_ROWS + 2 <= 16 and d[-2] == "- and 2 more headline rows below"
+    assert not any("smollm2" in x or "not headline" in x for x in d)
+    assert F.digest_lines(pd.DataFrame([{**row, "headline": False}])) == []
+    for folder in ("figures", "figures/published"):
+        md = (repo_root() / folder / "SUMMARY.md").read_text().splitlines()
+        csv = pd.read_csv(repo_root() / folder / "summary.csv")
+        start = md.index("## In short")
+        assert start < 6 and md[start:start + len(F.digest_lines(csv))] == F.digest_lines(csv)
