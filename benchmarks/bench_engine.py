@@ -8,7 +8,7 @@ size 1, greedy. Methods, run round-robin over prompts and repeats so background 
   hf-pld         transformers  model.generate(prompt_lookup_num_tokens=k)   (its n-gram: max_matching_ngram_size 2)
   ours-ngram     spec_repro    generate(proposer=ngram(min_n, max_n), k)    (vLLM semantics, study's 3/7)
 
-Targets (issue 3): ours-greedy within 10% of hf-greedy; ours-ngram at least as fast as hf-pld. Also prints the
+Targets: ours-greedy within 10% of hf-greedy; ours-ngram at least as fast as hf-pld. Also prints the
 CPU's measured memory bandwidth (a large tensor copy) and the decode bound it implies: one greedy step must
 read every weight once, so tok/s <= bandwidth / weight bytes.
 

@@ -1,7 +1,7 @@
-"""Start-up of `spec-repro simulate` and `spec-repro collect` before and after issue 21 (output guard, full
-sha256 of every cached byte at every use, validation of every number), measured in ONE run, interleaved.
+"""Start-up of `spec-repro simulate` and `spec-repro collect` before and after the input checks (output guard,
+full sha256 of every cached byte at every use, validation of every number), measured in ONE run, interleaved.
 
-"before" is the package at a given commit (default f87dc66, the main commit the issue branched from), extracted
+"before" is the package at a given commit (default f87dc66, the commit before those checks), extracted
 with ``git archive`` into a temporary folder and put first on PYTHONPATH; "after" is this working tree. Each
 call is a fresh process, as a user runs it, alternating before/after so that the shared machine's load drifts
 over both alike. Commands:
@@ -11,7 +11,7 @@ over both alike. Commands:
 - collect: SmolLM2-135M, one code-edit request, one new token, n-gram (model load with the full sha256 of its
   converted files, workload records with theirs, the finished-trace and manifest checks), ``--force``.
 
-It also times the full sha256 of the converted SmolLM2 files on its own (the cost the issue asks to report).
+It also times the full sha256 of the converted SmolLM2 files on its own.
 Prints medians per command and the after/before ratio.
 
     python benchmarks/bench_startup.py [--rounds 5] [--before f87dc66]

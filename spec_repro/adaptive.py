@@ -9,7 +9,7 @@ Positions
 ---------
 A request that has produced p tokens starts a step at output position ``j = p - 1`` (the simulator's array index:
 the context is the prompt + output tokens ``0..j``; ``acc[j]`` counts how many proposed tokens match output
-tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The issue's rule "acc[q] capped at
+tokens ``j+1, j+2, ...`` plus one). "A step start q" below is such an index. The rule "acc[q] capped at
 p - q" (p = tokens produced so far = j + 1) is ``min(acc[q], j - q + 1)``: the j - q tokens emitted after q show
 how many of q's proposed tokens matched, and whether one failed.
 
@@ -178,12 +178,12 @@ def _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2):
 
 @njit(cache=True)
 def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first, tcost, dkind, dk, dt, d0, frac,
-                 cstep, cup, probe):
+                 cstep, creq, cup, probe):
     """``adaptive-rule``'s decision: (verified proposer, -1 = none; k). ``kv`` = B * (P + p); ``first``: the
     request's first step (no catch-up is charged). ``tcost`` = (c_kv, c_tok, c0, overhead[, ragged c_kv, c_tok,
     c0, graph cap]): with the ragged forward, a step verifying k != kmax tokens per request (no speculation
     included) or more than the cap in all (B * (k + 1) > cap; inf: none) is priced with it (the engine's k is
-    kmax; see ``_costs``)."""
+    kmax; see ``_costs``). A drafter's fixed work per step where it drafts: ``cstep + creq * B``."""
     c_kv, c_tok, c0, over = tcost[0], tcost[1], tcost[2], tcost[3]
     rag = tcost.shape[0] >= 7
     v = -1
@@ -207,7 +207,8 @@ def _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, first,
             F = c_kv * kv + c_tok * B * (kk + 1) + c0
             if rag and (kk != kmax or B * (kk + 1) > tcost[7]):
                 F = tcost[4] * kv + tcost[5] * B * (kk + 1) + tcost[6]
-            t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk, cstep[q])
+            t = F + over + _draft_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, kk + 1, F, B, kk,
+                                       cstep[q] + creq[q] * B)
             if q != ng and not first and not prev_ran[q]:   # it skipped the last step: catch up
                 t += _catch_up_time(dkind[q], dk[q], dt[q], d0[q], frac[q], kv, F, B, cup[q])
             if ng >= 0 and q != ng:
@@ -246,7 +247,7 @@ def _advance(v, k, ng, ng_dl, since, prev_ran, prev_d):
 
 
 @njit(cache=True)
-def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep, cup, prm, mode,
+def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep, creq, cup, prm, mode,
           t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record):
     """Walk every request under the policy (mode 0: rule, 1: tree). Returns per step: request, p before the step,
     array index, input length, tokens produced, verified proposer (-1: none), ran (Q, S), proposal (Q, S), and the
@@ -324,7 +325,7 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
             k = 0
             if mode == 0:
                 v, k = _rule_choice(ng, ng_dl, kmax, kv, B, alpha1, alpha2, since, prev_ran, prev_j < 0, tcost,
-                                    dkind, dk, dt, d0, frac, cstep, cup, probe)
+                                    dkind, dk, dt, d0, frac, cstep, creq, cup, probe)
             else:
                 t_i = tree_of_req[r]
                 node = 0
@@ -389,6 +390,7 @@ class _Inputs:
     d0: np.ndarray
     frac: np.ndarray
     cstep: np.ndarray  # drafters' d0 (per step where they draft)
+    creq: np.ndarray   # drafters' d0 per request in the step (per_token's c_step_req)
     cup: np.ndarray    # catch-up draft forwards on re-entry
     acts: np.ndarray   # (A, 2): proposer (-1: none), k
     alignment: str = "recorded"   # where n-gram's match came from (simcore.ngram_match)
@@ -422,7 +424,8 @@ def _costs(cm, proposers) -> dict[str, np.ndarray]:
             "dkind": np.array([_KIND_CODE[d.kind] for d in drs], np.int64),
             "dk": np.array([d.c_kv for d in drs], float), "dt": np.array([d.c_tok for d in drs], float),
             "d0": np.array([d.c0 for d in drs], float), "frac": np.array([d.fraction for d in drs], float),
-            "cstep": np.array([d.c_step for d in drs], float), "cup": np.array([d.catch_up for d in drs], float)}
+            "cstep": np.array([d.c_step for d in drs], float), "creq": np.array([d.c_step_req for d in drs], float),
+            "cup": np.array([d.catch_up for d in drs], float)}
 
 
 _NO_TREE = (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float64), np.full((1, 1), -1, np.int64),
@@ -434,8 +437,8 @@ def _run(reqs, inp: _Inputs, B: int, prm: RuleParams, mode: int, trees=_NO_TREE,
     tor = np.zeros(len(reqs.L), np.int64) if tree_of_req is None else tree_of_req
     ng = inp.ng
     return _walk(inp.acc, inp.ngdl, ng, reqs.P.astype(np.int64), reqs.off, inp.kmax, int(B), inp.tcost,
-                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, inp.cstep, inp.cup, prm.array(), mode, *trees, tor,
-                 inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record)
+                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, inp.cstep, inp.creq, inp.cup, prm.array(), mode,
+                 *trees, tor, inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record)
 
 
 # ---- adaptive-learned -------------------------------------------------------------------------------------------
@@ -455,7 +458,8 @@ def _labels(reqs, inp: _Inputs, B: int, step_req, step_p, step_idx, prev_ran=Non
             return inp.dk[q] * kv + inp.dt[q] * inp_len + inp.d0[q]
         if kind == 1:
             return np.where(d > 0, inp.frac[q] * F + inp.cstep[q], 0.0)
-        return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q]) + np.where(d > 0, inp.cstep[q], 0.0)
+        fixed = inp.cstep[q] + inp.creq[q] * B     # per step where it drafts
+        return d * (inp.dk[q] * kv + inp.dt[q] * B + inp.d0[q]) + np.where(d > 0, fixed, 0.0)
 
     def catch_up(q, F):
         if prev_ran is None or not inp.cup[q]:

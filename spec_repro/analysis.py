@@ -20,7 +20,7 @@ from .grids import (ADAPTIVE_BATCH_SIZES, COMBINE_PARTNERS, DRAFTER_STANDINS, ad
 from .live import live_trace, live_vllm_job
 from .measured import (acceptance_agreement, cpu_steps, drafting_sweep, gpu_cost_model_path, gpu_job_specs, gpu_speedups, gpu_steps,
                        gpu_verify_limits, live_rotated_runs, live_speedups, live_step_split, live_steps,
-                       verify_cost)
+                       v2_speedups, v2_table, verify_cost)
 from .metrics import (PHASES, SHARE_COLUMNS, STUDY_ANALOGUES, acceptance_by_draft_position, acceptance_by_output_position,
                       draft_position_vs_study,
                       hybrid_table, ngram_advantage, ngram_advantage_by_model, oracle_gap, overlap_threshold,
@@ -42,6 +42,7 @@ __all__ = [
     # measured
     "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_job_specs", "gpu_cost_model_path", "acceptance_agreement", "gpu_verify_limits",
     "verify_cost", "live_speedups", "live_step_split", "live_steps", "live_rotated_runs", "drafting_sweep",
+    "v2_speedups", "v2_table",
     # grids
     "DRAFTER_STANDINS", "cost_model_for", "COMBINE_PARTNERS", "combine_set", "simulate_grid",
     "ADAPTIVE_BATCH_SIZES", "adaptive_sets", "adaptive_grid", "adaptive_table", "adaptive_summary",

@@ -90,6 +90,10 @@ def _run_simulate(args):
             gc.enable()
 
 
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
 def _simulate(args):
     from pathlib import Path
 
@@ -138,12 +142,12 @@ def _simulate(args):
                "mean_tokens_per_step", "verify_share", "draft_share"]]
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if out is None:
-        print(f"({len(df)} rows; cost model {args.cost_model}; --out FILE.csv writes every column)")
+        print(f"({_rows(len(df))}; cost model {args.cost_model}; --out FILE.csv writes every column)")
         return
     out = Path(out)
     with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
         df.to_csv(tmp, index=False)
-    print(f"wrote {out} ({len(df)} rows; cost model {args.cost_model})")
+    print(f"wrote {out} ({_rows(len(df))}; cost model {args.cost_model})")
 
 
 # ---- models (model store) ----------------------------------------------------------------------------------

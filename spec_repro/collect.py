@@ -427,6 +427,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
                   if draft_model else {}),
                **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
+               **_confidence_entry(trace),
                kind="acceptance trace (measured: real greedy decodes + exact per-position profiling)")
         part.unlink(missing_ok=True)
         _decoded_path(part).unlink(missing_ok=True)
@@ -574,8 +575,8 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     import pandas as pd
     from .progress import tqdm
 
-    from .profiler import proposer_acceptance
-    from .traces import Trace
+    from .profiler import proposer_profile
+    from .traces import CONF_COLUMN, Trace, _conf_from_blocks, _conf_series
 
     from .provenance import check_manifest
 
@@ -589,29 +590,36 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     again = sorted(set(proposers) & set(t.proposers))
     if again and not replace:
         raise ValueError(f"{path} already holds {', '.join(again)}; profile it again with --reprofile")
-    rows = []
+    rows, blocks = [], []
     for r in tqdm(list(t.requests.itertuples()), desc=f"add {sorted(proposers)} to {path.name}", disable=quiet):
         prompt, o = [int(x) for x in r.prompt_token_ids], [int(x) for x in r.output_token_ids]
         for name, p in proposers.items():
-            acc, dl = proposer_acceptance(p, prompt, o, k_max)
+            acc, dl, conf = proposer_profile(p, prompt, o, k_max)
             L = int(r.output_len)
             rows.append(pd.DataFrame({
                 "request_id": r.request_id, "dataset": r.dataset, "model": r.model, "proposer": name,
                 "position": np.arange(L), "acc_len": acc[:L], "k_max": k_max,
                 "draft_len": pd.array(dl[:L], dtype="Int16"), "prompt_len": int(r.prompt_len), "output_len": L}))
+            blocks.append((L, None if conf is None else conf[:L]))
     meta = dict(t.meta)
     meta.setdefault("proposers", {}).update(settings or {})
     kept = t.acc[~t.acc.proposer.isin(list(proposers))]
-    new = Trace(pd.concat([kept] + rows, ignore_index=True), t.requests, meta)
+    added = pd.concat(rows, ignore_index=True)
+    if any(cf is not None for _, cf in blocks):
+        added[CONF_COLUMN] = _conf_series(_conf_from_blocks(blocks), added.index)
+    new = Trace(pd.concat([kept, added], ignore_index=True), t.requests, meta)
     new.to_parquet(path)
     keep = {k: v for k, v in old.items() if k not in ("date", "machine", "versions", "command")}
     keep.setdefault("proposers", {}).update(settings or {})
     keep["mean_acc_len"] = {p: round(float(new.acc[new.acc.proposer == p].acc_len.mean()), 3)
                             for p in new.proposers}
+    keep.pop("confidence", None)
+    keep.update(_confidence_entry(new))
     if provenance:
         keep.update({f"draft_{k}": v for k, v in provenance.items()})
     keep["original_run"] = old.get("original_run") or {k: old.get(k) for k in ("date", "machine", "command")}
-    keep["added_proposers"] = sorted(set(keep.get("added_proposers") or []) | set(proposers))
+    # proposers the trace did not hold before; those it held and profiled again are listed under "reprofiled"
+    keep["added_proposers"] = sorted(set(keep.get("added_proposers") or []) | (set(proposers) - set(again)))
     if again:
         import datetime as _dt
 
@@ -621,6 +629,17 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     if not quiet:
         print(f"[collect] added {sorted(proposers)} to {path} (mean acc_len {keep['mean_acc_len']})")
     return path
+
+
+def _confidence_entry(trace) -> dict:
+    """The manifest's note of which proposers carry the drafter's confidence ({} when none does)."""
+    props = trace.confidence_proposers
+    if not props:
+        return {}
+    return {"confidence": {"proposers": props, "shape": "[output positions, k_max] per request",
+                           "storage": "uint8 code = round(254 p), 255 = none (steps of 1/254)",
+                           "meaning": "probability of the drafter's own top-1 token at draft position d = 1..k_max "
+                                      "(softmax of its logits), teacher-forced; Trace.confidence"}}
 
 
 def _proposer_settings(p, draft_model) -> dict:

@@ -9,9 +9,13 @@ All times are seconds. One engine step (prefill, plain decode, or a speculative 
                                   step; charged at every step (like EAGLE: it runs even when nothing is accepted)
                     ``fraction``  fraction * F of the same step (n-gram lookup); 0 when the proposer proposes
                                   nothing at that step
-                    ``per_token`` c_step + proposal * (c_kv * kv + c_tok * m + c0) where it drafts (proposal > 0):
-                                  d0 + k * d1, one small sequential forward per drafted token, m = requests in the
-                                  step (vLLM's EAGLE heads, separate draft models, early-exit self-drafts)
+                    ``per_token`` proposal * (c_kv * kv + c_tok * m + c0) + c_step + c_step_req * m where it
+                                  drafts (proposal > 0): k * d1 + d0, one small sequential forward per drafted
+                                  token, m = requests in the step (vLLM's EAGLE heads, separate draft models,
+                                  early-exit self-drafts); d0 = c_step + c_step_req * m is the drafting path's
+                                  fixed work per step, whatever the proposal length (c_step_req, default 0: a
+                                  per-request part of it, e.g. vLLM's V2 runner's EAGLE, whose step time over no SD
+                                  grows with the batch but hardly with k)
                     ``catch_up``  (any kind, default 0) draft forwards charged when a drafter runs again after
                                   skipping steps of a request (its head or draft model must first process the
                                   tokens it did not see); a per_token drafter's forward is c_kv * kv + c_tok * m + c0,
@@ -39,7 +43,7 @@ one; at batch 8 / 32 / 64 ragged 10.1 / 6.1 / 11.5 ms vs 2.0-3.2 ms uniform. A m
     ragged forward  F_r(kv, n) = c_kv' * kv + c_tok' * n + c0'   (``CostModel.ragged_target``; None by default)
 
 priced instead of F at ragged decode steps: ``forward(kv, n, ragged=mask)``. Without it (every preset fitted
-before the issue-18 H200 run) every step is priced with F, exactly as before. Where the simulator applies it (a
+before ``data/gpu/live``'s runs) every step is priced with F, exactly as before. Where the simulator applies it (a
 policy with an engine k: fixed-K, dynamic-k, ngram-else-eagle, the adaptive policies; not the oracles, not prefill
 or the no-SD baseline) is described in :mod:`spec_repro.simulate`. ``fit`` fits F_r on the ragged decode steps of
 a step table with a ``uniform`` column. Preset ``qwen2.5-coder-1.5b-h200`` is such a fit (``fit_live``).
@@ -85,7 +89,7 @@ __all__ = ["Drafter", "TargetForward", "CostModel", "CostModelError", "FitResult
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DRAFTER_KINDS = ("linear", "fraction", "per_token")
-_DRAFTER_FIELDS = ("c_kv", "c_tok", "c0", "fraction", "c_step", "catch_up")
+_DRAFTER_FIELDS = ("c_kv", "c_tok", "c0", "fraction", "c_step", "catch_up", "c_step_req")
 
 
 def _name_key(name: str) -> str:
@@ -147,6 +151,7 @@ class Drafter:
     fraction: float = 0.0
     c_step: float = 0.0     # d0, charged once per step where it drafts (per_token; fraction: the path's host work)
     catch_up: float = 0.0   # draft forwards charged on re-entry after skipped steps
+    c_step_req: float = 0.0  # per_token only: seconds per request in the step, once per step where it drafts
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFTER_KINDS:
@@ -164,12 +169,13 @@ class Drafter:
             on = np.ones_like(np.asarray(proposal), bool) if always else np.asarray(proposal) > 0
             return np.where(on, self.fraction * np.asarray(F, float) + self.c_step, 0.0)
         prop = np.asarray(proposal, float)
+        fixed = self.c_step + self.c_step_req * np.asarray(m, float) if self.c_step_req else self.c_step
         return prop * (self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float) + self.c0) + \
-            np.where(prop > 0, self.c_step, 0.0)
+            np.where(prop > 0, fixed, 0.0)
 
     def forward_time(self, kv, n, F, m):
-        """One draft forward (the catch-up after skipped steps): a per_token drafter's per-token time, another
-        kind's time for a one-token proposal."""
+        """One draft forward (the catch-up after skipped steps): a per_token drafter's per-token time (its
+        per-step terms c_step and c_step_req are not charged again), another kind's time for a one-token proposal."""
         if self.kind == "per_token":
             return self.c_kv * np.asarray(kv, float) + self.c_tok * np.asarray(m, float) + self.c0
         return self.time(kv, n, F, m, np.ones_like(np.asarray(F, float)), True)
@@ -181,6 +187,8 @@ class Drafter:
                     **({"c_step": self.c_step} if self.c_step else {})}
         if self.c_step:
             extra["c_step"] = self.c_step
+        if self.c_step_req:
+            extra["c_step_req"] = self.c_step_req
         return {"kind": self.kind, "c_kv": self.c_kv, "c_tok": self.c_tok, "c0": self.c0, **extra}
 
 
@@ -331,6 +339,10 @@ class CostModel:
             if v != 0 and not _COEF_MIN <= v <= _COEF_MAX:   # 1e308 overflows a step's time, a denormal
                 raise CostModelError(f"{where}: {key} = {v:g} is outside {_COEF_MIN:g}..{_COEF_MAX:g} (0 is "
                                      f"allowed): no measured step cost is that {'large' if v > 1 else 'small'}")
+        for k, dr in self.drafters.items():
+            if dr.kind != "per_token" and dr.c_step_req:
+                raise CostModelError(f"{where}: drafters.{k}.c_step_req = {dr.c_step_req:g} on a {dr.kind} drafter; "
+                                     f"only a per_token drafter has a cost per request of the steps where it drafts")
         if not self.c_tok + self.c0 >= _FORWARD_MIN:
             raise CostModelError(f"{where}: a one-token target forward costs c_tok + c0 = {self.c_tok + self.c0}"
                                  f" s; it must be > 0 (at least {_FORWARD_MIN:g} s)")
@@ -384,6 +396,7 @@ class CostModel:
                 lines.append(f"  drafting {k:<14} = {dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*n + {dr.c0:.6g} s per step")
             else:
                 d0 = f"{dr.c_step:.6g} + " if dr.c_step else ""
+                d0 += f"{dr.c_step_req:.6g}*m + " if dr.c_step_req else ""
                 lines.append(f"  drafting {k:<14} = {d0}proposal * ({dr.c_kv:.6g}*kv + {dr.c_tok:.6g}*m + {dr.c0:.6g}) s")
             if dr.catch_up:
                 lines.append(f"  {'':<23}   + {dr.catch_up:g} draft forward(s) on re-entry after skipped steps")

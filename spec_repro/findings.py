@@ -197,7 +197,7 @@ def summary_markdown(df: pd.DataFrame, prefix: str = "B") -> str:
     listed once at the end. Every line is at most ``MAX_LINE`` characters (longer text wraps)."""
     keys = _source_keys(df["source"], prefix)
     cols = ["quantity", "paper", "this_run", "verdict"]
-    out = _wrap(VERDICT_RULES, MAX_LINE) + [""] + _wrap(TERMS, MAX_LINE) + [""]
+    out = digest_lines(df) + _wrap(VERDICT_RULES, MAX_LINE) + [""] + _wrap(TERMS, MAX_LINE) + [""]
     for fid, g in df.groupby(df["finding"].astype(str).str.split(" ").str[0], sort=False):
         out.append(f"## {FINDING_TITLES.get(fid, g['finding'].iloc[0])}\n")
         out.append("| " + " | ".join(c.replace("_", " ") for c in cols) + " | source |")
@@ -210,6 +210,30 @@ def summary_markdown(df: pd.DataFrame, prefix: str = "B") -> str:
     for src, k in keys.items():
         out += _wrap(f"- **{k}**: {src}", MAX_LINE)
     return "\n".join(out) + "\n"
+
+
+DIGEST_ROWS = 12   # the digest's bullets at most: with its title, a blank line and the "more" line, 15 lines
+
+
+def digest_lines(df: pd.DataFrame) -> list[str]:
+    """The summary's opening digest: one line per headline row (finding, quantity, this run against the paper,
+    the verdict without its detail), in the table's order, at most ``DIGEST_ROWS`` of them; none without headline
+    rows."""
+    if "headline" not in df.columns:
+        return []
+    h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
+    h = h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]    # as the README's table
+    if not len(h):
+        return []
+    out = ["## In short", ""]
+    for _, r in h.head(DIGEST_ROWS).iterrows():
+        q = _cell(r.get("short")) or _cell(r["quantity"])
+        paper = f" (paper: {_paper_cell(r)})" if _compares(r) else ""
+        line = f"- {_cell(r['finding']).split(' ')[0]}. {q}: {_cell(r['this_run'])}{paper}: {_verdict_short(r['verdict'])}"
+        out.append(line if len(line) <= MAX_LINE else line[:MAX_LINE - 1] + "…")
+    if len(h) > DIGEST_ROWS:
+        out.append(f"- and {len(h) - DIGEST_ROWS} more headline rows below")
+    return out + [""]
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -294,10 +318,13 @@ def _who(ds: str, mdl) -> str:
 
 def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_source: str,
                   measured_source: str | None = None, live: pd.DataFrame | None = None,
-                  live_source: str | None = None) -> list[SummaryRow]:
-    """Finding 1's rows: the simulated speedups per cost model, the measured vLLM runs with dummy weights, and
-    (``live``, ``measured.live_speedups``) vLLM with real weights on the V1 runner (forced), the README's measured
-    headline."""
+                  live_source: str | None = None, v2: pd.DataFrame | None = None,
+                  v2_source: str | None = None) -> list[SummaryRow]:
+    """Finding 1's rows: the simulated speedups per cost model, the measured vLLM runs with dummy weights, vLLM
+    with real weights on the V1 runner (forced) (``live``, ``measured.live_speedups``) and vLLM with real weights
+    as it runs by default (``v2``, ``measured.v2_speedups``: the V2 runner for EAGLE), the README's measured
+    headline, one row per workload. A real-weight row whose best configuration was host-contended at either end
+    (``contended``) says so in its verdict: that speedup is a lower bound."""
     rows = []
     paper = f"shrinks ({PAPER['eagle_70b_bs1']}x at bs 1, 70B)"
     parts = []
@@ -311,6 +338,8 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
         measured = measured[~measured["stalled"].astype(bool)]  # a compilation stall is not the method's speed
     if measured is not None and len(measured):
         parts.append(("measured vLLM, dummy weights", measured, measured_source))
+    if v2 is not None and len(v2):
+        parts.append(("measured vLLM default engine (V2 runner), real weights", v2, v2_source))
     if live is not None and len(live):
         parts.append(("measured vLLM, real weights, V1 runner (forced)", live, live_source))
     for label, df, src in parts:
@@ -318,10 +347,10 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
         shrinks = []
         for (ds, mdl), g in df.groupby(["dataset", "model"]):
             b0, b1 = g["batch_size"].min(), g["batch_size"].max()   # this model's own batch range
-            at0 = g[g["batch_size"] == b0].set_index("proposers")["speedup"]
-            at1 = g[g["batch_size"] == b1].set_index("proposers")["speedup"]
-            best = at0.idxmax()
-            v0, v1 = float(at0[best]), float(at1.get(best, np.nan))
+            at0 = g[g["batch_size"] == b0].set_index("proposers")
+            at1 = g[g["batch_size"] == b1].set_index("proposers")
+            best = at0["speedup"].idxmax()
+            v0, v1 = float(at0.at[best, "speedup"]), float(at1["speedup"].get(best, np.nan))
             shrinks.append((mdl, v1 < v0))
             if focus is not None and ds != focus:
                 continue
@@ -330,18 +359,27 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
                      g["proposers"].astype(str).str.contains("dummy weights").all())
             verdict = ("not comparable (acceptance set by dummy weights)" if dummy else
                        "agrees" if v1 < v0 else "departs: grows with batch")
-            real = label.startswith("measured vLLM, real weights")
+            real = label.startswith("measured vLLM") and "real weights" in label
+            default = label.startswith("measured vLLM default engine")
             slow = [int(b) for b, v in ((b0, v0), (b1, v1)) if v < 1]
-            if slow and real:     # the README's column drops the parenthesis: its row shows the speedups
-                verdict += f" (slower than no SD at bs {' and '.join(map(str, slow))})"
-            elif slow:
-                verdict += f"; slower than no SD at bs {' and '.join(map(str, slow))}"
-            short = (f"{mdl} dims (vLLM, dummy weights): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if dummy else
-                     f"{_who(ds, mdl)} (vLLM): best ({best.split(' ')[0]}), bs {b0} -> {b1}" if real else
+            notes = [f"slower than no SD at bs {' and '.join(map(str, slow))}"] if slow else []
+            if "contended" in g.columns:
+                hit = [int(b) for b, at in ((b0, at0), (b1, at1))
+                       if best in at.index and bool(at.at[best, "contended"])]
+                if hit:
+                    notes.append(f"host-contended at bs {' and '.join(map(str, hit))}: a lower bound there")
+            if notes and real:    # the README's column drops the parenthesis: its row shows the speedups
+                verdict += f" ({'; '.join(notes)})"
+            elif notes:
+                verdict += "; " + "; ".join(notes)
+            name = str(at0.at[best, "method"]) if "method" in at0.columns else best.split(" ")[0]
+            short = (f"{mdl} dims (vLLM, dummy weights): best ({name}), bs {b0} -> {b1}" if dummy else
+                     f"{_who(ds, mdl)} (vLLM V2): best ({name}), bs {b0} -> {b1}" if default else
+                     f"{_who(ds, mdl)} (vLLM V1, forced): best ({name}), bs {b0} -> {b1}" if real else
                      f"{_who(ds, mdl)}: best ({best}), bs {b0} -> {b1}, simulated")
             rows.append(SummaryRow("1 speedup vs batch", f"{where}: best proposer ({best}), bs {b0} -> {b1} ({label})",
                                    paper, f"{_x(v0)} -> {_x(v1)}", src, v0, verdict,
-                                   headline=label.startswith("simulated, cost model llama3.1-8b-h100") or real,
+                                   headline=label.startswith("simulated, cost model llama3.1-8b-h100") or default,
                                    short=short))
         if focus is not None:
             for mdl in dict.fromkeys(m for m, _ in shrinks):

@@ -275,7 +275,7 @@ def adaptive_table(sim: pd.DataFrame) -> pd.DataFrame:
 def adaptive_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, model and set, from ``adaptive_table``: the smallest batch size's row, plus over every batch
     size the best causal policy's worst ratio to the rule and to the best fixed k, and whether a causal policy
-    beats the rule at all (the issue's bar: >= 1.05x at the smallest batch, >= 0.98x everywhere)."""
+    beats the rule at all (the bar: >= 1.05x at the smallest batch, >= 0.98x everywhere)."""
     out = []
     for key, g in table.groupby(["dataset", "model", "set"], sort=True):
         g = g.sort_values("batch_size")

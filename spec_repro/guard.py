@@ -1,4 +1,4 @@
-"""The output guard every command calls before any heavy work (issue 21): an output never equals or overwrites
+"""The output guard every command calls before any heavy work: an output never equals or overwrites
 an input, a folder given as ``--out`` is never deleted or emptied, and names behave as a user expects.
 
 - ``out_file(path, what, inputs)``: a file output. A name ending in ``/`` names a folder and is refused (a file

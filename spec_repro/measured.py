@@ -15,7 +15,7 @@ from .traces import TraceError
 
 __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
            "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_speedups",
-           "live_step_split", "live_steps"]
+           "live_step_split", "live_steps", "v2_speedups", "v2_table"]
 
 
 def gpu_job_specs(job: str) -> list[str]:
@@ -40,7 +40,7 @@ def _keep_job(d: pd.DataFrame, job: str | None) -> pd.DataFrame:
 def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None) -> tuple[pd.DataFrame | None, str]:
     """Step-timing logs (STEP_COLUMNS) from ``files`` or the committed ``data/gpu/steps.parquet`` (else every
     ``data/gpu/**/steps*.jsonl``). Steps flagged ``outlier`` (JIT compilations) or not ``primary`` (superseded
-    by a later session's re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
+    by a later re-run, or with imposed acceptance) are dropped; with ``run_kind`` only those runs
     (``study``: the study's batching) when the table says.
 
     ``job``: only the steps of that vLLM device job (``gpu_job_specs``), with its models' no-SD runs.
@@ -62,7 +62,7 @@ def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None
             d = pd.read_parquet(f)
             if "outlier" in d.columns:
                 d = d[~d["outlier"].astype(bool)]
-            if "primary" in d.columns:   # runs re-made in a later session, or with imposed acceptance
+            if "primary" in d.columns:   # runs re-made later, or with imposed acceptance
                 d = d[d["primary"].astype(bool)]
             if run_kind and "run_kind" in d.columns:
                 d = d[d["run_kind"].astype(str) == run_kind]
@@ -133,7 +133,7 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     for f in found:
         if f.suffix == ".csv":
             d = pd.read_csv(f)
-            if "primary" in d.columns:   # runs re-made in a later session (data/gpu/README.md)
+            if "primary" in d.columns:   # runs re-made later (data/gpu/README.md)
                 d = d[d["primary"].astype(bool)]
             recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
             continue
@@ -355,7 +355,7 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     return df, src
 
 
-# ---- vLLM live with real weights (data/gpu/live, issue 18) ------------------------------------------------------
+# ---- vLLM live with real weights (data/gpu/live) ---------------------------------------------------------------
 def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """Measured vLLM speedups with REAL weights (``data/gpu/live``: Qwen2.5-Coder-1.5B, the package's EAGLE
     head, code-edit, the V1 runner forced): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
@@ -382,6 +382,80 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
             f"measured vLLM throughput, real weights, V1 runner (forced): "
             f"{manifest_line(folder, [folder / 'runs.csv'])}")
+
+
+V2_SOURCE = ("measured vLLM 0.25.0 throughput, its default engine, uninstrumented, real weights, one H200; no SD "
+             "and EAGLE on the V2 runner with async scheduling, n-gram on the V1 runner (synchronous)")
+
+
+def _v2_context(folder: Path) -> pd.DataFrame | None:
+    """Per workload and batch size, the timed runs' mean first-prompt length and output tokens per request (the
+    raw records, ``results.jsonl.gz``): the context ``live.throughput`` prices its HBM ceiling at."""
+    import gzip
+
+    f = folder / "results.jsonl.gz"
+    if not f.exists():
+        return None
+    with gzip.open(f, "rt") as fh:
+        recs = [r for r in map(json.loads, filter(str.strip, fh)) if r.get("kind") == "run"]
+    if not recs:
+        return None
+    r = pd.DataFrame([{"workload": x.get("workload"), "batch_size": x.get("batch_size"),
+                       "prompt_len": x.get("prompt_len"),
+                       "out": x["output_tokens"] / x["n_requests"] if x.get("n_requests") else np.nan}
+                      for x in recs])
+    return r.groupby(["workload", "batch_size"]).agg(prompt_len=("prompt_len", "mean"), out=("out", "mean"))
+
+
+def v2_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
+    """Measured vLLM speedups as vLLM runs by default (``data/gpu/v2grid``: vLLM 0.25.0, no forced runner, no
+    plugin; Qwen2.5-Coder-1.5B, real weights, the package's EAGLE head at k = 1, 2, 3, 5 on the V2 runner with
+    async scheduling, n-gram k = 5 on the V1 runner; code-edit and sharegpt; bs 1-64; 3 repeats): each
+    configuration's tokens/s ÷ the least host-contended no-SD engine's (``v2grid.ratio_table``), with the columns
+    of ``live_speedups`` (``dataset`` = the workload, ``method`` e.g. ``eagle-k3``) plus ``runner`` and the
+    host contention: ``steal_share`` (the hypervisor's steal time over the runs' wall time) and ``contended``
+    (``v2grid.CLEAN_STEAL`` or more: the host took time from the run, so its speedup is a lower bound)."""
+    from .engines.vllm import live
+
+    folder = Path(folder or data_dir() / "gpu" / "v2grid")
+    f = folder / "ratios.csv"
+    if not f.exists():
+        return None, f"measured (vLLM default engine, V2 grid): no ratios.csv under {folder}"
+    t = pd.read_csv(f)
+    t = t[t["method"] != "none"].copy()
+    t["k"] = t["k"].astype(int)
+    t["method"] = t["method"] + "-k" + t["k"].astype(str)
+    t["runner"] = t["runner"].astype(str).str.upper()
+    t["acceptance_length"] = t["acceptance_length"].fillna(1.0)
+    al = t.groupby(["workload", "method"])["acceptance_length"].transform("mean")
+    t["proposers"] = [f"{m.rsplit('-k', 1)[0]} k={k} (AL {a:.2f}, real weights)"
+                      for m, k, a in zip(t["method"], t["k"], al)]
+    ctx = _v2_context(folder)
+    if ctx is not None:
+        c = ctx.reindex(list(zip(t["workload"], t["batch_size"])))
+        floor = [live.step_floor_s(live.QWEN, int(b), p + o / 2) for b, p, o in
+                 zip(t["batch_size"], c["prompt_len"], c["out"])]
+        t["ceiling_tok_s"] = t["batch_size"] * t["acceptance_length"] / np.asarray(floor, dtype=float)
+    else:
+        t["ceiling_tok_s"] = np.nan
+    t = t.rename(columns={"workload": "dataset", "ratio": "speedup", "tok_s": "tokens_per_s",
+                          "none_tok_s": "base_tokens_per_s"}).assign(
+        model=live.QWEN, weights="real", acceptance="as measured", stalled=False, stall_reason="")
+    t["contended"] = t["contended"].astype(str).str.lower().isin(["true", "1"])
+    cols = ["dataset", "model", "proposers", "method", "batch_size", "speedup", "tokens_per_s", "base_tokens_per_s",
+            "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
+            "stalled", "stall_reason", "runner", "contended", "steal_share", "ratio_lo", "ratio_hi"]
+    return (t[cols].sort_values(["dataset", "batch_size", "method"]).reset_index(drop=True),
+            f"{V2_SOURCE}: {manifest_line(folder, [f])}")
+
+
+def v2_table(v2: pd.DataFrame) -> pd.DataFrame:
+    """``v2_speedups``' speedups as the notebook shows them: one row per workload and batch size, one column per
+    configuration, each cell the speedup to two decimals, ``*`` after it where the run was host-contended (a lower
+    bound)."""
+    cell = v2["speedup"].map("{:.2f}".format) + np.where(v2["contended"].astype(bool), "*", "")
+    t = v2.assign(speedup=cell).pivot(index=["dataset", "batch_size"], columns="method", values="speedup")
+    return t.fillna("").rename_axis(columns=None)
 
 
 def live_step_split(folder: Path | None = None) -> pd.DataFrame | None:

@@ -381,3 +381,12 @@ def hybrid_table(sim: pd.DataFrame) -> pd.DataFrame:
                            "combine (" + o["draft_cost"].astype(str) + ")")
     idx = ["dataset"] + (["model"] if "model" in o.columns else []) + ["batch_size"]
     return o.pivot_table(index=idx, columns="config", values="speedup").reset_index()
+
+
+def top1_prob(logits, ids):
+    """softmax(logits)[..., ids], computed in float32 (float64 logits stay float64): a drafter's probability of
+    its own greedy token when ``ids`` is the argmax of ``logits`` (its top-1 probability)."""
+    import torch
+
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    return (x.gather(-1, ids[..., None]).squeeze(-1) - torch.logsumexp(x, dim=-1)).exp()

@@ -19,6 +19,7 @@ from .metrics import MIN_OVERLAP_REQUESTS, SHARE_COLUMNS, overlap_support, overl
 
 __all__ = [
     "PALETTE", "PHASE_COLORS", "COLUMN_WIDTH_IN", "color", "palette_for", "save", "speedup_vs_batch",
+    "speedup_by_configuration", "CONTENDED_NOTE",
     "time_breakdown", "verify_vs_floor", "verify_cost_curve", "drafting_vs_k", "acceptance_by_position", "draft_position_rate",
     "draft_position_vs_study", "tokens_per_step_spread",
     "overlap_vs_advantage", "oracle_gap", "hybrid_oracle", "adaptive_vs_batch",
@@ -138,6 +139,75 @@ def speedup_vs_batch(sim: pd.DataFrame, measured: pd.DataFrame | None = None, *,
     for t in notes:
         _note(fig, t)
     fig.suptitle(title or "Speedup vs batch size", fontsize=10)
+    return _finish(fig, source)
+
+
+CONTENDED_NOTE = "hollow: host-contended (hypervisor steal ≥ 1% of the run): a lower bound"
+
+
+def _config_style(methods: Sequence[str]) -> dict[str, tuple]:
+    """(colour, marker) per configuration ``<proposer>-k<k>``: a proposer's palette colour, its k's told apart
+    by shade (light: small k) and marker."""
+    import re
+
+    from matplotlib.colors import to_rgb
+
+    out, by = {}, {}
+    for m in methods:
+        by.setdefault(re.sub(r"-k\d+$", "", m), []).append(m)
+    for base, ms in by.items():
+        ms = sorted(ms, key=lambda m: int(re.search(r"-k(\d+)$", m).group(1)) if re.search(r"-k(\d+)$", m) else 0)
+        c = np.array(to_rgb(color(base)))
+        for i, m in enumerate(ms):
+            f = -0.55 + 1.15 * i / (len(ms) - 1) if len(ms) > 1 else 0.0   # < 0: towards white, > 0: black
+            shade = c + (1 - c) * -f if f < 0 else c * (1 - f)
+            out[m] = (tuple(np.clip(shade, 0, 1)), _STYLE_MK[i % 4] if len(ms) > 1 else "v")
+    return out
+
+
+def speedup_by_configuration(df: pd.DataFrame, *, title: str = "", source: str | None = None,
+                             label: Mapping[str, str] | None = None):
+    """Measured speedup vs batch size, one panel per dataset, one line per configuration (``method``, e.g.
+    ``eagle-k3``: a proposer's colour, its k by shade and marker), the spread over repeats as a bar
+    (``ratio_lo`` / ``ratio_hi`` where present) and a 1.0 line. Points marked ``contended`` (the host took time
+    from the run: ``measured.v2_speedups``) are drawn hollow: their speedup is a lower bound. ``label``: the
+    legend text per method (default: the method as "eagle k=3", its ``runner`` after it where given)."""
+    from matplotlib.lines import Line2D
+
+    datasets = sorted(df["dataset"].unique())
+    fig, axes = _facets(len(datasets), ncols=2, w=3.5, h=3.0)
+    methods = sorted(df["method"].unique(), key=lambda m: (not m.startswith("eagle"), m))
+    sty = _config_style(methods)
+    contended = df["contended"].astype(bool) if "contended" in df else pd.Series(False, index=df.index)
+    top = 1.08 * max(df["speedup"].max(), df["ratio_hi"].max() if "ratio_hi" in df else 0, 1.0)   # panels share y
+    for ax, ds in zip(axes, datasets):
+        d = df[df["dataset"] == ds]
+        for m in methods:
+            g = d[d["method"] == m].sort_values("batch_size")
+            if not len(g):
+                continue
+            c, mk = sty[m]
+            ax.plot(g["batch_size"], g["speedup"], color=c, lw=1.3, label=f"_{m}", gid=f"line|{ds}|{m}")
+            if {"ratio_lo", "ratio_hi"} <= set(g.columns):
+                ax.vlines(g["batch_size"], g["ratio_lo"], g["ratio_hi"], color=c, lw=0.8, alpha=0.5)
+            hollow = contended.loc[g.index]
+            for h, pts in g.groupby(hollow):
+                ax.plot(pts["batch_size"], pts["speedup"], ls="none", marker=mk, ms=5.5, mew=1.2, color=c,
+                        mfc="white" if h else c, zorder=3, label=f"_{m}|{'contended' if h else 'clean'}",
+                        gid=f"points|{ds}|{m}|{'contended' if h else 'clean'}")
+        ax.axhline(1.0, color="0.2", lw=0.9, ls="--")
+        ax.set_ylim(0, top)
+        _batch_axis(ax, d["batch_size"])
+        _title(ax, ds)
+        ax.set_ylabel("speedup vs no SD (×)")
+    runner = df.groupby("method")["runner"].first().to_dict() if "runner" in df else {}
+    label = {m: m.replace("-k", " k=") + (f", {runner[m]}" if m in runner else "") for m in methods} | dict(label or {})
+    extra = [(Line2D([], [], color=sty[m][0], marker=sty[m][1], ms=5, lw=1.3), label[m]) for m in methods]
+    extra.append((Line2D([], [], color="0.2", lw=0.9, ls="--"), "1.0: as fast as no SD"))
+    if contended.any():
+        extra.append((Line2D([], [], color="0.3", marker="o", mfc="white", ms=5, lw=0), CONTENDED_NOTE))
+    _legend_below(fig, axes, ncol=2, extra=extra)
+    fig.suptitle(title or "Measured speedup vs batch size, per configuration", fontsize=10)
     return _finish(fig, source)
 
 

@@ -21,9 +21,21 @@ count is the length of the prefix of the drafts equal to those tokens, so for ev
 Accepted counts never run past the end of the output (the last position has acc_len 1). ``acc_len`` = accepted
 + 1, as in the study's traces. Numbers equal a real engine run's up to float ties between the batched decode,
 the teacher-forced pass and the engine's incremental passes (checked by tests/test_profiler.py).
+
+The drafter's confidence (model drafters only, not n-gram): at every position q and draft position
+d = 1..k_max, the drafter's top-1 probability -- the softmax of its logits at the token it drafts -- of draft
+number d of the chain that starts after o_q, i.e. the draft compared with o_{q+d} (NaN where o_{q+d} lies past
+the output). It comes out of the same passes as the acceptance and is teacher-forced alike: a chain drafter's
+draft d is its prediction after prompt + o_0..o_{q+d-1} (with p_j its top-1 probability after o_j,
+confidence[q, d-1] = p_{q+d-1}); an EAGLE head's is its chained output over the true tokens. For d <= acc_len
+(every accepted draft and the first rejected one) that is the context the real chain drafts from, so the value
+is the real chain's (checked against the engine's drafters by tests/test_confidence.py); past the first
+rejected draft the real chain would condition on its own rejected token instead. Stored 8-bit quantized
+(``spec_repro.traces``: steps of 1/254), read with ``Trace.confidence``.
 """
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -31,13 +43,15 @@ import numpy as np
 import torch
 
 from .engines.torch import generate
+from .metrics import top1_prob
 from .proposers import Proposer
 from .proposers.early_exit import EarlyExitProposer
 from .proposers.ngram import NgramProposer, ngram_lookup_all
-from .traces import Trace
+from .traces import Trace, dequantize_confidence, quantize_confidence
 
-__all__ = ["RequestProfile", "ngram_acceptance", "chain_acceptance", "model_argmax_after_outputs",
-           "proposer_acceptance", "profile_requests", "profile_decoded", "profiles_to_trace"]
+__all__ = ["RequestProfile", "ngram_acceptance", "chain_acceptance", "chain_confidence",
+           "model_argmax_after_outputs", "model_top1_after_outputs", "proposer_acceptance", "proposer_profile",
+           "profile_requests", "profile_decoded", "profiles_to_trace"]
 
 
 @dataclass
@@ -51,12 +65,26 @@ class RequestProfile:
     prompt_text: str | None = None
     output_text: str | None = None
     decode_s: float = 0.0  # this request's share of the batched greedy decode (wall / batch size)
+    # {proposer: [L, k_max] float32 probabilities} of the model drafters (module doc); absent for n-gram
+    conf: dict[str, np.ndarray] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        # compact in a partial file: the trace's uint8 codes, base64 (shape [L, k_max] from the output length)
+        d["conf"] = {k: base64.b64encode(quantize_confidence(v).tobytes()).decode() for k, v in self.conf.items()}
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping) -> "RequestProfile":
+        d = dict(d)
+        L = len(d.get("output_token_ids") or [])
+        conf = {}
+        for k, v in (d.get("conf") or {}).items():
+            a = np.frombuffer(base64.b64decode(v), np.uint8)
+            if L == 0 or a.size % L:
+                raise ValueError(f"confidence of {k!r}: {a.size} values for {L} positions")
+            conf[k] = dequantize_confidence(a.reshape(L, -1))
+        d["conf"] = conf
         return cls(**d)
 
 
@@ -89,16 +117,63 @@ def chain_acceptance(argmax_after: Sequence[int], output: Sequence[int], k_max: 
     return 1 + np.minimum(run[:L], k_max)
 
 
+def chain_confidence(top1_prob_after: Sequence[float], L: int, k_max: int) -> np.ndarray:
+    """[L, k_max] float32 confidence of greedy chain drafting from the drafter's top-1 probability after each
+    output token (``top1_prob_after[j]`` for j = 0..L-2, teacher-forced as :func:`chain_acceptance`):
+    ``conf[q, d-1] = top1_prob_after[q+d-1]``, NaN where q + d > L - 1 (no o_{q+d} to compare with)."""
+    p = np.full(L + k_max, np.nan, dtype=np.float32)
+    n = min(len(top1_prob_after), max(L - 1, 0))
+    p[:n] = np.asarray(top1_prob_after, dtype=np.float32)[:n]
+    return p[np.arange(L)[:, None] + np.arange(k_max)[None, :]]
+
+
 @torch.no_grad()
-def model_argmax_after_outputs(model, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
-    """One teacher-forced pass of ``model`` over prompt + output[:-1]: its argmax after each o_j, j < L-1."""
+def model_top1_after_outputs(model, prompt: Sequence[int],
+                             output: Sequence[int]) -> tuple[list[int], np.ndarray]:
+    """One teacher-forced pass of ``model`` over prompt + output[:-1]: (its argmax after each o_j, j < L-1, the
+    softmax probability of that argmax)."""
     P, L = len(prompt), len(output)
     if L < 2:
-        return []
+        return [], np.zeros(0, np.float32)
     dev = next(model.parameters()).device
     ids = torch.as_tensor([list(prompt) + list(output[:-1])], dtype=torch.long, device=dev)
     h = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, P:]  # after o_0 .. o_{L-2}
-    return model.get_output_embeddings()(h).argmax(dim=-1).tolist()
+    logits = model.get_output_embeddings()(h)
+    g = logits.argmax(dim=-1)
+    return g.tolist(), top1_prob(logits, g).float().cpu().numpy()
+
+
+def model_argmax_after_outputs(model, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+    """One teacher-forced pass of ``model`` over prompt + output[:-1]: its argmax after each o_j, j < L-1."""
+    return model_top1_after_outputs(model, prompt, output)[0]
+
+
+def proposer_profile(p: Proposer, prompt: Sequence[int], output: Sequence[int], k_max: int,
+                     exit_readout: tuple[Sequence[int], Sequence[float] | None] | None = None,
+                     confidence: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(acc_len, draft_len, confidence) of one proposer at every output position of one greedy decode (module
+    doc): n-gram by lookup (confidence None), EAGLE by its chained pass, early exit from ``exit_readout`` (the
+    decode's read-out: argmax after each output token and its probability) when given, any other drafter by one
+    teacher-forced pass. ``confidence``: [L, k_max] float32 (module doc), None when not asked for."""
+    from .proposers.eagle import EagleProposer, eagle_chain_profile
+
+    if isinstance(p, NgramProposer):
+        acc, dl = ngram_acceptance(prompt, output, k_max, p.min_n, p.max_n)
+        return acc, dl, None
+    conf = None
+    if isinstance(p, EagleProposer):
+        acc, conf = eagle_chain_profile(p.head, prompt, output, k_max, confidence=confidence)
+    else:
+        if exit_readout is not None and (exit_readout[1] is not None or not confidence):
+            g, pr = exit_readout
+        elif confidence:
+            g, pr = model_top1_after_outputs(p.model, prompt, output)
+        else:
+            g, pr = model_argmax_after_outputs(p.model, prompt, output), None
+        acc = chain_acceptance(g, output, k_max)
+        if confidence:
+            conf = chain_confidence(pr, len(output), k_max)
+    return acc, np.full(len(output), k_max), conf
 
 
 def proposer_acceptance(p: Proposer, prompt: Sequence[int], output: Sequence[int], k_max: int,
@@ -106,27 +181,22 @@ def proposer_acceptance(p: Proposer, prompt: Sequence[int], output: Sequence[int
     """(acc_len, draft_len) of one proposer at every output position of one greedy decode (module doc):
     n-gram by lookup, EAGLE by its chained pass, early exit from ``exit_argmax`` (the decode's read-out) when
     given, any other drafter by one teacher-forced pass."""
-    from .proposers.eagle import EagleProposer, eagle_chain_acceptance
-
-    if isinstance(p, NgramProposer):
-        return ngram_acceptance(prompt, output, k_max, p.min_n, p.max_n)
-    if isinstance(p, EagleProposer):
-        acc = eagle_chain_acceptance(p.head, prompt, output, k_max)
-    elif exit_argmax is not None:
-        acc = chain_acceptance(exit_argmax, output, k_max)
-    else:
-        acc = chain_acceptance(model_argmax_after_outputs(p.model, prompt, output), output, k_max)
-    return acc, np.full(len(output), k_max)
+    ex = None if exit_argmax is None else (exit_argmax, None)
+    acc, dl, _ = proposer_profile(p, prompt, output, k_max, ex, confidence=False)
+    return acc, dl
 
 
 def _profile_into(prof: RequestProfile, proposers: Mapping[str, Proposer], k_max: int,
-                  exit_argmax: Mapping[str, Sequence[int]] | None = None) -> None:
-    """Every proposer's (acc_len, draft_len) over ``prof``'s prompt and output, stored on ``prof``."""
+                  exit_readout: Mapping[str, tuple] | None = None) -> None:
+    """Every proposer's (acc_len, draft_len) and, for the model drafters, confidence over ``prof``'s prompt and
+    output, stored on ``prof``."""
     for name, p in proposers.items():
-        ex = (exit_argmax or {}).get(name)
-        acc, dl = proposer_acceptance(p, prof.prompt_token_ids, prof.output_token_ids, k_max, ex)
+        ex = (exit_readout or {}).get(name)
+        acc, dl, conf = proposer_profile(p, prof.prompt_token_ids, prof.output_token_ids, k_max, ex)
         prof.acc[name] = acc.astype(int).tolist()
         prof.draft_len[name] = dl.astype(int).tolist()
+        if conf is not None:
+            prof.conf[name] = conf
 
 
 def _req_fields(r, i: int, dataset: str | None):
@@ -167,7 +237,8 @@ def profile_requests(target, requests: Sequence, proposers: Mapping[str, Propose
             if tokenizer is not None:
                 prof.output_text = tokenizer.decode(o)
             _profile_into(prof, proposers, k_max,
-                          {name: res.meta["exit_argmax"][taps[name]][j] for name in taps})
+                          {name: (res.meta["exit_argmax"][taps[name]][j],
+                                  res.meta["exit_top1_prob"][taps[name]][j]) for name in taps})
             out.append(prof)
         yield out
 
@@ -207,6 +278,7 @@ def profiles_to_trace(profiles: Sequence[RequestProfile], *, model: str, k_max: 
             prompt_lens={p.request_id: len(p.prompt_token_ids) for p in ps},
             dataset=ds, model=model, k_max=k_max,
             draft_lens={p.request_id: p.draft_len for p in ps},
+            confidences={p.request_id: p.conf for p in ps if p.conf},
             request_info={p.request_id: {"prompt_token_ids": p.prompt_token_ids,
                                          "output_token_ids": p.output_token_ids,
                                          "prompt_text": p.prompt_text, "output_text": p.output_text}

@@ -210,6 +210,12 @@ def manifest_line(folder: Path, files: Sequence[Path]) -> str:
     hits = hits or [v for v in data.values() if isinstance(v, dict)]
     bits = []
     for v in hits[:1]:
+        if not (v.get("machine") or v.get("gpu") or v.get("versions")) and isinstance(data.get("engines"), list):
+            # a job's summary (``files``: sha256 per file; ``engines``: each engine's record): the first engine's env
+            env = next((e["env"] for e in data["engines"] if isinstance(e, dict) and isinstance(e.get("env"), dict)),
+                       {})
+            v = {"gpu": env.get("nvidia_smi") or env.get("gpu"),
+                 "versions": {p: env[p] for p in ("vllm", "torch") if env.get(p)}}
         m = v.get("machine", {}) if isinstance(v.get("machine"), dict) else {}
         gpu = v.get("gpu") or m.get("gpu") or m.get("cpu")
         if isinstance(gpu, str) and "\n" in gpu:   # one nvidia-smi line per GPU: say it once, with the count

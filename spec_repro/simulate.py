@@ -139,7 +139,10 @@ def parse_policy(policy: str) -> tuple[str, int]:
     sw = parse_switch(p)
     if sw is not None:
         return sw[0], (sw[1], sw[2])
-    m = re.fullmatch(r"fixed-?(-?\d+)", p)
+    close = re.fullmatch(r"fixed_?(\d+)", p)
+    if close:
+        raise SimulationError(f"unknown policy {policy!r}; did you mean fixed-{close.group(1)}?")
+    m = re.fullmatch(r"fixed-(-?\d+)", p)
     if m:
         k = int(m.group(1))
         if k < 1:
@@ -274,6 +277,8 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
             m = active
             D1 += dr.c_kv * bc(prop * x, m) + dr.c_tok * bc(prop, m)
             D0 += dr.c0 * bc(prop, m) + dr.c_step * bc((prop > 0).astype(float), m)
+            if dr.c_step_req:                      # per request in the step (m = B copies) where it drafts
+                D1 += dr.c_step_req * bc((prop > 0).astype(float), m)
     return V1, V0, D1, D0
 
 
@@ -322,9 +327,11 @@ def _mixed_kernel():
     return njit(cache=True)(_mixed_run_py)
 
 
-def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always, cstep,
+def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, frac, always, cstep, creq,
                c_kv, c_tok, c0, overhead, B, ragged, r_kv, r_tok, r0, cap):
     """One continuous-batching run. Returns (makespan, target-forward time, drafting time, overhead time).
+    A charge's drafter: ``kind`` (``KIND_CODE``), c_kv ``dk``, c_tok ``dt``, c0 ``d0``, ``frac``, c_step ``cstep``,
+    c_step_req ``creq`` (per_token: ``cstep + creq * m`` where it drafts, m = the decoding requests).
     ``ragged`` (per step record): that request's step verifies other than K + 1 tokens; a batch step where any
     decoding request's step is ragged, or whose decoding requests verify more than ``cap`` tokens in all (the
     CUDA-graph cap; inf: none), costs the ragged forward r_kv*kv + r_tok*n + r0 instead of F (newcomers' prefill
@@ -383,7 +390,8 @@ def _mixed_run_py(P, L, step_off, inp, gen, active, proposal, kind, dk, dt, d0, 
                 elif kind[c] == 1:
                     t = frac[c] * F + cstep[c] if (always[c] or proposal[c, j] > 0) else 0.0
                 else:
-                    t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c]) + (cstep[c] if proposal[c, j] > 0 else 0.0)
+                    t = proposal[c, j] * (dk[c] * kv + dt[c] * m + d0[c]) + \
+                        ((cstep[c] + creq[c] * m) if proposal[c, j] > 0 else 0.0)
                 if t > dmax[c]:
                     dmax[c] = t
         t_f += F
@@ -432,6 +440,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
         kind, dk, dt, d0, frac, always = (np.zeros(C, np.int64), np.zeros(C), np.zeros(C), np.zeros(C),
                                           np.zeros(C), np.zeros(C, np.bool_))
         cstep = np.array([dr.c_step for dr, *_ in charges], float)
+        creq = np.array([dr.c_step_req for dr, *_ in charges], float)
         for c, (dr, act, prop, alw) in enumerate(charges):
             if act is not None:
                 active[c] = act
@@ -440,7 +449,7 @@ def _mixed(reqs: _Requests, st: _Steps | None, cm: CostModel, Bs: np.ndarray) ->
                                                                 dr.fraction, alw)
         # at most n requests ever run at once: slots beyond n are never used (and B = 10^6 would allocate them)
         return _mixed_kernel()(reqs.P, reqs.L, step_off, inp.astype(np.int64), gen.astype(np.int64), active,
-                          proposal, kind, dk, dt, d0, frac, always, cstep, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
+                          proposal, kind, dk, dt, d0, frac, always, cstep, creq, cm.c_kv, cm.c_tok, cm.c0, cm.overhead,
                           int(min(B, n)), rag, float(R.c_kv), float(R.c_tok), float(R.c0), cap)
 
     tokens = float(reqs.L.sum())

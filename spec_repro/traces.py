@@ -19,7 +19,21 @@ draft_len       Int16    tokens the proposer would really propose here, <= k_max
                          (published traces): the simulator then models matches as the study did.
 prompt_len      int32    P, prompt tokens of the request
 output_len      int32    L, output tokens of the request (first token included)
+confidence      list     optional (absent in traces profiled before it was recorded, which read as before):
+                <uint8>  k_max codes per row, entry d-1 (d = 1..k_max) = the probability of the drafter's
+                         own top-1 token at draft position d, quantized to 8 bits: code = round(254 p),
+                         p = code / 254 (steps of 1/254, error <= 1/508 ~ 0.002), code 255 = no value.
+                         p is the softmax of the drafter's logits at the token it drafts as draft number d
+                         of the chain that starts after output position p (the draft compared with
+                         o_{p+d}), teacher-forced as the acceptance (exact for d <= acc_len; see
+                         ``spec_repro.profiler``). No value (255) where o_{p+d} lies past the output
+                         (p + d > L - 1); the list is null for proposers without confidence (n-gram).
 ==============  =======  =====================================================================
+
+``Trace.confidence(proposer)`` reads it back as {(dataset, model, request_id): float32 array [L, k_max]} of
+probabilities in [0, 1] (unit: probability of the drafter's own top-1 token at draft position d, 8-bit
+quantized as above), NaN where absent (past the output's end, a proposer without confidence such as n-gram, a
+trace profiled before confidence was recorded). ``quantize_confidence`` / ``dequantize_confidence`` convert.
 
 ``Trace.requests`` holds one row per request: request_id, dataset, model, prompt_len, output_len and,
 when known, ``prompt_token_ids``/``output_token_ids`` (lists) and ``prompt_text``/``output_text``.
@@ -44,7 +58,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
-    "ACC_COLUMNS", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
+    "ACC_COLUMNS", "ACC_OPTIONAL", "CONF_COLUMN", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
+    "quantize_confidence", "dequantize_confidence",
     "read_steps", "read_step_records", "validate_steps", "dataset_from_path", "too_long_number",
 ]
 
@@ -57,6 +72,12 @@ REQ_COLUMNS: dict[str, str] = {
     "request_id": "string", "dataset": "string", "model": "string",
     "prompt_len": "int32", "output_len": "int32",
 }
+# Optional acceptance columns, kept when present: the drafter's confidence, list<uint8> of k_max codes per row
+# (module doc), held in pandas as an Arrow-backed column (no Python object per row).
+CONF_COLUMN = "confidence"
+CONF_SCALE = 254    # code = round(CONF_SCALE * probability)
+CONF_ABSENT = 255   # the code of "no value" (NaN)
+ACC_OPTIONAL = (CONF_COLUMN,)
 # Optional per-request columns (lists or text), kept when present.
 REQ_OPTIONAL = ("prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
 # In a parquet file the token ids are list<int32> columns of the acc table, set on each request's first row
@@ -130,7 +151,9 @@ class Trace:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.acc = _coerce(self.acc, ACC_COLUMNS, "acc")
+        self.acc = _coerce(self.acc, ACC_COLUMNS, "acc", extra=[c for c in ACC_OPTIONAL if c in self.acc.columns])
+        if CONF_COLUMN in self.acc.columns:
+            self.acc[CONF_COLUMN] = _check_confidence(self.acc, "acc")
         keep = [c for c in self.requests.columns if c in REQ_OPTIONAL]
         self.requests = _coerce(self.requests, REQ_COLUMNS, "requests", extra=keep)
 
@@ -155,8 +178,13 @@ class Trace:
         request_info: Mapping[str, Mapping] | None = None,
         meta: dict | None = None,
         truncate_to_shortest: bool = True,
+        confidences: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> "Trace":
         """Build a trace from ``arrays[request_id][proposer] = acc_len list``.
+
+        ``confidences[request_id][proposer]``: the drafter's confidence, an array [L, k_max] of probabilities
+        (NaN = none; module doc), for the proposers that have one; with none at all the trace has no
+        ``confidence`` column.
 
         Every proposer's array of a request is cut to the shortest one (L = the shortest, as the study does).
         ``k_max`` defaults to the longest draft over the whole trace: max(acc_len) - 1, or the longest of
@@ -167,6 +195,7 @@ class Trace:
         runs: list[tuple] = []          # one (request id, proposer, L, P) per acceptance array kept
         acc_parts, dl_parts = [], []
         reqs, skipped = [], []
+        conf_blocks: list = []           # per (request, proposer) run of rows: its [L, k] confidence or None
         for rid, per_prop in arrays.items():
             if not per_prop:
                 raise TraceError(f"request {rid!r}: no proposer arrays")
@@ -185,6 +214,14 @@ class Trace:
                     dl = np.asarray(draft_lens[rid][prop], dtype=np.int64)[:L]
                     if len(dl) != L:
                         raise TraceError(f"request {rid!r}, proposer {prop!r}: draft_len length {len(dl)} != {L}")
+                cf = (confidences or {}).get(rid, {}).get(prop)
+                if cf is not None:
+                    cf = np.asarray(cf, dtype=np.float32)
+                    if cf.ndim != 2 or len(cf) < L:
+                        raise TraceError(f"request {rid!r}, proposer {prop!r}: confidence must be an array "
+                                         f"[positions, k_max] over at least its {L} positions, got shape {cf.shape}")
+                    cf = cf[:L]
+                conf_blocks.append((L, cf))
                 dl_parts.append(dl)
                 runs.append((str(rid), str(prop), L, P))
             info = dict(request_info.get(rid, {})) if request_info else {}
@@ -219,6 +256,8 @@ class Trace:
         if int(acc["acc_len"].max()) > kmax + 1:
             raise TraceError(f"acc_len up to {int(acc['acc_len'].max())} exceeds k_max + 1 = {kmax + 1}")
         acc["k_max"] = kmax
+        if any(cf is not None for _, cf in conf_blocks):
+            acc[CONF_COLUMN] = _conf_series(_conf_from_blocks(conf_blocks), acc.index)
         m = dict(meta or {})
         if skipped:
             m["skipped_empty"] = skipped
@@ -274,6 +313,41 @@ class Trace:
         acc = self.acc if keep.all() else _where(self.acc, keep, self.acc.columns)
         return Trace(acc.reset_index(drop=True), req.reset_index(drop=True), dict(self.meta))
 
+    @property
+    def confidence_proposers(self) -> list[str]:
+        """The proposers with a recorded confidence (on any of their rows)."""
+        if CONF_COLUMN not in self.acc.columns:
+            return []
+        has = self.acc[CONF_COLUMN].notna().to_numpy(dtype=bool)
+        return sorted(self.acc.loc[has, "proposer"].unique().tolist())
+
+    def confidence(self, proposer: str) -> dict[tuple[str, str, str], np.ndarray]:
+        """{(dataset, model, request_id): float32 array [L, k_max]} for one proposer: entry [p, d-1] = the
+        probability of the drafter's own top-1 token at draft position d when drafting after output position p
+        (8-bit quantized as stored, module doc); NaN where absent (past the output's end, a proposer without
+        confidence such as n-gram, a trace profiled before confidence was recorded). Same keys as
+        :meth:`arrays`."""
+        self.check_proposers([proposer])
+        d = self.acc[self.acc["proposer"] == proposer].sort_values(["dataset", "model", "request_id", "position"])
+        kmax = d["k_max"].to_numpy(np.int64)
+        K = int(kmax.max(initial=1))
+        dense = np.full((len(d), K), np.nan, dtype=np.float32)
+        if CONF_COLUMN in d.columns and len(d):
+            import pyarrow.compute as pc
+
+            arr = d[CONF_COLUMN].array.__arrow_array__().combine_chunks()
+            lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = dequantize_confidence(pc.list_flatten(arr).to_numpy(zero_copy_only=False))
+            rows = np.repeat(np.arange(len(d)), lens)
+            cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
+            dense[rows, cols] = flat
+        out = {}
+        pos = np.arange(len(d))
+        for key, g in d.assign(_row=pos).groupby(["dataset", "model", "request_id"], sort=False, observed=True):
+            r = g["_row"].to_numpy()
+            out[key] = dense[r, : int(kmax[r[0]])]
+        return out
+
     def arrays(self, proposer: str) -> dict[tuple[str, str, str], np.ndarray]:
         """{(dataset, model, request_id): acc_len array over positions} for one proposer."""
         self.check_proposers([proposer])
@@ -290,12 +364,17 @@ class Trace:
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pandas(self.acc, preserve_index=False)
+        acc = self.acc.drop(columns=[CONF_COLUMN]) if CONF_COLUMN in self.acc.columns else self.acc
+        table = pa.Table.from_pandas(acc, preserve_index=False)
         req = self.requests
         for col in ID_COLUMNS:   # token ids: compact list<int32> columns (set on each request's first row)
             if col in req.columns and req[col].notna().any():
                 table = table.append_column(col, _id_column(self.acc, req, col))
                 req = req.drop(columns=[col])
+        if CONF_COLUMN in self.acc.columns and self.acc[CONF_COLUMN].notna().any():
+            # after the pandas part, so the pandas metadata does not name it: a reader that does not know the
+            # column gets plain lists (and drops it), no Arrow-backed dtype to reconstruct
+            table = table.append_column(CONF_COLUMN, self.acc[CONF_COLUMN].array.__arrow_array__().combine_chunks())
         md = dict(table.schema.metadata or {})
         md[b"spec_repro.requests"] = req.to_json(orient="records").encode()
         md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
@@ -321,13 +400,19 @@ class Trace:
                 table = f.read()
             md = table.schema.metadata or {}
             ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
-            acc = table.drop_columns(list(ids)).to_pandas()
+            conf = table.column(CONF_COLUMN) if CONF_COLUMN in table.column_names else None
+            acc = table.drop_columns(list(ids) + ([CONF_COLUMN] if conf is not None else [])).to_pandas()
         except Exception as e:  # pyarrow raises several types for a bad file (a damaged footer, pages, schema)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise TraceError(f"{path}: not a readable parquet file ({first})") from None
         missing = [c for c in ACC_COLUMNS if c not in acc.columns]
         if missing:
             raise TraceError(f"{path}: not an acceptance trace, missing columns {missing}")
+        if conf is not None:
+            try:
+                acc[CONF_COLUMN] = _conf_series(conf, acc.index)
+            except TraceError as e:
+                raise TraceError(f"{path}: {e}") from None
         try:
             if b"spec_repro.requests" in md:
                 requests = pd.DataFrame(json.loads(md[b"spec_repro.requests"]))
@@ -391,6 +476,8 @@ class Trace:
         # every part was checked when it was built and joining them can only repeat a row (checked above): the
         # joined tables are put in the schema's dtypes, not checked a second time
         req = req.drop_duplicates(["dataset", "model", "request_id"])
+        if CONF_COLUMN in acc.columns:   # parts with and without confidence: the column put in one form, checked
+            return Trace(acc, req, meta)
         keep = [c for c in req.columns if c in REQ_OPTIONAL]
         return Trace._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
                               _coerce(req, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
@@ -453,6 +540,112 @@ def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
+def quantize_confidence(p) -> np.ndarray:
+    """Probabilities in [0, 1] (NaN = none) -> the stored uint8 codes: round(254 p), 255 for NaN."""
+    p = np.asarray(p, dtype=np.float32)
+    q = np.full(p.shape, CONF_ABSENT, dtype=np.uint8)
+    ok = ~np.isnan(p)
+    if ((p[ok] < 0) | (p[ok] > 1)).any():
+        raise TraceError(f"{CONF_COLUMN}: probabilities must lie in [0, 1] (or be NaN)")
+    q[ok] = np.rint(p[ok] * CONF_SCALE).astype(np.uint8)
+    return q
+
+
+def dequantize_confidence(q) -> np.ndarray:
+    """Stored uint8 codes -> float32 probabilities code / 254, NaN for 255."""
+    q = np.asarray(q, dtype=np.uint8)
+    out = q.astype(np.float32) / CONF_SCALE
+    out[q == CONF_ABSENT] = np.nan
+    return out
+
+
+def _conf_type():
+    import pyarrow as pa
+
+    return pa.list_(pa.uint8())
+
+
+def _conf_series(arr, index) -> pd.Series:
+    """An Arrow-backed pandas column of list<uint8> codes from an Arrow (chunked) list array: of codes
+    (integers 0..255), or of probabilities (floats, NaN = none), which are quantized."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], type=_conf_type())
+    if arr.type == _conf_type() and arr.type.value_field.name != _conf_type().value_field.name:
+        arr = arr.cast(_conf_type())        # parquet names the list's field "element": one dtype for all
+    if arr.type != _conf_type():
+        t = arr.type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) or not (
+                pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type)):
+            raise TraceError(f"acc: column {CONF_COLUMN!r} must hold lists of probabilities, got {t}")
+        arr = arr.cast(pa.large_list(t.value_type))
+        v = pc.list_flatten(arr).to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(t.value_type):
+            v = quantize_confidence(v)
+        elif len(v) and (v.min() < 0 or v.max() > CONF_ABSENT):
+            raise TraceError(f"acc: column {CONF_COLUMN!r} holds codes outside 0..{CONF_ABSENT}")
+        lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        arr = pa.ListArray.from_arrays(pa.array(off), pa.array(np.asarray(v, np.uint8)), type=_conf_type(),
+                                       mask=arr.is_null())
+    return pd.Series(pd.arrays.ArrowExtensionArray(arr), index=index, name=CONF_COLUMN)
+
+
+def _conf_from_blocks(blocks) -> "pa.Array":
+    """list<uint8> codes over consecutive runs of rows: each block is (rows, [rows, k] probabilities) or
+    (rows, None)."""
+    import pyarrow as pa
+
+    lens, vals, mask = [], [], []
+    for n, cf in blocks:
+        if cf is None:
+            lens.append(np.zeros(n, np.int64))
+            mask.append(np.ones(n, bool))
+        else:
+            lens.append(np.full(n, cf.shape[1], np.int64))
+            vals.append(quantize_confidence(cf).ravel())
+            mask.append(np.zeros(n, bool))
+    off = np.concatenate([[0], np.cumsum(np.concatenate(lens))]).astype(np.int32)
+    values = np.concatenate(vals) if vals else np.zeros(0, np.uint8)
+    return pa.ListArray.from_arrays(pa.array(off), pa.array(values), type=_conf_type(),
+                                    mask=pa.array(np.concatenate(mask)))
+
+
+def _check_confidence(acc: pd.DataFrame, where: str) -> pd.Series:
+    """The ``confidence`` column as list<uint8> codes (Arrow-backed), checked: each non-null list holds k_max
+    codes (its row's k_max). Plain Python lists or arrays of probabilities (NaN = none) are quantized."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = acc[CONF_COLUMN]
+    if getattr(col.dtype, "pyarrow_dtype", None) is not None:
+        arr = col.array.__arrow_array__()
+    else:  # plain lists / arrays of probabilities (a table built by hand, a reader that knows no Arrow types)
+        vals = col.to_numpy(dtype=object)
+        null = np.array([v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) for v in vals], bool)
+        try:
+            rows = [np.asarray(v, dtype=np.float32).ravel() if not z else np.zeros(0, np.float32)
+                    for v, z in zip(vals, null)]
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"{where}: column {CONF_COLUMN!r} must hold lists of probabilities ({e})") from None
+        off = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        flat = np.concatenate(rows) if rows else np.zeros(0, np.float32)
+        arr = pa.LargeListArray.from_arrays(pa.array(off), pa.array(flat), mask=pa.array(null))
+    s = _conf_series(arr, col.index)
+    a = s.array.__arrow_array__().combine_chunks() if len(s) else pa.array([], type=_conf_type())
+    valid = a.is_valid().to_numpy(zero_copy_only=False)
+    lens = pc.fill_null(pc.list_value_length(a), 0).to_numpy(zero_copy_only=False)
+    k = acc["k_max"].to_numpy(np.int64)
+    bad = valid & (lens != k)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise TraceError(f"{where}: row {i}: {int(lens[i])} confidence values, expected k_max = {int(k[i])} (one "
+                         f"per draft position)")
+    return s
+
+
 def _coerce(df: pd.DataFrame, schema: Mapping[str, str], where: str, extra: Sequence[str] = (),
             check: bool = True) -> pd.DataFrame:
     """``df``'s schema columns (then ``extra``) in the schema's dtypes; ``check``: its values checked too."""

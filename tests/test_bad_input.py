@@ -1,4 +1,4 @@
-"""Bad inputs and faults at the command line (issue 11): every case ends in ONE clear line and a non-zero exit, or
+"""Bad inputs and faults at the command line: every case ends in ONE clear line and a non-zero exit, or
 in the correct result; never a traceback, a silently wrong number or a lost row.
 
 The matrix runs ``spec_repro.cli.main`` in-process (fast); a few cases run the real console command in a

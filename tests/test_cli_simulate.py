@@ -25,7 +25,10 @@ def test_contract_published_jsonl(tmp_path, capsys):
     assert set(df["dataset"]) == {"instructcoder", "gsm8k"}  # file stem without combined_
     assert set(df["proposers"]) == {"ngram+eagle"} and set(df["batch_size"]) == {1, 8, 64}
     printed = capsys.readouterr().out
-    assert "instructcoder" in printed and f"wrote {out}" in printed
+    assert "instructcoder" in printed and f"wrote {out} (18 rows;" in printed
+    main(["simulate", "--traces", files[1], "--proposers", "ngram", "--policy", "fixed-3", "--batch-sizes", "1",
+          "--out", str(tmp_path / "one.csv"), "--no-progress"])
+    assert f"wrote {tmp_path / 'one.csv'} (1 row;" in capsys.readouterr().out
     direct = simulate(read_trace(files[0]), "llama3.1-8b-h100", "ngram,eagle", "oracle-combine", "winner",
                       batch_sizes=[8], progress=False).iloc[0]
     row = df[(df.dataset == "instructcoder") & (df.draft_cost == "winner") & (df.batch_size == 8)].iloc[0]

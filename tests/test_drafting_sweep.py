@@ -1,4 +1,4 @@
-"""EAGLE's drafting time per k on the H200 (data/gpu/draftk, the sixth GPU session's part w) and its entry into the
+"""EAGLE's drafting time per k on the H200 (data/gpu/draftk, 2026-12-02) and its entry into the
 H200 presets as d0 + k * d1 (``costmodel.fit_drafting`` / ``enter_drafting``)."""
 import dataclasses
 

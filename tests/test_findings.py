@@ -37,15 +37,34 @@ def test_finding1_best_proposer_at_the_smallest_batch_and_its_speedup_at_the_lar
     ]
     dummy = "not comparable (acceptance set by dummy weights)"
     assert [(r.verdict, r.headline) for r in rows] == [("agrees", False), ("agrees", False), (dummy, False)]
-    # the measured headline is vLLM with real weights on the V1 runner (forced), never a dummy-weight run
+    # the measured headline is vLLM with real weights on its default engine (V2), never a dummy-weight run
     assert not F.finding1_rows(None, measured.assign(model="llama3-70b"), sim_source="", measured_source="m")[0].headline
     live = pd.DataFrame({"dataset": "code-edit", "model": "q", "batch_size": [1, 1, 64, 64],
                          "proposers": ["hy (AL 3.7, real weights)", "eagle (AL 3.0, real weights)"] * 2,
                          "speedup": [1.21, 0.89, 0.55, 0.69], "weights": "real"})
     lr = F.finding1_rows(None, None, sim_source="", live=live, live_source="live")
     assert [(r.this_run, r.verdict, r.headline, r.short) for r in lr] == [
-        ("1.21x -> 0.55x", "agrees (slower than no SD at bs 64)", True,
-         "code-edit, q (vLLM): best (hy), bs 1 -> 64")]
+        ("1.21x -> 0.55x", "agrees (slower than no SD at bs 64)", False,
+         "code-edit, q (vLLM V1, forced): best (hy), bs 1 -> 64")]
+    # vLLM's default engine: one headline row per workload, the best configuration at bs 1 named by its method; a
+    # host-contended end of the best configuration is named in the verdict (there its speedup is a lower bound)
+    v2 = pd.DataFrame({"dataset": ["code-edit"] * 4 + ["sharegpt"] * 4, "model": "q",
+                       "batch_size": [1, 1, 64, 64] * 2, "method": ["eagle-k3", "ngram-k5"] * 4,
+                       "proposers": ["eagle k=3 (AL 2.6, real weights)", "ngram k=5 (AL 4.6, real weights)"] * 4,
+                       "speedup": [1.72, 0.57, 0.92, 0.28, 0.39, 0.62, 0.24, 0.71], "weights": "real",
+                       "contended": [False, True, True, True, True, False, False, True]})
+    both = F.finding1_rows(None, None, sim_source="", live=live, live_source="live", v2=v2, v2_source="v2")
+    assert [(r.quantity, r.this_run, r.source, r.value, r.verdict, r.headline, r.short) for r in both] == [
+        ("code-edit (q): best proposer (eagle k=3 (AL 2.6, real weights)), bs 1 -> 64 (measured vLLM default "
+         "engine (V2 runner), real weights)", "1.72x -> 0.92x", "v2", 1.72,
+         "agrees (slower than no SD at bs 64; host-contended at bs 64: a lower bound there)", True,
+         "code-edit, q (vLLM V2): best (eagle-k3), bs 1 -> 64"),
+        # sharegpt: n-gram is the best at bs 1 here (0.62 > 0.39), and grows to 0.71 at bs 64
+        ("sharegpt (q): best proposer (ngram k=5 (AL 4.6, real weights)), bs 1 -> 64 (measured vLLM default "
+         "engine (V2 runner), real weights)", "0.62x -> 0.71x", "v2", 0.62,
+         "departs: grows with batch (slower than no SD at bs 1 and 64; host-contended at bs 64: a lower bound "
+         "there)", True, "sharegpt, q (vLLM V2): best (ngram-k5), bs 1 -> 64"),
+        (lr[0].quantity, "1.21x -> 0.55x", "live", 1.21, "agrees (slower than no SD at bs 64)", False, lr[0].short)]
     slow = F.finding1_rows(None, measured.assign(speedup=[0.73, 0.42]), sim_source="", measured_source="m")
     assert slow[0].verdict == dummy + "; slower than no SD at bs 1 and 256"
     grows = sim.assign(speedup=[1.0, 0.9, 1.3, 1.1])        # ngram best at bs 1 (1.0), then 1.3 at bs 64
@@ -321,3 +340,24 @@ def test_committed_findings_tables_are_never_cut():
                 for mime in ("text/plain", "text/html"):
                     text = o.get("data", {}).get(mime, "")
                     assert "..." not in text and "…" not in text, (nb.name, mime)
+
+
+def test_the_summary_opens_with_a_digest_of_its_headline_rows():
+    """SUMMARY.md's first section: one line per headline row (SmolLM2's left to the tables, as in the README), at
+    most DIGEST_ROWS, then a line for the rest; the committed summaries open with it."""
+    from spec_repro.paths import repo_root
+
+    row = dict(finding="1 speedup", quantity="q", paper="p", this_run="1.5x", verdict="agrees (detail)",
+               source="s", headline=True)
+    rows = [{**row, "quantity": f"q{i}"} for i in range(F.DIGEST_ROWS + 2)]
+    rows += [{**row, "quantity": "smollm2-135m q"}, {**row, "quantity": "not headline", "headline": False}]
+    d = F.digest_lines(pd.DataFrame(rows))
+    assert d[0] == "## In short" and d[2] == "- 1. q0: 1.5x (paper: p): agrees"
+    assert len(d) == 2 + F.DIGEST_ROWS + 2 <= 16 and d[-2] == "- and 2 more headline rows below"
+    assert not any("smollm2" in x or "not headline" in x for x in d)
+    assert F.digest_lines(pd.DataFrame([{**row, "headline": False}])) == []
+    for folder in ("figures", "figures/published"):
+        md = (repo_root() / folder / "SUMMARY.md").read_text().splitlines()
+        csv = pd.read_csv(repo_root() / folder / "summary.csv")
+        start = md.index("## In short")
+        assert start < 6 and md[start:start + len(F.digest_lines(csv))] == F.digest_lines(csv)

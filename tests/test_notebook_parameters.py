@@ -65,7 +65,7 @@ def _changed(tmp_path) -> dict:
     steps = pd.read_parquet(data_dir() / "gpu" / "steps.parquet")
     steps[steps["model"].astype(str).str.startswith("llama31-8b")].to_parquet(tmp_path / "steps.parquet")
     # a GPU profile's outputs (reproduce --profile gpu): vLLM batch runs with a step log beside them (the
-    # committed Llama-dims runs of session 3), and another live folder (the committed GPU profile's)
+    # committed Llama-dims runs of `3-plugin-v3`), and another live folder (the committed GPU profile's)
     vr = tmp_path / "vllm"
     vr.mkdir(exist_ok=True)
     keep_specs = {"llama8b-none-s3", "llama8b-ngram-s3"}

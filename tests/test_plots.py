@@ -77,6 +77,7 @@ def _figs(trace):
         "overlap": P.overlap_vs_advantage(adv, other="eagle", threshold=thr),
         "gap": P.oracle_gap(A.oracle_gap(sim), paper_refs={"paper 2.75x": 2.75}),
         "hybrid": P.hybrid_oracle(sim, paper_refs={"combine, ngram-only": 4.9}, paper_dataset="code-edit"),
+        "by_config": P.speedup_by_configuration(_by_config(), source="synthetic"),
         "by_run": P.phases_by_run(pd.DataFrame(
             [dict(config=c, batch_size=b, order=i, verification=2.0, drafting=1.5 + (i % 3), rest=2.0 + (i % 2))
              for b in (1, 8) for i, c in enumerate(["eagle", "idle", "gpu-pr24344"] * 3)]), source="synthetic"),
@@ -199,6 +200,39 @@ def test_measured_speedup_drops_stalled_points_and_says_so():
     fig = P.speedup_vs_batch(meas.drop(columns=["stalled", "stall_reason"]), style="acceptance")
     pts = sum(len(l.get_xdata()) for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("line|"))
     assert pts == len(meas), "rows without the stalled column are all kept"
+    plt.close(fig)
+
+
+def _by_config():
+    """SYNTHETIC: two workloads, EAGLE at two k and n-gram, the bs-8 points host-contended."""
+    return pd.DataFrame([dict(dataset=ds, method=m, runner="V1" if m.startswith("ngram") else "V2", batch_size=bs,
+                              speedup=s / (1 + np.log2(bs) / 6), ratio_lo=0.9 * s / (1 + np.log2(bs) / 6),
+                              ratio_hi=1.1 * s / (1 + np.log2(bs) / 6), contended=bs == 8)
+                         for ds in ("code-edit", "sharegpt") for m, s in (("eagle-k1", 1.2), ("eagle-k3", 1.6),
+                                                                           ("ngram-k5", 0.6))
+                         for bs in (1, 8, 64)])
+
+
+def test_configurations_keep_their_colour_and_contended_points_are_hollow():
+    from matplotlib.colors import to_rgb
+
+    df = _by_config()
+    fig = P.speedup_by_configuration(df, source="synthetic")
+    pts = {l.get_gid(): l for ax in fig.axes for l in ax.get_lines() if (l.get_gid() or "").startswith("points|")}
+    assert len(pts) == 2 * 3 * 2                                       # per panel and method: clean, contended
+    for gid, l in pts.items():
+        _, ds, m, kind = gid.split("|")
+        assert list(l.get_xdata()) == ([8] if kind == "contended" else [1, 64]), gid
+        assert (to_rgb(l.get_markerfacecolor()) == (1.0, 1.0, 1.0)) == (kind == "contended"), gid
+    col = {m: to_rgb(pts[f"points|code-edit|{m}|clean"].get_color()) for m in ("eagle-k1", "eagle-k3", "ngram-k5")}
+    assert col["ngram-k5"] == pytest.approx(to_rgb(P.PALETTE["ngram"]))  # one k: the proposer's own colour
+    assert col["eagle-k1"] != col["eagle-k3"]                           # the k's of one proposer told apart
+    assert col == {m: to_rgb(pts[f"points|sharegpt|{m}|clean"].get_color()) for m in col}   # the same in each panel
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["eagle k=1, V2", "eagle k=3, V2", "ngram k=5, V1"] and P.CONTENDED_NOTE in labels
+    plt.close(fig)
+    fig = P.speedup_by_configuration(df.assign(contended=False))
+    assert P.CONTENDED_NOTE not in [t.get_text() for t in fig.legends[0].get_texts()]   # no note without such a point
     plt.close(fig)
 
 

@@ -271,6 +271,9 @@ def test_clear_errors(cm):
         simulate(t, cm, "ngram", "greedy", progress=False)
     with pytest.raises(SimulationError, match="K must be >= 1"):
         simulate(t, cm, "ngram", "fixed-0", progress=False)
+    for near in ("fixed3", "fixed_3"):   # a near miss is named, never read as fixed-3
+        with pytest.raises(SimulationError, match="did you mean fixed-3"):
+            simulate(t, cm, "ngram", near, progress=False)
     with pytest.raises(SimulationError, match="unknown draft_cost"):
         simulate(t, cm, "ngram,eagle", "oracle-combine", "eagle-only", progress=False)
     with pytest.raises(SimulationError, match="takes one proposer"):

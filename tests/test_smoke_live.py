@@ -3,6 +3,7 @@ two real code-edit requests, decode 16 tokens each, profile n-gram + early-exit,
 Also checks that an interrupted collection resumes without redoing finished requests."""
 import json
 
+import numpy as np
 import pytest
 
 import spec_repro.collect as collect_mod
@@ -116,6 +117,12 @@ def test_reprofile_replaces_a_proposer_from_stored_ids_without_loading_what_it_d
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
     man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
     assert list(man["reprofiled"]) == ["early-exit"] and man["original_run"]["date"]
+    assert "early-exit" not in man["added_proposers"] and man["confidence"]["proposers"] == ["early-exit"]
+    # the confidence of the teacher-forced pass equals the decode's read-out up to the stored 8-bit step
+    cb, ca = before.confidence("early-exit"), after.confidence("early-exit")
+    for k in cb:
+        assert (np.isnan(cb[k]) == np.isnan(ca[k])).all() and not np.isnan(cb[k][0]).all()
+        assert np.nanmax(np.abs(cb[k] - ca[k])) <= 1 / 254 + 1e-6
     from spec_repro.proposers import make_proposer
 
     with pytest.raises(ValueError, match="already holds"):

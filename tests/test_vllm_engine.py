@@ -179,7 +179,7 @@ def test_every_device_job_spec_is_a_valid_engine_configuration():
     seen: dict = {}
     for job, specs in JOBS.items():
         for spec in specs:
-            # a spec name keys results, step files and sessions: one name, one configuration, across all jobs
+            # a spec name keys results, step files and `session` labels: one name, one configuration, across all jobs
             assert seen.setdefault(spec["name"], spec) == spec, spec["name"]
             cfg = V.VLLMConfig(**spec["config"])
             kw = V.engine_kwargs(cfg)                      # raises on a bad method / missing draft

@@ -176,9 +176,13 @@ def test_token_ids_are_list_columns_and_round_trip(tmp_path):
 
 
 def test_old_traces_with_ids_in_json_still_read():
-    old = ROOT / "data" / "traces" / "smollm2-135m__mt-bench.parquet"
+    import pyarrow.parquet as pq
+
+    old = ROOT / "tests" / "fixtures" / "old_trace" / "smollm2-135m__mt-bench.parquet"   # the earlier layout
+    assert "prompt_token_ids" not in pq.read_schema(old).names
     t = read_trace(old)
-    assert len(t.requests) == 40 and "prompt_len" in t.requests
+    assert len(t.requests) == 2 and "prompt_len" in t.requests
+    assert [len(x) for x in t.requests.prompt_token_ids] == t.requests.prompt_len.tolist()
 
 
 @pytest.mark.skipif(not QWEN, reason="no committed Qwen traces")

@@ -264,7 +264,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     ``exit_layers`` (plain greedy only): also read out, for every fed output token, the argmax of the target's
     final norm + LM head applied to the hidden state after each of these layers -- exactly what an early-exit
     self-draft of that depth would draft next (its KV cache equals the target's first layers'), at the cost
-    of one LM-head product per token. Stored in ``result.meta["exit_argmax"][layer][request]``."""
+    of one LM-head product per token. Stored in ``result.meta["exit_argmax"][layer][request]``, and the softmax
+    probability of each of those tokens (the self-draft's top-1 probability, float32) in
+    ``result.meta["exit_top1_prob"][layer][request]``."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens < 1:
@@ -275,6 +277,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         raise ValueError("exit_layers read-outs need plain greedy decoding (proposer=None)")
     exit_layers = [int(n) for n in exit_layers]
     exit_argmax = {n: [[] for _ in prompts] for n in exit_layers}
+    exit_prob = {n: [[] for _ in prompts] for n in exit_layers}
     if exit_layers:
         final_norm = model.get_decoder().norm
     eos = set(eos_ids_of(model) if eos_token_ids is None else eos_token_ids)
@@ -348,9 +351,14 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
         t3 = time.perf_counter()
         greedy = logits.argmax(dim=-1).tolist()  # (rows, m)
         for n in exit_layers:
-            ex = state.head(final_norm(state.last_hidden[n][:, 0])).argmax(dim=-1).tolist()
+            from ..metrics import top1_prob
+
+            lg = state.head(final_norm(state.last_hidden[n][:, 0]))
+            ex_t = lg.argmax(dim=-1)
+            ex, pr = ex_t.tolist(), top1_prob(lg, ex_t).tolist()
             for r, i in enumerate(active):
                 exit_argmax[n][i].append(int(ex[r]))
+                exit_prob[n][i].append(float(pr[r]))
         keep, still, acc_list = [], [], []
         n_draft = n_acc = 0
         for r, (i, d) in enumerate(zip(active, drafts)):
@@ -397,6 +405,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, pr
     meta = {"run_id": run_id, "method": method, "k": k_eff}
     if exit_layers:
         meta["exit_argmax"] = exit_argmax
+        meta["exit_top1_prob"] = exit_prob
     return GenerationResult(outputs, steps_df, ev, wall, meta)
 
 

@@ -41,9 +41,10 @@ import torch.nn.functional as F
 from .eagle_files import EagleError, _read_weights, check_head_dir, read_config
 
 from . import Proposer
+from ..metrics import top1_prob
 
 __all__ = ["EagleHead", "EagleProposer", "EagleError", "check_head_dir", "load_head", "save_head", "new_head", "target_features",
-           "feature_layers", "eagle_chain_argmax", "eagle_chain_acceptance", "KINDS"]
+           "feature_layers", "eagle_chain_argmax", "eagle_chain_acceptance", "eagle_chain_profile", "KINDS"]
 
 KINDS = ("eagle", "eagle3")
 ARCH = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
@@ -178,6 +179,19 @@ class EagleHead(nn.Module):
         i = self.lm_head(self.norm(h)).argmax(-1)
         return i + self.d2t[i]
 
+    def top1(self, h):
+        """(greedy draft token ids, their probabilities) from pre-norm outputs ``h``: the ids are :meth:`argmax`'s
+        (the same logits, the same argmax), the probability is the softmax of the logits the head drafts from
+        (EAGLE-1: the target's LM head over its vocabulary; EAGLE-3: the head's own LM head over its draft
+        vocabulary) at that token, i.e. the head's top-1 probability."""
+        if self.kind == "eagle":
+            lg = self.logits(h)
+            i = lg.argmax(-1)
+            return i, top1_prob(lg, i)
+        lg = self.lm_head(self.norm(h))
+        i = lg.argmax(-1)
+        return i + self.d2t[i], top1_prob(lg, i)
+
     def combine(self, feats):
         """vLLM's combine_hidden_states: EAGLE-3 fuses the three aux features with ``fc``."""
         return self.fc(feats) if self.kind == "eagle3" else feats
@@ -298,17 +312,44 @@ def eagle_chain_argmax(head: EagleHead, prompt, output, k_max: int, feats=None) 
 def eagle_chain_acceptance(head: EagleHead, prompt, output, k_max: int, feats=None):
     """acc_len at every output position q for greedy chained EAGLE drafting (the step after o_q drafts from pair
     s = P+q-1: draft d is compared with o_{q+d}); capped at ``k_max`` and at the end of the output."""
+    return eagle_chain_profile(head, prompt, output, k_max, feats, confidence=False)[0]
+
+
+@torch.no_grad()
+def eagle_chain_profile(head: EagleHead, prompt, output, k_max: int, feats=None, confidence: bool = True):
+    """(acc_len [L], confidence [L, k_max] float32 or None) of greedy chained EAGLE drafting at every output
+    position q, from one chained pass (:meth:`EagleHead.chain`).
+
+    ``acc_len`` as :func:`eagle_chain_acceptance`. ``confidence[q, d-1]``: the head's top-1 probability
+    (:meth:`EagleHead.top1`) of its draft number d in the chain that starts after o_q -- the draft compared with
+    o_{q+d}; NaN where o_{q+d} lies past the output (q + d > L - 1). Teacher-forced as the acceptance: the chain
+    carries the head's own hidden states and the true tokens, so for d <= acc_len[q] (every accepted draft and
+    the first rejected one) it is the real chain's; past the first rejection the real chain would condition on
+    its rejected draft instead."""
     import numpy as np
 
     P, L = len(prompt), len(output)
     if L < 2:
-        return np.ones(L, dtype=np.int64)
-    D = eagle_chain_argmax(head, prompt, output, k_max, feats)
-    full = torch.as_tensor(list(prompt) + list(output), dtype=torch.long, device=D[0].device)
+        return np.ones(L, dtype=np.int64), (np.full((L, k_max), np.nan, np.float32) if confidence else None)
+    dev = next(head.parameters()).device
+    ids = torch.as_tensor([list(prompt) + list(output)], dtype=torch.long, device=dev)
+    if feats is None:
+        feats = target_features(head.target, ids[:, :-1], feature_layers(head))
+    outs = head.chain(ids[:, 1:], feats, k_max)
+    D, Pr = [], []
+    for o in outs:
+        if confidence:
+            i, pr = head.top1(o)
+            D.append(i[0])
+            Pr.append(pr[0])
+        else:
+            D.append(head.argmax(o)[0])
+    full = ids[0]
     q = torch.arange(L, device=full.device)
     s = P + q - 1
     run = torch.ones(L, dtype=torch.bool, device=full.device)
     acc = torch.ones(L, dtype=torch.long, device=full.device)
+    conf = torch.full((L, k_max), float("nan"), dtype=torch.float32, device=full.device) if confidence else None
     for d in range(1, k_max + 1):
         i = s + d - 1                        # where draft d of this chain sits
         tgt = P + q + d                      # o_{q+d}
@@ -317,7 +358,9 @@ def eagle_chain_acceptance(head: EagleHead, prompt, output, k_max: int, feats=No
         m[ok] = D[d - 1][i[ok]] == full[tgt[ok]]
         run = run & m
         acc = acc + run.long()
-    return acc.cpu().numpy()
+        if confidence:
+            conf[ok, d - 1] = Pr[d - 1][i[ok]].float()
+    return acc.cpu().numpy(), (conf.cpu().numpy() if confidence else None)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------

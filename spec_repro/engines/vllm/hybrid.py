@@ -301,7 +301,7 @@ class HybridPolicy:
         c = self._costs
         v, k = AD._rule_choice(NG, ng_dl, kmax, B * n, B, st.alpha1, st.alpha2, st.since, st.prev_ran,
                                st.n_prev < 0, c["tcost"], c["dkind"], c["dk"], c["dt"], c["d0"], c["frac"],
-                               c["cstep"], c["cup"], probe)
+                               c["cstep"], c["creq"], c["cup"], probe)
         st.pending = (n, int(v), int(k), ng_dl, bucket, ngram)
         return st.pending[1:-1]
 

@@ -42,33 +42,36 @@ FILE_DOCS = {
     "hybrid_trace.jsonl": "the hybrid task's code-edit requests profiled on no SD's outputs (n-gram, EAGLE head; "
                           "torch float32 on the CPU, `live profile`): the predictor's input",
     "predicted.csv": "measured tok/s of each live configuration beside three predictions over hybrid_trace.jsonl "
-                     "(cost models fitted on this session's steps; measured_vs_predicted)",
+                     "(cost models fitted on the same run's steps; measured_vs_predicted)",
     "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
-                             "this session trained (n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
-    "hybrid_trace_s5.jsonl": "the same, profiled with the head the fifth GPU session trained (`gpu/live_job.sh run6`)",
-    "hybrid_trace_s9.jsonl": "this run's code-edit no-SD outputs (bs 64) profiled with the seventh GPU session's head "
-                             "(n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run9`)",
+                             "trained in data/gpu/live4's run (sha256 2dce8ecc, 2026-12-02; n-gram, EAGLE; bf16 on the "
+                             "H200, `live profile --device cuda`)",
+    "hybrid_trace_s5.jsonl": "the same, profiled with the head trained in data/gpu/live5's run (sha256 cae15564, "
+                             "2026-12-02; bf16 on the H200)",
+    "hybrid_trace_s9.jsonl": "this run's code-edit no-SD outputs (bs 64) profiled with the head ff44a72f "
+                             "(trained in data/gpu/live6's run; n-gram, EAGLE; bf16 on the H200)",
     "host.txt": "the H200 host during the run: lscpu, CPU clocks, the GPU's clocks and performance state",
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
                          "(device_hybrid_table)",
-    "device_hybrid_sharegpt.csv": "the same on sharegpt (part s; device_hybrid_table(workload='sharegpt'))",
-    "hybrid_trace_sharegpt_s8.jsonl": "part s's sharegpt requests: their no-SD outputs (its bs 64 run) profiled with "
-                                      "the head the seventh GPU session trained (`gpu/live_job.sh run8`; profiled on "
-                                      "the CPU, torch float32, the next session: the run's deadline left no time)",
-    "hybrid_trace_sharegpt_s10.jsonl": "part y's sharegpt no-SD outputs (bs 64) profiled with the seventh GPU "
-                                       "session's head (n-gram, EAGLE), in the run's request order (the predictor "
-                                       "walks the first B); the device is each record's `device`: the ninth "
-                                       "session's (data/gpu/live8) on the CPU in float32, 61 of its 64 records "
-                                       "from the seventh session's profile of equal outputs (the machine was lost "
-                                       "before run10's profile); the tenth's (live9) bf16 on the H200",
-    "hybrid_trace_s11.jsonl": "part l's code-edit no-SD outputs (bs 64) profiled with the head of its run (n-gram, "
-                              "EAGLE; bf16 on the H200: `gpu/live_job.sh run11` / `run12`)",
-    "hybrid_trace_sharegpt_s11.jsonl": "part q's sharegpt no-SD outputs (bs 64) profiled with the head trained in "
-                                       "the same run (n-gram, EAGLE; bf16 on the H200, `gpu/live_job.sh run12`), in "
+    "device_hybrid_sharegpt.csv": "the same on sharegpt (device_hybrid_table(workload='sharegpt'))",
+    "hybrid_trace_sharegpt_s8.jsonl": "this run's sharegpt no-SD outputs (its bs 64 run) profiled with the head "
+                                      "ff44a72f trained in the same run (n-gram, EAGLE; torch float32 on the CPU, "
+                                      "`live profile --device cpu`, after the run)",
+    "hybrid_trace_sharegpt_s10.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the head ff44a72f "
+                                       "(trained in data/gpu/live6's run; n-gram, EAGLE), in the run's request "
+                                       "order (the predictor walks the first B); the device is each record's "
+                                       "`device`: in data/gpu/live8 the CPU in float32, 61 of its 64 records "
+                                       "from data/gpu/live6's profile of equal outputs; in data/gpu/live9 bf16 on "
+                                       "the H200",
+    "hybrid_trace_s11.jsonl": "a run's code-edit no-SD outputs (bs 64) profiled with the head of the same run "
+                              "(n-gram, EAGLE; bf16 on the H200)",
+    "hybrid_trace_sharegpt_s11.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the head 38d37cbe "
+                                       "trained in the same run (2026-12-04; n-gram, EAGLE; bf16 on the H200), in "
                                        "the run's request order",
-    "head.sha256": "sha256 of the EAGLE head the run used (trained in it: `gpu/live_job.sh run4` / `run6` / "
-                   "`run8` / `run12`; else staged from the cache)",
+    "head.sha256": "sha256 of the EAGLE head the run used: trained in it (`TRAIN=1 gpu/live_job.sh start`: "
+                   "2dce8ecc in live4, cae15564 in live5, ff44a72f in live6, 38d37cbe in live10) or "
+                   "staged from the cache (ff44a72f in live7, live8, live9)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
 }

@@ -1,6 +1,6 @@
 """From the device's raw outputs to ``data/gpu``: ``load_raw`` reads the job records and step logs, one
 ``write_*`` function per output file, ``summarize`` runs them all and records each file in ``MANIFEST.json``.
-How the sessions ran (dates, commands, superseded runs) is data: ``data/gpu/sessions.json``."""
+When and how the device runs were made (dates, commands, superseded runs) is data: ``data/gpu/sessions.json``."""
 from __future__ import annotations
 
 import json
@@ -28,14 +28,14 @@ FILE_DOCS = {
     "smollm2_vllm_steps.csv": "vLLM's steps per request: output position, drafted, accepted",
     "smollm2_agreement.json": "vLLM accepted counts vs predictions from the same outputs, and vs the torch traces",
     "jobs.json": "the device jobs: engine specs (configuration + tasks) per job, read by spec_repro.engines.vllm.jobs",
-    "sessions.json": "how and when the device sessions ran (dates, commands, plugin versions, superseded runs)",
+    "sessions.json": "how and when the device runs were made (dates, commands, plugin versions, superseded runs)",
 }
 
 
 def sessions(path: str | Path | None = None) -> dict:
-    """``data/gpu/sessions.json``: dates and commands of the device sessions, plugin version per session, runs a
-    later session re-made (``superseded``), step logs with imposed acceptance (``steps_secondary``), model
-    configs under ``data/gpu/configs``."""
+    """``data/gpu/sessions.json``: dates and commands of the device runs, the ``session`` label of each plugin
+    version (``plugin_sessions``), runs re-made later with a newer plugin (``superseded``), step logs with imposed
+    acceptance (``steps_secondary``), model configs under ``data/gpu/configs``."""
     return json.loads(Path(path or data_dir() / "gpu" / "sessions.json").read_text())
 
 
@@ -53,8 +53,8 @@ def _raw_files(raws, pattern: str) -> list[Path]:
 
 def load_raw(raw):
     """(runs, steps, engines) DataFrames from one or more folders (searched recursively) of the device's
-    ``results*.jsonl`` and ``steps_*.jsonl``. Each spec's session comes from its engine record's plugin version;
-    ``primary`` is False for runs a later session re-made (``superseded`` in ``sessions()``) and for step logs
+    ``results*.jsonl`` and ``steps_*.jsonl``. Each spec's ``session`` label comes from its engine record's plugin
+    version; ``primary`` is False for runs re-made later (``superseded`` in ``sessions()``) and for step logs
     whose acceptance was imposed (``steps_secondary``)."""
     import pandas as pd
 
@@ -130,7 +130,7 @@ def write_runs(runs, out: Path) -> None:
 
 
 def write_results(raws, out: Path) -> None:
-    """``results.jsonl``: the device's own result records, all sessions in one file (generated token ids left out;
+    """``results.jsonl``: the device's own result records, every device run in one file (generated token ids left out;
     the SmolLM2 outputs are in smollm2_vllm_outputs.jsonl): what ``measured.gpu_speedups`` reads."""
     with atomic_write(out / "results.jsonl") as f:
         for src in _raw_files(raws, "results*.jsonl"):
@@ -255,7 +255,7 @@ def write_manifest(raws, engines: list, out: Path, command: str, final: Path | N
 
     meta = sessions()
     env = engines[0] if engines else {}
-    # one GPU model throughout; how many GPUs an engine used, per session
+    # one GPU model throughout; how many GPUs an engine used, per ``session`` label
     counts: dict = {}
     for e in engines:
         counts.setdefault(int(e.get("gpu_count") or 1), set()).add(e["session"])

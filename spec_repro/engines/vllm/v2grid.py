@@ -196,10 +196,17 @@ def ratio_table(table):
     return t.reset_index(drop=True)
 
 
+FILES = {"runs.csv": "one row per timed chunk: what ran (labels), tok/s, vLLM's counters, the hypervisor's steal",
+         "table.csv": "per engine, workload and batch size: tok/s over repeats, steal share, acceptance length",
+         "ratios.csv": "each engine's tok/s over the least-contended no-SD engine's, with the contended flag",
+         "results.jsonl.gz": "the job's raw records (engines, runs with their outputs), in the order they ran"}
+
+
 def summarize(raw, out: str | Path, command: str = "") -> dict:
-    """``data/gpu/v2grid/`` from device folders holding the job's ``results.jsonl`` (in the order they ran): ``runs.csv`` (one row per
-    timed run, ``grid_rows``), ``table.csv`` (``grid_table``), ``ratios.csv`` (``ratio_table``), the raw records
-    (``results.jsonl.gz``: every run's outputs kept) and ``MANIFEST.json`` (each file's sha256, the command).
+    """``data/gpu/v2grid/`` from device folders holding the job's ``results.jsonl`` (in the order they ran):
+    ``runs.csv`` (one row per timed run, ``grid_rows``), ``table.csv`` (``grid_table``), ``ratios.csv`` (``ratio_table``), the raw records
+    (``results.jsonl.gz``: every run's outputs kept) and ``MANIFEST.json`` (each file's sha256 and what it holds,
+    the engines, the command).
     Written into a stage folder first: a failure leaves ``out`` as it was."""
     import gzip
     import hashlib
@@ -230,11 +237,14 @@ def summarize(raw, out: str | Path, command: str = "") -> dict:
             f.write(text.encode())
         engines = [{k: r.get(k) for k in ("spec", "start_s", "instrumented", "resolved", "vllm", "env")}
                    for r in recs if r.get("kind") == "engine"]
-        man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs],
+        old = json.loads((st / "MANIFEST.json").read_text()) if (st / "MANIFEST.json").is_file() else {}
+        kept = {k: v for k, v in old.items() if isinstance(v, dict) and "file" in v and k not in FILES
+                and (Path(out) / v["file"]).is_file()}       # files others write beside (v2fit's predicted.csv)
+        man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs], **kept,
                "engines": engines, "not_run": [r for r in recs if r.get("kind") in ("spec_skipped", "spec_failed",
                                                                                     "engine_error")],
-               "files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(st.iterdir())
-                         if p.is_file() and not p.name.startswith(".")}}
+               **{p.name: {"file": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "what": FILES[p.name]}
+                  for p in sorted(st.iterdir()) if p.name in FILES}}
         (st / "MANIFEST.json").write_text(json.dumps(man, indent=1, default=str) + "\n")
     return {"runs": len(runs), "configurations": int(table["spec"].nunique())}
 

@@ -1,4 +1,4 @@
-"""Issue 44: cases of a hostile probe. Each ends in ONE clear ``error:`` line and a non-zero exit (or the
+"""Cases of a hostile probe. Each ends in ONE clear ``error:`` line and a non-zero exit (or the
 correct result); never a traceback, a silently dropped value or a stale folder left behind.
 
 Fast: tiny fixtures, in-process CLI; the real model is never loaded."""

@@ -1,5 +1,5 @@
-"""Issue 21: never destroy a user's files, never trust an unverified byte, validate every number. Each case of the
-issue as a test: a clear one-line error (or the correct result), nothing lost, nothing cut left behind.
+"""Never destroy a user's files, never trust an unverified byte, validate every number. Each case as a
+test: a clear one-line error (or the correct result), nothing lost, nothing cut left behind.
 
 Fast: tiny fixtures, in-process CLI; the real model is never loaded (``models.load`` is made to fail, so a
 validation that came after loading would fail the test)."""
