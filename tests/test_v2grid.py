@@ -136,3 +136,13 @@ def test_the_committed_grid_is_vllms_default_runner_uninstrumented():
     assert e.groupby("k").size().tolist() == [8, 8, 8, 8]        # 2 workloads x 4 batch sizes
     r = pd.read_csv(d / "ratios.csv")
     assert (r["none_engine"] == "v2grid-none-k0#1").all() and len(r) == 40
+
+
+def test_summarize_refuses_an_out_inside_its_raw_folder(tmp_path):
+    from spec_repro.io import OutputError
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "results.jsonl").write_text("")
+    with pytest.raises(OutputError, match="overlap"):
+        G.summarize([tmp_path / "raw"], tmp_path / "raw" / "out")
+    assert not (tmp_path / "raw" / "out").exists()

@@ -130,7 +130,8 @@ def grid_rows(records: list[dict]) -> list[dict]:
         steal = r.get("host_steal_s")
         cfg = r.get("config") or e.get("config") or {}
         drafts = r.get("num_drafts") or 0
-        rows.append({"engine": eng_of.get(r["spec"], f"{r['spec']}#1"), "spec": r["spec"], "method": cfg.get("method"), "k": r.get("k"), "workload": r.get("workload"),
+        rows.append({"engine": eng_of.get(r["spec"], f"{r['spec']}#1"), "spec": r["spec"],
+                     "method": cfg.get("method"), "k": r.get("k"), "workload": r.get("workload"),
                      "batch_size": r.get("batch_size"), "repeat": r.get("repeat"), "chunk": r.get("chunk"),
                      "output_tokens": r.get("output_tokens"),
                      "vllm_generation_tokens": r.get("vllm_generation_tokens"), "wall_s": r.get("wall_s"),
@@ -204,16 +205,19 @@ FILES = {"runs.csv": "one row per timed chunk: what ran (labels), tok/s, vLLM's 
 
 def summarize(raw, out: str | Path, command: str = "") -> dict:
     """``data/gpu/v2grid/`` from device folders holding the job's ``results.jsonl`` (in the order they ran):
-    ``runs.csv`` (one row per timed run, ``grid_rows``), ``table.csv`` (``grid_table``), ``ratios.csv`` (``ratio_table``), the raw records
-    (``results.jsonl.gz``: every run's outputs kept) and ``MANIFEST.json`` (each file's sha256 and what it holds,
-    the engines, the command).
-    Written into a stage folder first: a failure leaves ``out`` as it was."""
+    ``runs.csv`` (one row per timed run, ``grid_rows``), ``table.csv`` (``grid_table``), ``ratios.csv``
+    (``ratio_table``), the raw records (``results.jsonl.gz``: every run's outputs kept) and ``MANIFEST.json`` (each
+    file's sha256 and what it holds, the engines, the command). Written into a stage folder first: a failure
+    leaves ``out`` as it was; ``out`` may not overlap a raw folder (``summary.check_raw_out``)."""
     import gzip
-    import hashlib
 
+    from ...fetch import sha256_file
     from ...io import staged_dir
+    from .summary import check_raw_out
 
-    srcs = [Path(r) / "results.jsonl" for r in ([raw] if isinstance(raw, (str, Path)) else raw)]
+    raws = [raw] if isinstance(raw, (str, Path)) else list(raw)
+    check_raw_out(raws, out)
+    srcs = [Path(r) / "results.jsonl" for r in raws]
     for src in srcs:
         if not src.is_file():
             raise FileNotFoundError(f"{src}: no such file (the v2grid job's results)")
@@ -243,7 +247,7 @@ def summarize(raw, out: str | Path, command: str = "") -> dict:
         man = {"what": __doc__.splitlines()[0], "command": command, "sources": [str(x) for x in srcs], **kept,
                "engines": engines, "not_run": [r for r in recs if r.get("kind") in ("spec_skipped", "spec_failed",
                                                                                     "engine_error")],
-               **{p.name: {"file": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "what": FILES[p.name]}
+               **{p.name: {"file": p.name, "sha256": sha256_file(p), "what": FILES[p.name]}
                   for p in sorted(st.iterdir()) if p.name in FILES}}
         (st / "MANIFEST.json").write_text(json.dumps(man, indent=1, default=str) + "\n")
     return {"runs": len(runs), "configurations": int(table["spec"].nunique())}
@@ -273,7 +277,8 @@ def main(argv=None) -> int:
     sm.add_argument("--out", default=str(ROOT / "data" / "gpu" / "v2grid"))
     a = ap.parse_args(argv)
     if a.cmd == "summarize":
-        print(json.dumps(summarize(a.raw, a.out, " ".join(["python -m spec_repro.engines.vllm.v2grid", *sys.argv[1:]]))))
+        command = " ".join(["python -m spec_repro.engines.vllm.v2grid", *sys.argv[1:]])
+        print(json.dumps(summarize(a.raw, a.out, command)))
         return 0
     if a.cmd == "table":
         recs = [json.loads(x) for x in open(Path(a.out) / "results.jsonl") if x.strip()]
