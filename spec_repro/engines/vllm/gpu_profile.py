@@ -17,7 +17,7 @@ continues where it stopped):
   llama   Llama-3.1-8B dimensions, dummy weights (real timing, artificial acceptance), vLLM's default engine: no SD
           and n-gram (k = 3, the study's) at bs 1/16/64/256, 512-token prompts, 256 tokens, 3 repeats
                                                                                      -> out/raw/llama8b2
-  tables  ``live.summarize`` over out/raw                                            -> out/live
+  tables  ``live_summary.summarize`` over out/raw                                    -> out/live
 
 One GPU suffices (the 1.5B target and the 8B dims each fit one); larger targets go through vLLM's own tensor or
 pipeline parallelism (``VLLMConfig(tensor_parallel_size=...)`` in a job of ``data/gpu/jobs.json``).
@@ -80,7 +80,7 @@ def status(out: str | Path, head: str | Path = "HEAD", model_dir: str | Path = "
     out = Path(out)
     g = grid_specs(head, model_dir)
     from ...collect import trace_path
-    from .live import QWEN
+    from .live_runs import QWEN
 
     return {"qwen": {s["name"] for s in g["qwen"]} <= done_specs(out / "raw" / QWEN_DIR / "results.jsonl"),
             "traces": all(trace_path(out / "traces", QWEN, w).exists() for w in TRACE_WORKLOADS),
@@ -109,7 +109,9 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
     run's folder copied to a laptop)."""
     from ... import models
     from .jobs import run_specs
-    from .live import QWEN, default_head, summarize
+    from .live_profile import default_head
+    from .live_runs import QWEN
+    from .live_summary import summarize
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,7 @@ def notebook_parameters(out: str | Path) -> dict:
     (``vllm_results``) and its traces with the cost model fitted on the same model's live steps; each only when
     that stage left something (else the notebook shows the committed data, and says so)."""
     from ...collect import trace_path
-    from .live import QWEN
+    from .live_runs import QWEN
 
     out = Path(out)
     p: dict = {"backend": "vllm"}

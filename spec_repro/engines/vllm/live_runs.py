@@ -1,0 +1,105 @@
+"""A live run's raw device folder read back (``gpu/live_job.sh``'s ``results*.jsonl`` and the plugin's
+``steps_*.jsonl``): its runs and engine steps with the configuration each measured (``load``), and the runs table
+of a summarized folder (``read_runs``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...paths import data_dir
+from .labels import engine_config_label, run_labels
+
+OUT = data_dir() / "gpu" / "live"         # the default summarized folder
+QWEN = "qwen2.5-coder-1.5b"               # the live runs' target (real weights)
+
+ENGINE_NOTES = {
+    "v1-forced": "the V1 runner forced (VLLM_USE_V2_MODEL_RUNNER=0: the plugin's hooks live there; vLLM itself picks "
+                 "V2 for EAGLE and no SD on a dense target), vLLM's own scheduling: async where vLLM allows it (off "
+                 "for n-gram and the draft model). Labelled `default` in tables made before the runner was recorded",
+    "study-like": "synchronous V1 runner (both forced), as the study's vLLM 0.10 ran",
+    "default": "vLLM chose everything: its runner (V2 for EAGLE and no SD, V1 for n-gram) and async scheduling; "
+               "timed only where vLLM ran V1 (the plugin's hooks are the V1 runner's). Labelled `vllm-default` in "
+               "older specs",
+}
+
+
+TIMED = "v1-forced"      # the configuration the plugin timed the live runs on (the V1 runner, forced)
+
+
+def read_runs(out: str | Path = OUT):
+    """``out``'s runs.csv with the runner labels (``labels.relabel_runs``: a table written before they existed,
+    its forced V1 runner called ``default``, reads as ``v1-forced``)."""
+    import pandas as pd
+
+    from .labels import relabel_runs
+
+    return relabel_runs(pd.read_csv(Path(out) / "runs.csv"))
+
+
+def _config(cfg: dict) -> str | None:
+    """The configuration a run measured: vLLM's method, the hybrid policy, ``<policy>-pad``, ``ngram-pad``."""
+    from .jobs import config_label
+
+    return config_label(cfg) if cfg else None
+
+
+def _cfg_fields(cfg: dict, engine: dict) -> dict:
+    return {"config": _config(cfg), "hybrid": cfg.get("hybrid"), "hybrid_pad": bool(cfg.get("hybrid_pad")),
+            "model_runner": cfg.get("model_runner"), "load_format": cfg.get("load_format"),
+            "weights": "dummy" if cfg.get("load_format") == "dummy" else "real (q4_k_m GGUF, bf16)",
+            "dtype": cfg.get("dtype"), "draft": Path(cfg["draft"]).name if cfg.get("draft") else None,
+            "instrumented": bool(engine.get("instrumented")), "max_num_seqs": cfg.get("max_num_seqs"),
+            **run_labels(cfg, engine)}      # runner, async scheduling (read from vLLM where recorded), engine_config
+
+
+def step_configs(run_ids, ecfg: dict, spec: str = ""):
+    """The configuration of each step row of an engine (``ecfg``: its config): the engine's, or for a rotated
+    engine (``hybrid_rotate``) the policy its run id names (``<w>-b<B>-c<chunk>@<policy>-r<repeat>``)."""
+    import pandas as pd
+
+    run_ids = pd.Series(run_ids)
+    if not ecfg.get("hybrid_rotate"):
+        return pd.Series([_config(ecfg) or spec] * len(run_ids), index=run_ids.index)
+    from .jobs import rotated_run_config
+
+    pol = run_ids.str.extract(r"@(.+)-r-?\d+$")[0]
+    return pol.map({p: _config(rotated_run_config(ecfg, p)) for p in ecfg["hybrid_rotate"]})
+
+
+def load(raw: str | Path):
+    """(runs, steps, engines) from a raw folder (searched recursively)."""
+    import pandas as pd
+
+    from ...traces import read_step_records
+
+    raw = Path(raw)
+    recs = [json.loads(x) for f in sorted(raw.rglob("results*.jsonl")) for x in open(f) if x.strip()]
+    engines = {d["spec"]: d for d in recs if d.get("kind") == "engine"}
+    runs = []
+    for d in recs:
+        if d.get("kind") != "run":
+            continue
+        e = engines.get(d["spec"], {})
+        row = {k: v for k, v in d.items() if k not in ("outputs", "keys", "config", "kind")}
+        row.pop("engine_config", None)       # the spec's own label: replaced by what its forced settings make
+        row.update(_cfg_fields(d.get("config") or e.get("config") or {}, e))   # a rotated engine's run: its policy's
+        for c in ("per_position_rate", "accepted_per_pos"):
+            row[c] = json.dumps(row.get(c))
+        runs.append(row)
+    parts = []
+    for f in sorted(raw.rglob("steps_*.jsonl")):
+        spec = f.stem[len("steps_"):]
+        df, extra = read_step_records(f)
+        df["t_sched"] = [x.get("t_sched", 0.0) for x in extra]
+        df["outputs_known"] = [x.get("outputs_known", True) for x in extra]
+        for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):
+            df[f"hybrid_{key}"] = [(x.get("hybrid") or {}).get(key) for x in extra]
+        df["spec"] = spec
+        df["config"] = step_configs(df["run_id"], engines.get(spec, {}).get("config") or {}, spec)
+        ecfg = engines.get(spec, {}).get("config") or {}
+        df["engine_config"] = engine_config_label(ecfg.get("model_runner"), ecfg.get("async_scheduling"))
+        parts.append(df)
+    steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if len(steps):
+        steps["uniform"] = (steps["k"] == 0) | (steps["batched_tokens"] == steps["num_reqs"] * (1 + steps["k"]))
+    return pd.DataFrame(runs), steps, list(engines.values())
