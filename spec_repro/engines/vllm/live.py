@@ -96,7 +96,9 @@ def read_runs(out: str | Path = OUT):
 
     from .labels import relabel_runs
 
-    return relabel_runs(pd.read_csv(Path(out) / "runs.csv"))
+    from ...provenance import verify_recorded
+
+    return relabel_runs(pd.read_csv(verify_recorded(Path(out) / "runs.csv")))
 
 
 def _config(cfg: dict) -> str | None:
@@ -312,7 +314,9 @@ def step_split(out: str | Path = OUT):
     uniform (every request scheduled 1 + k tokens: vLLM's full CUDA graph) or not."""
     import pandas as pd
 
-    s = pd.read_parquet(Path(out) / "steps.parquet")
+    from ...provenance import verify_recorded
+
+    s = pd.read_parquet(verify_recorded(Path(out) / "steps.parquet"))
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
     g = s.groupby(["config", "batch_size", "uniform"]).agg(
         steps=("t_total", "size"), tokens=("batched_tokens", "mean"), draft_ms=("t_draft", "median"),
