@@ -84,7 +84,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from .provenance import ManifestError, verify_recorded
+from .manifests import ManifestError, verify_recorded
 
 __all__ = ["Drafter", "TargetForward", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR",
            "load_cost_model", "fit", "default_drafter_kind", "ragged_steps", "fit_live", "LIVE_PRESET"]

@@ -1,7 +1,7 @@
 """Readers of the committed measurements (``data/gpu``: vLLM on the H200; ``data/cpu``: the torch engine on a
 CPU): each returns (table or None, a provenance line saying what was read or that nothing was found). A file
 whose folder's MANIFEST.json records its sha256 is checked against it before it is read
-(``provenance.verify_recorded``: a changed file is one line naming it)."""
+(``manifests.verify_recorded``: a changed file is one line naming it)."""
 from __future__ import annotations
 
 import json

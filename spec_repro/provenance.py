@@ -1,9 +1,9 @@
 """Where a measurement came from. Writing: machine, package versions, command and date, recorded with ``record``
 in a folder's ``MANIFEST.json`` (every file under data/ has an entry, most with the ``sha256`` of the file's
-bytes). Reading: ``verify_recorded(path)`` checks a file against the sha256 its folder's MANIFEST.json records
-for it before the package reads it (a changed file is one ``ChangedFileError`` line naming it; a file without
-such an entry, e.g. a user's own, reads as it is), and one-line and multi-line descriptions of a trace or a
-measured file for captions and the summary table."""
+bytes). Reading: ``verify_recorded(path)`` (from ``spec_repro.manifests``) checks a file against the sha256 its
+folder's MANIFEST.json records for it before the package reads it (a changed file is one ``ChangedFileError``
+line naming it; a file without such an entry, e.g. a user's own, reads as it is), and one-line and multi-line
+descriptions of a trace or a measured file for captions and the summary table."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .fetch import sha256_file  # hashing a file needs no trace type (models and workloads import fetch)
+from .manifests import ChangedFileError, ManifestError, check_manifest, recorded_sha256, verify_recorded
 
 if TYPE_CHECKING:
     from .traces import Trace
@@ -77,89 +78,6 @@ def update_entry(manifest: str | Path, name: str, **fields) -> dict:
         data[name] = {**data[name], **fields}
         _save(manifest, data)
     return data[name]
-
-
-class ManifestError(ValueError):
-    """A MANIFEST.json that is not a readable JSON object of entries (cut, damaged, foreign); the message, one
-    line, names the file."""
-
-
-def check_manifest(manifest: str | Path) -> dict:
-    """The entries of a JSON manifest ({} when there is none); ManifestError (a ValueError) with one line
-    naming the file when it is not a JSON object of entries. Commands call it before their work, so a bad
-    manifest never fails a finished run; readers of entries call it too, so a cut manifest is never a bare
-    JSONDecodeError."""
-    manifest = Path(manifest)
-    if not manifest.exists():
-        return {}
-    try:
-        data = json.loads(manifest.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError, OSError) as e:
-        raise ManifestError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or "
-                            f"remove it (nothing was written)") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing "
-                            f"was written)")
-    return data
-
-
-class ChangedFileError(ManifestError):
-    """A file whose bytes no longer hash to the sha256 its folder's MANIFEST.json records; the message, one line,
-    names the file and both hashes."""
-
-
-_MANIFESTS: dict = {}   # (manifest, mtime_ns, size) -> {file name: recorded sha256}
-_HASHES: dict = {}      # (file, mtime_ns, size, inode) -> sha256 of its bytes: each file hashed once per process
-
-
-def _stamp(p: Path) -> tuple:
-    st = p.stat()
-    return str(p.resolve()), st.st_mtime_ns, st.st_size, st.st_ino
-
-
-def recorded_sha256(path: str | Path) -> tuple[str, Path] | None:
-    """(sha256, manifest) that the ``MANIFEST.json`` beside ``path`` records for it (the entry named by the file's
-    name, or whose ``file`` is that name), or None when there is no such manifest, entry or 64-digit sha256.
-    The manifest is parsed once per process and version (cached by path, mtime and size)."""
-    p = Path(path)
-    man = p.parent / "MANIFEST.json"
-    try:
-        key = _stamp(man)[:3]
-    except OSError:
-        return None
-    shas = _MANIFESTS.get(key)
-    if shas is None:
-        shas = {}
-        for k, e in check_manifest(man).items():
-            if isinstance(e, dict) and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64:
-                name = e.get("file") if isinstance(e.get("file"), str) else k
-                shas[name] = e["sha256"]
-        if len(_MANIFESTS) > 256:
-            _MANIFESTS.clear()
-        _MANIFESTS[key] = shas
-    want = shas.get(p.name)
-    return (want, man) if want else None
-
-
-def verify_recorded(path: str | Path) -> Path:
-    """``path``, after checking that its bytes hash to the sha256 its folder's MANIFEST.json records for it;
-    ChangedFileError (one line naming the file) when they do not. A file without a recorded sha256 (no manifest
-    beside it, no entry, an entry without sha256: a user's own files) is returned unchecked. Each file is hashed
-    once per process and version (cached by path, mtime, size and inode; ~1 ms per MB)."""
-    p = Path(path)
-    rec = recorded_sha256(p)
-    if rec is None or not p.is_file():
-        return p
-    want, man = rec
-    key = _stamp(p)
-    got = _HASHES.get(key)
-    if got is None:
-        got = _HASHES[key] = sha256_file(p)
-    if got != want:
-        raise ChangedFileError(f"{p}: changed since it was recorded (sha256 {got[:12]}…, {man} records "
-                               f"{want[:12]}…); restore it with `git checkout -- {p}` or make it again with the "
-                               f"command its MANIFEST.json entry names")
-    return p
 
 
 def _record_locked(manifest: Path, name: str, fields: dict) -> dict:

@@ -46,7 +46,7 @@ of requests reads back (10^6 requests: 1.7 MB, written and read in a few seconds
 (rare) is kept as JSON in the metadata (``REQ_ALONE_KEY``). Files of schema ``acc-v1``, the request table as JSON in
 the metadata (the committed traces under data/traces), read as before; that form cannot hold ~10^6 requests (the
 metadata passes Thrift's size limit). A file whose folder's ``MANIFEST.json`` records its sha256 (the committed
-traces and step logs) is checked against it before it is read (``provenance.verify_recorded``, hashed once per
+traces and step logs) is checked against it before it is read (``manifests.verify_recorded``, hashed once per
 process and file version): a changed file is one TraceError line naming it. This module is the schema and
 imports no reader of other formats: ``spec_repro.published`` (the study's JSON lines) sits above it, and
 ``spec_repro.tracefiles.read_trace`` above both reads any trace file.
@@ -65,7 +65,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .provenance import ManifestError, verify_recorded
+from .manifests import ManifestError, verify_recorded
 
 __all__ = [
     "ACC_COLUMNS", "ACC_OPTIONAL", "CONF_COLUMN", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
@@ -537,7 +537,7 @@ def read_steps(path: str | Path) -> pd.DataFrame:
 
 
 def _verified(p: Path) -> Path:
-    """``p`` checked against its MANIFEST.json's sha256 (``provenance.verify_recorded``), as a TraceError."""
+    """``p`` checked against its MANIFEST.json's sha256 (``manifests.verify_recorded``), as a TraceError."""
     try:
         return verify_recorded(p)
     except ManifestError as e:

@@ -90,7 +90,7 @@ def test_files_without_a_recorded_sha256_read_as_they_are(tmp_path):
 
 
 def test_the_check_follows_the_file_and_hashes_it_once(tmp_path, monkeypatch):
-    import spec_repro.provenance as prov
+    import spec_repro.manifests as prov
 
     d = _copy(tmp_path)
     f = d / NAME
