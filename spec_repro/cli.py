@@ -541,7 +541,7 @@ def _run_cpu_verify_cost(args):
     from .guard import check_device, out_file
     from .io import atomic_path
     from .metrics import verify_cost_summary
-    from .provenance import check_manifest, record
+    from .provenance import check_manifest, record, sha256_file
 
     _set_threads(args.threads)
     model_in = [args.model] if Path(args.model).expanduser().exists() else []
@@ -567,7 +567,8 @@ def _run_cpu_verify_cost(args):
     with atomic_path(out) as tmp:
         df.to_csv(tmp, index=False, float_format="%.6g")
     wb = weight_bytes(model)
-    record(out.parent / "MANIFEST.json", out.name, file=out.name, model=args.model, kv_len=args.kv_len,
+    record(out.parent / "MANIFEST.json", out.name, file=out.name, sha256=sha256_file(out), model=args.model,
+           kv_len=args.kv_len,
            repeats=args.repeats, device=args.device, dtype=str(model.dtype), torch_threads=torch.get_num_threads(),
            weight_bytes=wb, load_avg=list(__import__("os").getloadavg()),
            kind="measured: median wall time of one target forward of k+1 tokens after a kv_len-token cache",
@@ -585,7 +586,8 @@ def _run_cpu_verify_cost(args):
             steps.to_parquet(tmp, index=False)
         share = phase_shares(steps, by=("method", "batch_size"))[["method", "batch_size", *SHARE_COLUMNS]]
         share = share.set_index(["method", "batch_size"]).round(3)
-        record(sp.parent / "MANIFEST.json", sp.name, file=sp.name, model=args.model, device=args.device,
+        record(sp.parent / "MANIFEST.json", sp.name, file=sp.name, sha256=sha256_file(sp), model=args.model,
+               device=args.device,
                torch_threads=torch.get_num_threads(), workload="code-edit", k=3,
                kind="measured: per-step phase timings of spec_repro.engines.torch (one prompt copied B times)",
                time_shares=share.reset_index().to_dict(orient="records"))

@@ -4,8 +4,8 @@ For each workload: load ``n`` requests through the model's chat template, decode
 and profile every proposer at every output position (:mod:`spec_repro.profiler`). Finished requests are appended
 to ``<out>/.partial/<model>__<workload>.jsonl`` as they complete, so an interrupted run resumes where it stopped;
 when a workload is complete its trace is written atomically to ``<out>/<model>__<workload>.parquet`` (and the
-partial file removed) with an entry in ``<out>/MANIFEST.json`` (model file sha256, workload source, package
-versions, command, machine, date, settings, decode speed).
+partial file removed) with an entry in ``<out>/MANIFEST.json`` (the file's sha256, which readers check it
+against; model file sha256, workload source, package versions, command, machine, date, settings, decode speed).
 
 Resuming is exact and safe: the partial file's first line records the settings that shape the outputs, and a
 resume with other settings is refused (naming the file; ``force=True`` discards it); a last line cut by a kill
@@ -23,7 +23,7 @@ from typing import Sequence
 
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .proposers.eagle_files import head_identity
-from .provenance import record
+from .provenance import record, sha256_file
 from .tracefiles import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
@@ -422,7 +422,8 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         trace = profiles_to_trace(profiles, model=model, k_max=k_max, meta=meta)
         trace.to_parquet(final)
         summary = {p: round(float(trace.acc[trace.acc.proposer == p].acc_len.mean()), 3) for p in trace.proposers}
-        record(out / "MANIFEST.json", final.name, file=final.name, workload=w, n_requests=len(profiles),
+        record(out / "MANIFEST.json", final.name, file=final.name, sha256=sha256_file(final), workload=w,
+               n_requests=len(profiles),
                output_tokens=out_toks, mean_acc_len=summary, **settings, **_model_provenance(model),
                **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
                   if draft_model else {}),
@@ -617,6 +618,7 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
     keep.update(_confidence_entry(new))
     if provenance:
         keep.update({f"draft_{k}": v for k, v in provenance.items()})
+    keep["sha256"] = sha256_file(path)   # the bytes just written: what readers check the file against
     keep["original_run"] = old.get("original_run") or {k: old.get(k) for k in ("date", "machine", "command")}
     # proposers the trace did not hold before; those it held and profiled again are listed under "reprofiled"
     keep["added_proposers"] = sorted(set(keep.get("added_proposers") or []) | (set(proposers) - set(again)))

@@ -84,6 +84,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from .manifests import ManifestError, verify_recorded
+
 __all__ = ["Drafter", "TargetForward", "CostModel", "CostModelError", "FitResult", "PRESETS", "PRESET_DIR",
            "load_cost_model", "fit", "default_drafter_kind", "ragged_steps", "fit_live", "LIVE_PRESET"]
 
@@ -370,7 +372,9 @@ class CostModel:
     def from_json(cls, path: str | Path) -> "CostModel":
         path = Path(path)
         try:
-            d = json.loads(path.read_text())
+            d = json.loads(verify_recorded(path).read_text())
+        except ManifestError as e:   # changed since its MANIFEST.json recorded its sha256
+            raise CostModelError(str(e)) from None
         except OSError as e:
             raise CostModelError(f"{path}: cannot read cost model ({e})") from e
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:

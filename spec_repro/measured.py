@@ -1,5 +1,7 @@
 """Readers of the committed measurements (``data/gpu``: vLLM on the H200; ``data/cpu``: the torch engine on a
-CPU): each returns (table or None, a provenance line saying what was read or that nothing was found)."""
+CPU): each returns (table or None, a provenance line saying what was read or that nothing was found). A file
+whose folder's MANIFEST.json records its sha256 is checked against it before it is read
+(``manifests.verify_recorded``: a changed file is one line naming it)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .locations import data_dir, repo_root
-from .provenance import check_manifest, manifest_line
+from .provenance import check_manifest, manifest_line, verify_recorded
 from .traces import TraceError
 
 __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
@@ -21,7 +23,7 @@ __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost
 def gpu_job_specs(job: str) -> list[str]:
     """The engine specs of vLLM device job ``job`` (``data/gpu/jobs.json``): the runs a notebook's ``vllm_job``
     keeps from the committed measurements."""
-    jobs = json.loads((data_dir() / "gpu" / "jobs.json").read_text())["jobs"]
+    jobs = json.loads(verify_recorded(data_dir() / "gpu" / "jobs.json").read_text())["jobs"]
     if job not in jobs:
         raise ValueError(f"unknown vLLM job {job!r}; data/gpu/jobs.json has {sorted(jobs)}")
     return list(jobs[job]["specs"])
@@ -59,7 +61,7 @@ def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None
     parts = []
     for f in found:
         if f.suffix == ".parquet":
-            d = pd.read_parquet(f)
+            d = pd.read_parquet(verify_recorded(f))
             if "outlier" in d.columns:
                 d = d[~d["outlier"].astype(bool)]
             if "primary" in d.columns:   # runs re-made later, or with imposed acceptance
@@ -132,12 +134,12 @@ def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
     recs = []
     for f in found:
         if f.suffix == ".csv":
-            d = pd.read_csv(f)
+            d = pd.read_csv(verify_recorded(f))
             if "primary" in d.columns:   # runs re-made later (data/gpu/README.md)
                 d = d[d["primary"].astype(bool)]
             recs += d[d.get("kind", pd.Series("run", index=d.index)) == "run"].to_dict("records")
             continue
-        for line in open(f):
+        for line in open(verify_recorded(f)):
             if line.strip():
                 r = json.loads(line)
                 if r.get("kind") == "run":
@@ -286,8 +288,8 @@ def gpu_stalls() -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     folder = data_dir() / "gpu"
     if not (folder / "steps.parquet").exists() or not (folder / "runs.csv").exists():
         return None, None
-    runs = pd.read_csv(folder / "runs.csv")
-    return stalled_runs(pd.read_parquet(folder / "steps.parquet"), runs), runs
+    runs = pd.read_csv(verify_recorded(folder / "runs.csv"))
+    return stalled_runs(pd.read_parquet(verify_recorded(folder / "steps.parquet")), runs), runs
 
 
 def gpu_cost_model_path() -> Path | None:
@@ -302,7 +304,7 @@ def acceptance_agreement(path=None) -> tuple[dict | None, str]:
     p = Path(path) if path is not None else data_dir() / "gpu" / "smollm2_agreement.json"
     if not p.exists():
         return None, f"no engine-agreement record at {p}"
-    return json.loads(p.read_text()), f"measured (vLLM on GPU vs spec_repro torch traces): {manifest_line(p.parent, [p])}"
+    return json.loads(verify_recorded(p).read_text()), f"measured (vLLM on GPU vs spec_repro torch traces): {manifest_line(p.parent, [p])}"
 
 
 
@@ -314,7 +316,7 @@ def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:
     p = Path(path) if path is not None else data_dir() / "gpu" / "verify_limits.csv"
     if not p.exists():
         return None, f"measured: no verification-vs-HBM-floor table at {p}"
-    df = pd.read_csv(p)
+    df = pd.read_csv(verify_recorded(p))
     base = df[df["method"] == "none"][["model", "batch_size", "t_verify_ms"]].rename(
         columns={"t_verify_ms": "base_ms"})
     df = df.merge(base, on=["model", "batch_size"], how="left")
@@ -330,7 +332,7 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     p = Path(path) if path is not None else data_dir() / "cpu" / "verify_cost.csv"
     if not p.exists():
         return None, f"measured: no verify-cost table at {p}"
-    df = pd.read_csv(p)
+    df = pd.read_csv(verify_recorded(p))
     if "ratio" not in df.columns and "ratio_to_1_token" in df.columns:
         df["ratio"] = df["ratio_to_1_token"]
     if "ratio" not in df.columns:
@@ -396,7 +398,7 @@ def _v2_context(folder: Path) -> pd.DataFrame | None:
     f = folder / "results.jsonl.gz"
     if not f.exists():
         return None
-    with gzip.open(f, "rt") as fh:
+    with gzip.open(verify_recorded(f), "rt") as fh:
         recs = [r for r in map(json.loads, filter(str.strip, fh)) if r.get("kind") == "run"]
     if not recs:
         return None
@@ -421,7 +423,7 @@ def v2_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     f = folder / "ratios.csv"
     if not f.exists():
         return None, f"measured (vLLM default engine, V2 grid): no ratios.csv under {folder}"
-    t = pd.read_csv(f)
+    t = pd.read_csv(verify_recorded(f))
     t = t[t["method"] != "none"].copy()
     t["k"] = t["k"].astype(int)
     t["method"] = t["method"] + "-k" + t["k"].astype(str)
@@ -476,7 +478,7 @@ def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, 
     f = folder / "steps.parquet"
     if not f.exists():
         return None, f"measured (vLLM live, one rotated engine): no step log under {folder}"
-    s = pd.read_parquet(f, columns=["run_id", "spec", "config", "batch_size", "phase", "t_verify", "t_draft",
+    s = pd.read_parquet(verify_recorded(f), columns=["run_id", "spec", "config", "batch_size", "phase", "t_verify", "t_draft",
                                     "t_other", "t_reject"])
     s = s[s["spec"].str.contains("-rotate", regex=False) & s["run_id"].str.startswith("code-edit")
           & (s["phase"] == "decode")]
@@ -534,7 +536,7 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     f = folder / "steps.parquet"
     if not f.exists():
         return None, f"measured (vLLM live): no step log under {folder}"
-    s = pd.read_parquet(f)
+    s = pd.read_parquet(verify_recorded(f))
     s = s[s["run_id"].str.startswith("code-edit")].copy()
     s["method"] = s["config"]
     s["model"] = s["model"].astype(str) + " (real weights, V1 runner (forced))"

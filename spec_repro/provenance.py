@@ -1,5 +1,8 @@
 """Where a measurement came from. Writing: machine, package versions, command and date, recorded with ``record``
-in a folder's ``MANIFEST.json`` (every file under data/ has an entry). Reading: one-line and multi-line
+in a folder's ``MANIFEST.json`` (every file under data/ has an entry, most with the ``sha256`` of the file's
+bytes). Reading: ``verify_recorded(path)`` (from ``spec_repro.manifests``) checks a file against the sha256 its
+folder's MANIFEST.json records for it before the package reads it (a changed file is one ``ChangedFileError``
+line naming it; a file without such an entry, e.g. a user's own, reads as it is), and one-line and multi-line
 descriptions of a trace or a measured file for captions and the summary table."""
 from __future__ import annotations
 
@@ -13,11 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .fetch import sha256_file  # hashing a file needs no trace type (models and workloads import fetch)
+from .manifests import ChangedFileError, ManifestError, check_manifest, recorded_sha256, verify_recorded
 
 if TYPE_CHECKING:
     from .traces import Trace
 
 __all__ = ["sha256_file", "package_versions", "machine_info", "record", "check_manifest", "ManifestError",
+           "ChangedFileError", "recorded_sha256", "verify_recorded",
            "describe_source",
            "short_source", "trace_provenance", "manifest_line"]
 
@@ -73,30 +78,6 @@ def update_entry(manifest: str | Path, name: str, **fields) -> dict:
         data[name] = {**data[name], **fields}
         _save(manifest, data)
     return data[name]
-
-
-class ManifestError(ValueError):
-    """A MANIFEST.json that is not a readable JSON object of entries (cut, damaged, foreign); the message, one
-    line, names the file."""
-
-
-def check_manifest(manifest: str | Path) -> dict:
-    """The entries of a JSON manifest ({} when there is none); ManifestError (a ValueError) with one line
-    naming the file when it is not a JSON object of entries. Commands call it before their work, so a bad
-    manifest never fails a finished run; readers of entries call it too, so a cut manifest is never a bare
-    JSONDecodeError."""
-    manifest = Path(manifest)
-    if not manifest.exists():
-        return {}
-    try:
-        data = json.loads(manifest.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError, OSError) as e:
-        raise ManifestError(f"{manifest}: not a readable JSON manifest ({type(e).__name__}); fix, move or "
-                            f"remove it (nothing was written)") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{manifest}: expected a JSON object of entries; fix, move or remove it (nothing "
-                            f"was written)")
-    return data
 
 
 def _record_locked(manifest: Path, name: str, fields: dict) -> dict:

@@ -308,7 +308,7 @@ def write_draft_position_table(paths, out_dir: str | Path, *, ks=DRAFT_POSITION_
     ``out_dir/MANIFEST.json``: the source repository and commit (``git_dir``: a clone or mirror of it, checked
     blob by blob against the files; or ``commit`` as given), every file's sha256 and git blob id, the command."""
     from .io import atomic_path
-    from .provenance import record
+    from .provenance import record, sha256_file
 
     paths = sorted(Path(p) for p in paths)
     if not paths:
@@ -322,7 +322,8 @@ def write_draft_position_table(paths, out_dir: str | Path, *, ks=DRAFT_POSITION_
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / _TABLE) as tmp:
         table.to_csv(tmp, index=False)
-    record(out / "MANIFEST.json", _TABLE, **({"command": command} if command else {}),
+    record(out / "MANIFEST.json", _TABLE, file=_TABLE, sha256=sha256_file(out / _TABLE),
+           **({"command": command} if command else {}),
            kind="derived: per-draft-position acceptance of the study's published traces "
                 "(spec_repro.metrics.acceptance_by_draft_position)",
            source_repo=STUDY_REPO, source_commit=commit or "unknown", source_files=files, ks=[int(k) for k in ks],
@@ -343,13 +344,13 @@ def read_draft_position_rates(path: str | Path | None = None) -> pd.DataFrame:
     import pandas as pd
 
     from .locations import data_dir
-    from .provenance import check_manifest
+    from .provenance import check_manifest, verify_recorded
 
     path = Path(path) if path else data_dir() / "published" / _TABLE
     if not path.is_file():
         raise TraceError(f"{path}: no such table; write it with `python -m spec_repro.published "
                          f"draft-position-rates PATH/combined_*.jsonl --out {path.parent}`")
-    df = pd.read_csv(path)
+    df = pd.read_csv(verify_recorded(path))
     man = path.parent / "MANIFEST.json"
     e = check_manifest(man).get(path.name, {}) if man.is_file() else {}
     where = (f"{e.get('source_repo', '?').removeprefix('https://github.com/')} @ {str(e.get('source_commit', '?'))[:7]}, "

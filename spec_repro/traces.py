@@ -38,8 +38,16 @@ trace profiled before confidence was recorded). ``quantize_confidence`` / ``dequ
 ``Trace.requests`` holds one row per request: request_id, dataset, model, prompt_len, output_len and,
 when known, ``prompt_token_ids``/``output_token_ids`` (lists) and ``prompt_text``/``output_text``.
 
-Files: ``Trace.to_parquet`` writes ``acc`` as the parquet table and ``requests``/``meta`` as JSON in the
-file's key-value metadata, so one parquet file is one self-contained trace. This module is the schema and
+Files: ``Trace.to_parquet`` writes ``acc`` as the parquet table, each request's token ids and texts
+(``REQ_FILE_COLUMNS``) as columns set on the request's first row (null on its other rows), and ``meta`` as JSON in
+the file's key-value metadata (schema ``acc-v2``), so one parquet file is one self-contained trace. The request table
+(id, dataset, model, prompt and output lengths) is read back off each request's first row, so a file of any number
+of requests reads back (10^6 requests: 1.7 MB, written and read in a few seconds); a request with no acceptance row
+(rare) is kept as JSON in the metadata (``REQ_ALONE_KEY``). Files of schema ``acc-v1``, the request table as JSON in
+the metadata (the committed traces under data/traces), read as before; that form cannot hold ~10^6 requests (the
+metadata passes Thrift's size limit). A file whose folder's ``MANIFEST.json`` records its sha256 (the committed
+traces and step logs) is checked against it before it is read (``manifests.verify_recorded``, hashed once per
+process and file version): a changed file is one TraceError line naming it. This module is the schema and
 imports no reader of other formats: ``spec_repro.published`` (the study's JSON lines) sits above it, and
 ``spec_repro.tracefiles.read_trace`` above both reads any trace file.
 
@@ -56,6 +64,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from .manifests import ManifestError, verify_recorded
 
 __all__ = [
     "ACC_COLUMNS", "ACC_OPTIONAL", "CONF_COLUMN", "REQ_COLUMNS", "STEP_COLUMNS", "TraceError", "Trace",
@@ -83,6 +93,13 @@ REQ_OPTIONAL = ("prompt_token_ids", "output_token_ids", "prompt_text", "output_t
 # In a parquet file the token ids are list<int32> columns of the acc table, set on each request's first row
 # (null elsewhere): compact, and the file stays one self-contained table. Files without them read as before.
 ID_COLUMNS = ("prompt_token_ids", "output_token_ids")
+# Every per-request column a parquet file holds beyond the acc table's: list<int32> ids and string texts, each
+# request's value on its first row (null elsewhere). The request table itself (id, dataset, model, lengths) is
+# read off each request's first row, so a file of any number of requests reads back (the footer's key-value
+# metadata, where files of schema acc-v1 held the table as JSON, is limited by Thrift to a few hundred MB).
+REQ_FILE_COLUMNS = ID_COLUMNS + ("prompt_text", "output_text")
+FILE_SCHEMA = b"acc-v2"
+REQ_ALONE_KEY = b"spec_repro.requests_without_rows"   # JSON: requests with no acceptance row (lengths only)
 
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string",        # one engine configuration's run
@@ -359,6 +376,8 @@ class Trace:
 
     # ---- I/O ----------------------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> Path:
+        """Write the trace as one self-contained parquet file (module doc, "Files"): ``acc`` as the table, each
+        request's optional columns (``REQ_FILE_COLUMNS``) on its first row, ``meta`` as JSON in the footer."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -367,18 +386,20 @@ class Trace:
         acc = self.acc.drop(columns=[CONF_COLUMN]) if CONF_COLUMN in self.acc.columns else self.acc
         table = pa.Table.from_pandas(acc, preserve_index=False)
         req = self.requests
-        for col in ID_COLUMNS:   # token ids: compact list<int32> columns (set on each request's first row)
+        for col in REQ_FILE_COLUMNS:   # token ids (list<int32>) and texts (string), set on each request's first row
             if col in req.columns and req[col].notna().any():
-                table = table.append_column(col, _id_column(self.acc, req, col))
-                req = req.drop(columns=[col])
+                table = table.append_column(col, _id_column(self.acc, req, col) if col in ID_COLUMNS
+                                            else _text_column(self.acc, req, col))
         if CONF_COLUMN in self.acc.columns and self.acc[CONF_COLUMN].notna().any():
             # after the pandas part, so the pandas metadata does not name it: a reader that does not know the
             # column gets plain lists (and drops it), no Arrow-backed dtype to reconstruct
             table = table.append_column(CONF_COLUMN, self.acc[CONF_COLUMN].array.__arrow_array__().combine_chunks())
         md = dict(table.schema.metadata or {})
-        md[b"spec_repro.requests"] = req.to_json(orient="records").encode()
+        alone = _requests_without_rows(self.acc, req)
+        if len(alone):   # requests with no acceptance row (rare): their lengths only, as JSON in the footer
+            md[REQ_ALONE_KEY] = alone[list(REQ_COLUMNS)].to_json(orient="records").encode()
         md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
-        md[b"spec_repro.schema"] = b"acc-v1"
+        md[b"spec_repro.schema"] = FILE_SCHEMA
         from .io import atomic_path
 
         with atomic_path(path) as tmp:  # atomic: a reader never sees half a file, a failure keeps the old one
@@ -395,11 +416,12 @@ class Trace:
         path = Path(path)
         if not path.exists():
             raise TraceError(f"{path}: no such trace file")
+        _verified(path)   # a committed trace: its bytes as its MANIFEST.json's sha256 records
         try:
             with pq.ParquetFile(path) as f:   # one file: no dataset layer (pq.read_table's)
                 table = f.read()
             md = table.schema.metadata or {}
-            ids = {c: table.column(c) for c in ID_COLUMNS if c in table.column_names}
+            ids = {c: table.column(c) for c in REQ_FILE_COLUMNS if c in table.column_names}
             conf = table.column(CONF_COLUMN) if CONF_COLUMN in table.column_names else None
             acc = table.drop_columns(list(ids) + ([CONF_COLUMN] if conf is not None else [])).to_pandas()
         except Exception as e:  # pyarrow raises several types for a bad file (a damaged footer, pages, schema)
@@ -414,11 +436,13 @@ class Trace:
             except TraceError as e:
                 raise TraceError(f"{path}: {e}") from None
         try:
-            if b"spec_repro.requests" in md:
+            if b"spec_repro.requests" in md:   # files written before the request columns: the table as JSON
                 requests = pd.DataFrame(json.loads(md[b"spec_repro.requests"]))
-            else:
-                requests = (acc.groupby(["request_id", "dataset", "model"], observed=True, as_index=False)
-                            [["prompt_len", "output_len"]].first())
+            else:                               # each request's lengths on its first row, and those alone
+                requests = _where(acc, _changes(acc, _KEY), list(REQ_COLUMNS)).drop_duplicates(_KEY)
+                if REQ_ALONE_KEY in md:
+                    requests = pd.concat([requests, pd.DataFrame(json.loads(md[REQ_ALONE_KEY]))],
+                                         ignore_index=True)
             meta = json.loads(md.get(b"spec_repro.meta", b"{}"))
         except (ValueError, TypeError, RecursionError) as e:
             raise TraceError(f"{path}: unreadable spec_repro metadata ({type(e).__name__})") from e
@@ -508,8 +532,16 @@ def read_steps(path: str | Path) -> pd.DataFrame:
     if p.suffix == ".parquet":
         if not p.exists():
             raise TraceError(f"{p}: no such step-timing file")
-        return validate_steps(pd.read_parquet(p), str(p))
+        return validate_steps(pd.read_parquet(_verified(p)), str(p))
     return read_step_records(p)[0]
+
+
+def _verified(p: Path) -> Path:
+    """``p`` checked against its MANIFEST.json's sha256 (``manifests.verify_recorded``), as a TraceError."""
+    try:
+        return verify_recorded(p)
+    except ManifestError as e:
+        raise TraceError(str(e)) from None
 
 
 def too_long_number(e: ValueError) -> str:
@@ -525,7 +557,7 @@ def read_step_records(path: str | Path) -> tuple[pd.DataFrame, list[dict]]:
     if not p.exists():
         raise TraceError(f"{p}: no such step-timing file")
     recs = []
-    with open(p) as f:
+    with open(_verified(p)) as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 try:
@@ -887,6 +919,31 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     return pa.array(vals, type=pa.list_(pa.int32()))
 
 
+def _text_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
+    """A string column over ``acc``'s rows: the request's ``col`` on its first row, null on the others."""
+    import pyarrow as pa
+
+    ch = _changes(acc, _KEY)
+    heads = _where(acc, ch, _KEY)
+    first = ~heads.duplicated().to_numpy()
+    rows = np.flatnonzero(ch)[first]
+    got = heads[first].merge(req[_KEY + [col]], on=_KEY, how="left")[col]
+    vals = pa.array([None if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA else str(v)
+                     for v in got.tolist()], pa.large_string())
+    idx = np.full(len(acc), -1, np.int64)
+    idx[rows] = np.arange(len(rows))
+    return vals.take(pa.array(idx, mask=idx < 0))
+
+
+def _requests_without_rows(acc: pd.DataFrame, req: pd.DataFrame) -> pd.DataFrame:
+    """The requests of ``req`` that have no row in ``acc``."""
+    heads = _where(acc, _changes(acc, _KEY), _KEY).drop_duplicates()
+    if len(heads) == len(req):   # every request has rows (_check_requests_match: each acc request is in req)
+        return req.iloc[:0]
+    m = req[_KEY].merge(heads.assign(_has=True), on=_KEY, how="left")["_has"].isna().to_numpy()
+    return req[m]
+
+
 def _id_lists(arr) -> tuple[np.ndarray, list]:
     """The rows of a parquet list column that hold a list, and those lists (Python lists, as ``to_pylist``
     gives them), read from the column's offsets and flat values in one numpy pass rather than element by
@@ -894,6 +951,9 @@ def _id_lists(arr) -> tuple[np.ndarray, list]:
     import pyarrow as pa
 
     a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if pa.types.is_string(a.type) or pa.types.is_large_string(a.type):   # texts: one value per request
+        valid = a.is_valid()
+        return np.flatnonzero(valid.to_numpy(zero_copy_only=False)), a.filter(valid).to_pylist()
     if not (pa.types.is_list(a.type) or pa.types.is_large_list(a.type)) or a.values.null_count:
         vals = a.to_pylist()   # not a plain list column (or a null inside a list): element by element
         rows = np.array([i for i, v in enumerate(vals) if v is not None], np.int64)
@@ -905,8 +965,9 @@ def _id_lists(arr) -> tuple[np.ndarray, list]:
 
 
 def _attach_ids(acc: pd.DataFrame, requests: pd.DataFrame, ids: dict, path) -> pd.DataFrame:
-    """Put the id columns read from a parquet file back on ``requests`` (one list per request). Only the rows
-    that carry ids (each request's first) are looked at one by one."""
+    """Put the per-request columns read from a parquet file (``REQ_FILE_COLUMNS``: id lists, texts) back on
+    ``requests`` (one value per request). Only the rows that carry them (each request's first) are looked at one
+    by one."""
     requests = requests.copy()
     rkeys = [tuple(str(x) for x in k) for k in zip(*(requests[c].tolist() for c in _KEY))]
     keys_of: dict = {}   # the id columns' rows are the same rows (each request's first): their keys read once

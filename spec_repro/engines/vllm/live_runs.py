@@ -33,7 +33,9 @@ def read_runs(out: str | Path = OUT):
 
     from .labels import relabel_runs
 
-    return relabel_runs(pd.read_csv(Path(out) / "runs.csv"))
+    from ...manifests import verify_recorded
+
+    return relabel_runs(pd.read_csv(verify_recorded(Path(out) / "runs.csv")))
 
 
 def _config(cfg: dict) -> str | None:

@@ -83,7 +83,9 @@ def step_split(out: str | Path = OUT):
     uniform (every request scheduled 1 + k tokens: vLLM's full CUDA graph) or not."""
     import pandas as pd
 
-    s = pd.read_parquet(Path(out) / "steps.parquet")
+    from ...manifests import verify_recorded
+
+    s = pd.read_parquet(verify_recorded(Path(out) / "steps.parquet"))
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
     g = s.groupby(["config", "batch_size", "uniform"]).agg(
         steps=("t_total", "size"), tokens=("batched_tokens", "mean"), draft_ms=("t_draft", "median"),
