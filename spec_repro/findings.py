@@ -612,16 +612,19 @@ def adaptive_rows(summary: pd.DataFrame, *, source: str, confidence: pd.DataFram
     if confidence is not None and len(confidence):
         focus_c = focus_dataset(confidence["dataset"].unique())
         for _, r in confidence[confidence["dataset"] == focus_c].iterrows():
+            def short(cfg):
+                return str(cfg).replace("ngram-else-eagle-", "")
+
             parts = [f"adaptive-rule {r.adaptive_rule_x_rule:.3f}x"]
             if np.isfinite(r.skip_conf):
-                parts += [f"{r.skip_conf_config} {r.skip_conf_x_rule:.3f}x",
+                parts += [f"{short(r.skip_conf_config)} {r.skip_conf_x_rule:.3f}x",
                           f"{r.conf_stop_config} (EAGLE alone) {r.conf_stop_x_rule:.3f}x"]
             else:
                 parts += ["no confidence in the trace: no stop policy"]
-            parts += [f"ceiling {r.ceiling_config} (a perfect stop) {r.ceiling_x_rule:.3f}x"]
+            parts += [f"ceiling {short(r.ceiling_config)} (a perfect stop) {r.ceiling_x_rule:.3f}x"]
             value = float(r.skip_conf_x_rule if np.isfinite(r.skip_conf) else r.adaptive_rule_x_rule)
             rows.append(SummaryRow("6b adaptive selector", f"{r.dataset} ({r.model}), bs {int(r.batch_size)}: x the "
-                                   f"tuned rule ({r.rule_config} {_x(r.rule)}, pair chosen on the other workloads)",
+                                   f"tuned rule ({short(r.rule_config)} {_x(r.rule)}, tuned on other workloads)",
                                    "n/a", "; ".join(parts), source, value,
                                    "beyond the study: " + ("a confidence stop beats the tuned rule"
                                                            if value >= 1.05 else "none beats the tuned rule")))
