@@ -598,7 +598,8 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
     return rows
 
 
-def adaptive_rows(summary: pd.DataFrame, *, source: str, confidence: pd.DataFrame | None = None) -> list[SummaryRow]:
+def adaptive_rows(summary: pd.DataFrame, *, source: str,
+                  confidence: pd.DataFrame | None = None) -> list[SummaryRow]:
     """Summary rows of notebook 07 (``grids.adaptive_summary``): on the focus dataset, per model and proposer set,
     at the smallest batch size, the best causal policy against the rule a user would run (the best
     ``ngram-else-eagle`` pair), the best fixed k at any k and Oracle Combine (``winner``: the oracle that pays for
