@@ -92,6 +92,28 @@ table[["dataset", "model", "set", "batch_size", "rule", "rule_config", "best_cau
 fig = P.adaptive_vs_batch(table, source=f"simulated over {SOURCE}; cost model {cm.name}")
 if figures_dir: P.save(fig, "07_adaptive", figures_dir)
 
+# %% [markdown]
+# **The drafter's confidence against the tuned rule.** Real adaptive-length methods read the drafter's own confidence. `ngram-else-eagle-skip-conf-KN-T-K` is the skip rule with EAGLE's fixed k replaced by a stop: EAGLE drafts while the running product of its softmax probabilities of its own tokens stays ≥ T, at most K; the draft that fell below T was computed and is paid (per drafted token), not proposed. `conf-stop-T-K` is that stop on EAGLE alone. Every one is compared with **the rule tuned the same way**: its k pair chosen on the other workloads of the same model (leave one workload out), as T, K (and KN) are; `x_rule` = policy ÷ tuned rule at bs 1. The ceiling `…-KN-oracle-K` is a perfect stop (EAGLE proposes exactly its acceptance length, capped at k_max, and pays the rejected draft it reads to stop): what the confidence signal could give at best; it reads the step's acceptance, so it is a bound, not a policy. Only traces that carry EAGLE's confidence get the stop policies (the committed SmolLM2 ones; the Qwen traces and the study's files have none: their rows give the tuned rule, `adaptive-rule` and the ceiling).
+
+# %%
+conf = []
+for mdl in trace.models:
+    tm = trace.select(model=mdl)
+    pair = A.combine_set(tm.proposers)
+    if len(pair) == 2 and tm.acc["dataset"].nunique() > 1:   # the tuning needs another workload
+        conf.append(A.confidence_table(tm, cm, proposers=pair))
+conf = pd.concat(conf, ignore_index=True) if conf else None
+if conf is not None:
+    print(conf[["dataset", "model", "rule_config", "rule", "adaptive_rule_x_rule", "skip_conf_config",
+                "skip_conf_x_rule", "conf_stop_config", "conf_stop_x_rule", "ceiling_config",
+                "ceiling_x_rule"]].round(3).to_string(index=False))
+
 # %% tags=["nbval-check-output"]
 rows = A.adaptive_rows(summary, source=f"simulated over {SOURCE}; cost model {cm.name}")
 A.write_summary(rows, summary_path)
+
+# %%
+# the confidence rows (x the tuned rule) join the summary
+if conf is not None:
+    rows += A.adaptive_rows(summary.iloc[:0], source=f"simulated over {SOURCE}; cost model {cm.name}", confidence=conf)
+    A.write_summary(rows, summary_path)

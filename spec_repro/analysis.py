@@ -15,8 +15,8 @@ from .findings import (PAPER, SummaryRow, adaptive_rows, agreement_rows, finding
                        finding3_rows, finding3b_rows, finding4_rows, finding5_rows, focus_dataset, paper_refs,
                        read_summaries, summary_markdown, write_summary)
 from .grids import (ADAPTIVE_BATCH_SIZES, COMBINE_PARTNERS, DRAFTER_STANDINS, adaptive_grid, adaptive_report,
-                    adaptive_sets, adaptive_summary, adaptive_table, combine_set, cost_model_for,
-                    out_of_sample_params, simulate_grid, tune_rule)
+                    adaptive_sets, adaptive_summary, adaptive_table, combine_set, confidence_table, cost_model_for,
+                    out_of_sample_params, out_of_sample_policy, simulate_grid, tune_rule)
 from .live import live_trace, live_vllm_job
 from .measured import (acceptance_agreement, cpu_steps, drafting_sweep, gpu_cost_model_path, gpu_job_specs, gpu_speedups, gpu_steps,
                        gpu_verify_limits, live_rotated_runs, live_speedups, live_step_split, live_steps,
@@ -46,7 +46,7 @@ __all__ = [
     # grids
     "DRAFTER_STANDINS", "cost_model_for", "COMBINE_PARTNERS", "combine_set", "simulate_grid",
     "ADAPTIVE_BATCH_SIZES", "adaptive_sets", "adaptive_grid", "adaptive_table", "adaptive_summary",
-    "adaptive_report", "tune_rule", "out_of_sample_params",
+    "adaptive_report", "tune_rule", "out_of_sample_params", "out_of_sample_policy", "confidence_table",
     # findings
     "PAPER", "paper_refs", "SummaryRow", "write_summary", "read_summaries", "summary_markdown", "focus_dataset",
     "finding1_rows", "finding2_rows", "finding3_rows", "finding3b_rows", "finding4_rows", "finding5_rows",

@@ -36,8 +36,13 @@ def _add_simulate(sub):
     p.add_argument("--policy", nargs="+", required=True, metavar="POLICY",
                    help="fixed-K (K >= 1), oracle, oracle-combine, adaptive-rule, adaptive-learned (causal "
                         "selectors of proposer and length, any proposer set), ngram-else-eagle[-skip][-KN-KE] (vLLM "
-                        "PR #24344's rule: n-gram where its lookup matched, else the model proposer), dynamic-k "
-                        "(k by batch size, --dynamic-k); several allowed")
+                        "PR #24344's rule: n-gram where its lookup matched, else the model proposer; without KN-KE "
+                        "it runs the study's k, 3-3, NOT a tuned pair: the winning pair depends on the workload and "
+                        "cost model, e.g. 20-2 on the study's InstructCoder; compare pairs, or tune one on other "
+                        "workloads with spec_repro.grids.out_of_sample_policy), conf-stop[-T-K] and "
+                        "ngram-else-eagle-skip-conf[-KN-T-K] (the model proposer drafts while the running product of "
+                        "its own probabilities stays >= T, at most K; needs a trace with its confidence; T = oracle: "
+                        "the ceiling, a perfect stop), dynamic-k (k by batch size, --dynamic-k); several allowed")
     p.add_argument("--draft-cost", nargs="+", default=["ngram-only"], metavar="ACCOUNTING",
                    help="oracle-combine drafting accounting: ngram-only (released code), winner, all, ran (every "
                         "proposer that ran pays; = all for oracle-combine; adaptive policies are always charged ran)")
@@ -139,7 +144,12 @@ def _simulate(args):
     except (TraceError, SimulationError, CostModelError) as e:
         raise SystemExit(f"error: {e}")
     show = df[["dataset", "proposers", "policy", "draft_cost", "batching", "batch_size", "n_requests", "speedup",
-               "mean_tokens_per_step", "verify_share", "draft_share"]]
+               "mean_tokens_per_step", "verify_share", "draft_share"]].copy()
+    show["policy"] = show["policy"].map(_named_pair)
+    for pol in sorted(set(show["policy"]) - set(df["policy"])):
+        print(f"note: {pol}: the default pair (the study's k), not a tuned one; give KN-KE to choose "
+              f"(e.g. {pol.rsplit('-', 2)[0]}-20-2), or tune it on other workloads "
+              f"(spec_repro.grids.out_of_sample_policy)", file=sys.stderr)
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if out is None:
         print(f"({_rows(len(df))}; cost model {args.cost_model}; --out FILE.csv writes every column)")
@@ -148,6 +158,14 @@ def _simulate(args):
     with atomic_path(out) as tmp:                               # a failing disk never leaves a cut CSV
         df.to_csv(tmp, index=False)
     print(f"wrote {out} ({_rows(len(df))}; cost model {args.cost_model})")
+
+
+def _named_pair(policy: str) -> str:
+    """A switch policy given without its k pair, shown with the pair it ran (e.g. ngram-else-eagle-skip-3-3)."""
+    from .baselines import parse_switch
+
+    sw = parse_switch(policy) if policy.strip().lower() in ("ngram-else-eagle", "ngram-else-eagle-skip") else None
+    return f"{sw[0]}-{sw[1]}-{sw[2]}" if sw else policy
 
 
 # ---- models (model store) ----------------------------------------------------------------------------------

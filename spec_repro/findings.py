@@ -598,16 +598,38 @@ def finding5_rows(sim: pd.DataFrame, *, source: str) -> list[SummaryRow]:
     return rows
 
 
-def adaptive_rows(summary: pd.DataFrame, *, source: str) -> list[SummaryRow]:
+def adaptive_rows(summary: pd.DataFrame, *, source: str,
+                  confidence: pd.DataFrame | None = None) -> list[SummaryRow]:
     """Summary rows of notebook 07 (``grids.adaptive_summary``): on the focus dataset, per model and proposer set,
     at the smallest batch size, the best causal policy against the rule a user would run (the best
     ``ngram-else-eagle`` pair), the best fixed k at any k and Oracle Combine (``winner``: the oracle that pays for
     what it ran, as the policies do). Where no causal policy beats the rule (>= 1.05x at the smallest batch and
     >= 0.98x at every batch size), the row's causal policy IS the rule and the verdict says so. Then, per model:
     on how many (dataset, set) pairs a causal policy beats the rule, on how many it stays within 2% of the best
-    fixed k, and adaptive-learned's spread over its seeds."""
+    fixed k, and adaptive-learned's spread over its seeds. ``confidence`` (``grids.confidence_table``): per model,
+    on the focus dataset, each causal policy and the ceiling of a confidence stop as "x the tuned rule" (the rule's
+    pair chosen on the other workloads)."""
     rows = []
-    focus = focus_dataset(summary["dataset"].unique())
+    if confidence is not None and len(confidence):
+        focus_c = focus_dataset(confidence["dataset"].unique())
+        for _, r in confidence[confidence["dataset"] == focus_c].iterrows():
+            def short(cfg):
+                return str(cfg).replace("ngram-else-eagle-", "")
+
+            parts = [f"adaptive-rule {r.adaptive_rule_x_rule:.3f}x"]
+            if np.isfinite(r.skip_conf):
+                parts += [f"{short(r.skip_conf_config)} {r.skip_conf_x_rule:.3f}x",
+                          f"{r.conf_stop_config} (EAGLE alone) {r.conf_stop_x_rule:.3f}x"]
+            else:
+                parts += ["no confidence in the trace: no stop policy"]
+            parts += [f"ceiling {short(r.ceiling_config)} (a perfect stop) {r.ceiling_x_rule:.3f}x"]
+            value = float(r.skip_conf_x_rule if np.isfinite(r.skip_conf) else r.adaptive_rule_x_rule)
+            rows.append(SummaryRow("6b adaptive selector", f"{r.dataset} ({r.model}), bs {int(r.batch_size)}: x the "
+                                   f"tuned rule ({short(r.rule_config)} {_x(r.rule)}, tuned on other workloads)",
+                                   "n/a", "; ".join(parts), source, value,
+                                   "beyond the study: " + ("a confidence stop beats the tuned rule"
+                                                           if value >= 1.05 else "none beats the tuned rule")))
+    focus = focus_dataset(summary["dataset"].unique()) if len(summary) else None
     for (ds, mdl, st), g in summary.groupby(["dataset", "model", "set"], sort=True):
         if ds != focus:
             continue

@@ -13,7 +13,8 @@ from .traces import Trace
 
 __all__ = ["DRAFTER_STANDINS", "cost_model_for", "COMBINE_PARTNERS", "combine_set", "simulate_grid",
            "ADAPTIVE_BATCH_SIZES", "adaptive_sets", "adaptive_grid", "adaptive_table", "adaptive_summary",
-           "adaptive_report", "tune_rule", "out_of_sample_params", "SWITCH_KN", "SWITCH_KE", "LEARNED_SEEDS"]
+           "adaptive_report", "tune_rule", "out_of_sample_params", "SWITCH_KN", "SWITCH_KE", "LEARNED_SEEDS",
+           "CONF_TS", "CONF_KS", "out_of_sample_policy", "confidence_table"]
 
 #: Drafting models for proposers a cost model has none for, priced per drafted token at a share of the target
 #: forward: a draft model at the study's ratio (a draft forward is ≈37.5% of the target's on 8B targets,
@@ -305,3 +306,84 @@ def adaptive_report(traces=None, cost_model="llama3.1-8b-h100-per-token", *, mod
     sim = adaptive_grid(trace, cm, proposer_sets=proposer_sets, batch_sizes=batch_sizes, oos_params=oos, **kw)
     table = adaptive_table(sim)
     return sim, table, adaptive_summary(table)
+
+
+# ---- the drafter's confidence against the tuned rule (spec_repro.baselines: conf-stop, -skip-conf) --------------
+#: thresholds T and caps K of the confidence stop that ``out_of_sample_policy`` chooses among
+CONF_TS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+CONF_KS = (4, 8, 16)
+
+
+def out_of_sample_policy(trace: Trace, cost_model, proposers: Sequence[str], candidates: Sequence[str], *,
+                         batch_sizes: Sequence[int] = (1,)) -> tuple[dict, pd.DataFrame]:
+    """Per dataset of ``trace`` (one model): the candidate policy with the highest mean log speedup over the OTHER
+    datasets' (dataset, batch size) cells (leave one workload out, as ``out_of_sample_params`` leaves one model
+    out). Returns ({dataset: policy}, one row per dataset naming the choice and what it was tuned on); {} with one
+    dataset."""
+    from .simulate import simulate
+
+    ds_all = sorted(trace.acc["dataset"].astype(str).unique())
+    if len(ds_all) < 2:
+        return {}, pd.DataFrame(columns=["dataset", "tuned_on", "policy", "score"])
+    logs = {}
+    for ds in ds_all:
+        d = simulate(trace.select(dataset=ds, proposers=list(proposers)), cost_model, list(proposers),
+                     list(candidates), batch_sizes=tuple(batch_sizes), progress=False)
+        logs[ds] = np.log(d["speedup"].to_numpy()).reshape(len(candidates), -1).mean(axis=1)
+    out, rows = {}, []
+    for ds in ds_all:
+        others = [o for o in ds_all if o != ds]
+        score = np.mean([logs[o] for o in others], axis=0)
+        i = int(np.argmax(score))
+        out[ds] = candidates[i]
+        rows.append(dict(dataset=ds, tuned_on=", ".join(others), policy=candidates[i], score=float(score[i])))
+    return out, pd.DataFrame(rows)
+
+
+def confidence_table(trace: Trace, cost_model, *, proposers: Sequence[str] = ("ngram", "eagle"),
+                     batch_size: int = 1) -> pd.DataFrame:
+    """Per dataset of ``trace`` (one model; its datasets >= 2): every causal policy against the rule tuned the same
+    way, at one batch size. ``rule``: the ``ngram-else-eagle-skip`` pair chosen out of sample (on the other
+    datasets, ``SWITCH_KN`` x ``SWITCH_KE``); ``adaptive_rule`` (default thresholds); where the trace has the model
+    proposer's confidence, ``conf_stop`` (EAGLE alone, its T and K chosen out of sample over ``CONF_TS`` x
+    ``CONF_KS``) and ``skip_conf`` (the skip rule with the stop, KN, T, K chosen out of sample); ``ceiling``: the
+    skip rule with a perfect stop (``-KN-oracle-K``, the tuned rule's KN, K = k_max): what the confidence signal
+    could give at best; ``x_rule`` columns: each over the tuned rule."""
+    from .baselines import conf_name
+    from .simulate import simulate
+
+    props = list(proposers)
+    mo = next(q for q in props if q != "ngram")
+    kmax = int(trace.acc["k_max"].max())
+    kn = sorted({min(k, kmax) for k in SWITCH_KN})
+    ks = [k for k in CONF_KS if k <= kmax]
+    rules, _ = out_of_sample_policy(trace, cost_model, props,
+                                    [f"ngram-else-eagle-skip-{a}-{b}" for a in kn for b in SWITCH_KE if b <= kmax],
+                                    batch_sizes=(batch_size,))
+    has_conf = mo in trace.confidence_proposers
+    if has_conf:
+        stops, _ = out_of_sample_policy(trace, cost_model, [mo], [conf_name("conf-stop", 0, t, k) for t in CONF_TS
+                                                                  for k in ks], batch_sizes=(batch_size,))
+        skips, _ = out_of_sample_policy(trace, cost_model, props,
+                                        [conf_name("ngram-else-eagle-skip-conf", a, t, k) for a in kn
+                                         for t in CONF_TS for k in ks], batch_sizes=(batch_size,))
+    rows = []
+    for ds, rule in rules.items():
+        t = trace.select(dataset=ds, proposers=props)
+        a = int(rule.split("-")[-2])
+        pols = [rule, "adaptive-rule", conf_name("ngram-else-eagle-skip-conf", a, None, kmax)]
+        if has_conf:
+            pols += [skips[ds]]
+        d = simulate(t, cost_model, props, pols, batch_sizes=(batch_size,), progress=False).set_index("policy")
+        r = dict(dataset=ds, model=str(t.acc["model"].iloc[0]), batch_size=int(batch_size), rule_config=rule,
+                 rule=float(d.loc[rule, "speedup"]), adaptive_rule=float(d.loc["adaptive-rule", "speedup"]),
+                 ceiling_config=pols[2], ceiling=float(d.loc[pols[2], "speedup"]),
+                 skip_conf_config=skips[ds] if has_conf else "", conf_stop_config=stops[ds] if has_conf else "",
+                 skip_conf=float(d.loc[skips[ds], "speedup"]) if has_conf else np.nan, conf_stop=np.nan)
+        if has_conf:
+            r["conf_stop"] = float(simulate(trace.select(dataset=ds, proposers=[mo]), cost_model, [mo], stops[ds],
+                                            batch_sizes=(batch_size,), progress=False)["speedup"].iloc[0])
+        for c in ("adaptive_rule", "conf_stop", "skip_conf", "ceiling"):
+            r[f"{c}_x_rule"] = r[c] / r["rule"]
+        rows.append(r)
+    return pd.DataFrame(rows)

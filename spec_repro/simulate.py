@@ -108,14 +108,14 @@ from .simcore import Requests as _Requests
 from .simcore import SimulationError, group_arrays as _group_arrays, is_ngram as _is_ngram, ngram_match
 from .simcore import norm_name as _norm
 from .simcore import catch_up_charges, walk as _walk
-from .baselines import SWITCH, dynamic_k_for, parse_switch, switch_steps
+from .baselines import CONF, SWITCH, conf_steps, dynamic_k_for, parse_conf, parse_switch, switch_steps
 from .traces import Trace, TraceError
 
 __all__ = ["simulate", "SimulationError", "POLICIES", "DRAFT_COSTS", "BATCHING", "NGRAM_MATCH_PROB",
            "parse_policy", "parse_proposers", "ngram_match_prob_for", "RESULT_COLUMNS"]
 
 POLICIES = ("fixed-K", "oracle", "oracle-combine", "adaptive-rule", "adaptive-learned", "ngram-else-eagle[-KN-KE]",
-            "ngram-else-eagle-skip[-KN-KE]", "dynamic-k")
+            "ngram-else-eagle-skip[-KN-KE]", "dynamic-k", "conf-stop[-T-K]", "ngram-else-eagle-skip-conf[-KN-T-K]")
 DRAFT_COSTS = ("ngram-only", "winner", "all", "ran")
 _ADAPTIVE = ("adaptive-rule", "adaptive-learned")
 BATCHING = ("duplicate", "mixed")
@@ -139,6 +139,9 @@ def parse_policy(policy: str) -> tuple[str, int]:
     sw = parse_switch(p)
     if sw is not None:
         return sw[0], (sw[1], sw[2])
+    cf = parse_conf(p)
+    if cf is not None:
+        return cf
     close = re.fullmatch(r"fixed_?(\d+)", p)
     if close:
         raise SimulationError(f"unknown policy {policy!r}; did you mean fixed-{close.group(1)}?")
@@ -151,8 +154,9 @@ def parse_policy(policy: str) -> tuple[str, int]:
             raise SimulationError(f"policy {policy!r}: K must be <= {MAX_K} (the largest k_max a trace holds)")
         return "fixed", k
     raise SimulationError(f"unknown policy {policy!r}; expected fixed-K (K >= 1, e.g. fixed-3), oracle, "
-                          f"oracle-combine, adaptive-rule, adaptive-learned, ngram-else-eagle[-skip][-KN-KE] or "
-                          f"dynamic-k")
+                          f"oracle-combine, adaptive-rule, adaptive-learned, ngram-else-eagle[-skip][-KN-KE], "
+                          f"dynamic-k, conf-stop[-T-K] or ngram-else-eagle-skip-conf[-KN-T-K] (T a number in "
+                          f"[0, 1] or 'oracle')")
 
 
 def ngram_match_prob_for(dataset: str, override=None) -> float:
@@ -487,6 +491,22 @@ def _adaptive_rows(reqs: _Requests, req: pd.DataFrame, kmax: int, key, props, pn
     return rows
 
 
+def _group_confidence(trace: Trace, reqs: _Requests, props, key, kmax: int) -> np.ndarray:
+    """The model proposer's confidence [positions, kmax] of one group, in ``reqs``' order (NaN where absent)."""
+    q = next(q for q in props if not _is_ngram(q))
+    conf = trace.confidence(q)
+    out = np.full((int(reqs.off[-1]), kmax), np.nan, np.float32)
+    for r, rid in enumerate(reqs.ids):
+        c = conf.get((key[0], key[1], rid))
+        if c is None:
+            continue
+        n = min(int(reqs.L[r]), len(c))
+        out[reqs.off[r]:reqs.off[r] + n, :c.shape[1]] = c[:n]
+    if np.isnan(out[:, 0]).all():
+        raise SimulationError(f"{key[0]!r}/{key[1]!r}: the trace has no confidence for {q!r} on these requests")
+    return out
+
+
 class _NoBar:
     """What a progress bar is asked for when none is drawn (tqdm not even imported)."""
 
@@ -570,7 +590,18 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             if "mixed" in modes:
                 raise SimulationError(f"policy {name!r} runs under duplicate batching only (a batch of one size)")
             dynamic_k_for(options["dynamic_k"], 1)
-        if kind not in ("oracle-combine",) + _ADAPTIVE + SWITCH and len(props) > 1:
+        if kind == "ngram-else-eagle-skip-conf" and (len(props) != 2 or sum(map(_is_ngram, props)) != 1):
+            raise SimulationError(f"policy {name!r} takes n-gram and one model proposer (e.g. ngram,eagle), got "
+                                  f"{props}")
+        if kind == "conf-stop" and (len(props) != 1 or _is_ngram(props[0])):
+            raise SimulationError(f"policy {name!r} takes one model proposer (e.g. eagle), got {props}")
+        if kind in CONF and K[1] is not None:
+            q = next(q for q in props if not _is_ngram(q))
+            if q not in trace.confidence_proposers:
+                raise SimulationError(f"policy {name!r} reads {q!r}'s confidence, but the trace has no confidence "
+                                      f"for {q!r} (it has it for {trace.confidence_proposers or 'no proposer'}); "
+                                      f"T = oracle (the ceiling) needs none")
+        if kind not in ("oracle-combine",) + _ADAPTIVE + SWITCH + CONF and len(props) > 1:
             raise SimulationError(f"policy {name!r} takes one proposer, got {props}; use oracle-combine to "
                                   f"combine several")
     combine = any(k == "oracle-combine" for _, k, _ in policies)
@@ -589,6 +620,7 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     sub_req = sub_req.reset_index(drop=True)
     fixed_k = [(name, K) for name, kind, K in policies if kind == "fixed"]
     fixed_k += [(name, max(K)) for name, kind, K in policies if kind in SWITCH]
+    fixed_k += [(name, max(K[0], K[2])) for name, kind, K in policies if kind in CONF]
     fixed_k += [(name, max(dict(options["dynamic_k"]).values())) for name, kind, K in policies
                 if kind == "dynamic-k"]
     if fixed_k and keep.any():
@@ -601,9 +633,9 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
     groups = [tuple(g) for g in groups]
     if not groups:
         raise TraceError(f"no request has every proposer of {props}")
-    units = [(g, pol, acct) for g in groups for pol in policies if pol[1] not in _ADAPTIVE + SWITCH
+    units = [(g, pol, acct) for g in groups for pol in policies if pol[1] not in _ADAPTIVE + SWITCH + CONF
              for acct in accountings]
-    units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE + SWITCH]
+    units += [(g, pol, "ran") for g in groups for pol in policies if pol[1] in _ADAPTIVE + SWITCH + CONF]
     rows = []
     if progress:
         from .progress import tqdm
@@ -642,18 +674,28 @@ def simulate(trace: Trace, cost_model, proposers, policy, draft_cost="ngram-only
             bar.update(len(modes))
             continue
         ng_lens = None
-        if kind in SWITCH or (kind == "fixed" and _is_ngram(props[0]) and options.get("ngram_match") != "random"):
+        ng_kind = kind in SWITCH or kind == "ngram-else-eagle-skip-conf"
+        if ng_kind or (kind == "fixed" and _is_ngram(props[0]) and options.get("ngram_match") != "random"):
             if ("ngm",) + key not in acache:
                 q_ngram = [_is_ngram(q) for q in props].index(True)
                 acache[("ngm",) + key] = ngram_match(reqs, group_req[key], q_ngram, group_kmax[key])
             ngm = acache[("ngm",) + key]
-            if kind in SWITCH and ngm.lens is None:
+            if ng_kind and ngm.lens is None:
                 raise SimulationError(f"policy {pname!r} needs n-gram's match at each position: {ngm.why}")
             ng_lens = ngm.lens
         if kind in SWITCH:
             req_, p_, idx_, inp_, gen_, charges, _ = switch_steps(reqs, props, ng_lens, K[0], K[1],
                                                                    kind.endswith("skip"), cm)
             st = _ragged(_Steps(req_, p_, inp_, gen_, charges), cm, max(K))   # the engine's k: the larger
+            acct = "ran"
+        elif kind in CONF:
+            conf = None
+            if K[1] is not None:
+                if ("conf",) + key not in acache:
+                    acache[("conf",) + key] = _group_confidence(trace, reqs, props, key, group_kmax[key])
+                conf = acache[("conf",) + key]
+            req_, p_, idx_, inp_, gen_, charges = conf_steps(reqs, props, ng_lens, conf, K[0], K[1], K[2], cm, kind)
+            st = _ragged(_Steps(req_, p_, inp_, gen_, charges), cm, max(K[0], K[2]))   # the engine's k
             acct = "ran"
         elif kind == "dynamic-k":
             for B in Bs:

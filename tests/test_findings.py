@@ -2,6 +2,7 @@
 
 Every expected value below was worked out by hand from the input table (not copied from a run), so a change to a
 number, a format or the paper's table (``findings.PAPER``) fails here before it reaches figures/SUMMARY.md."""
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -361,3 +362,22 @@ def test_the_summary_opens_with_a_digest_of_its_headline_rows():
         csv = pd.read_csv(repo_root() / folder / "summary.csv")
         start = md.index("## In short")
         assert start < 6 and md[start:start + len(F.digest_lines(csv))] == F.digest_lines(csv)
+
+
+def test_adaptive_rows_state_the_confidence_policies_x_the_tuned_rule():
+    def row(ds, model, skip):
+        return dict(dataset=ds, model=model, batch_size=1, rule_config="ngram-else-eagle-skip-16-2", rule=4.0,
+                    adaptive_rule_x_rule=0.995, skip_conf=skip, skip_conf_config="ngram-else-eagle-skip-conf-16-0.1-4",
+                    skip_conf_x_rule=skip / 4.0, conf_stop_config="conf-stop-0.1-4", conf_stop_x_rule=0.36,
+                    ceiling_config="ngram-else-eagle-skip-conf-16-oracle-16", ceiling_x_rule=1.063)
+    conf = pd.DataFrame([row("code-edit", "s", 4.01), row("code-edit", "q", np.nan), row("sharegpt", "s", 2.3)])
+    summary = pd.DataFrame(columns=["dataset", "model", "set"])
+    rows = F.adaptive_rows(summary, source="src", confidence=conf)
+    assert [r.quantity for r in rows] == [f"code-edit ({m}), bs 1: x the tuned rule (skip-16-2 4.00x, tuned on "
+                                        f"other workloads)" for m in ("s", "q")]
+    assert rows[0].this_run == ("adaptive-rule 0.995x; skip-conf-16-0.1-4 1.002x; conf-stop-0.1-4 (EAGLE alone) "
+                                "0.360x; ceiling skip-conf-16-oracle-16 (a perfect stop) 1.063x")
+    assert rows[0].value == pytest.approx(1.0025) and rows[0].verdict == "beyond the study: none beats the tuned rule"
+    assert "no confidence in the trace" in rows[1].this_run and rows[1].value == pytest.approx(0.995)
+    md = F.summary_markdown(F.write_summary(rows, None))
+    assert max(len(line) for line in md.splitlines()) <= F.MAX_LINE
