@@ -4,7 +4,8 @@
 # engine over code-edit and sharegpt, bs 1/8/32/64, k 5, 3 repeats; `jobs hybrid --plan` prints its runs), its
 # lossless report (every run's outputs against no SD's) and each workload's no-SD outputs profiled with the head on
 # the GPU (the step model's input: `python -m spec_repro.engines.vllm.live profile`). Summarized here afterwards:
-# `python -m spec_repro.engines.vllm.live summarize --raw DIR --out data/gpu/liveN`.
+# `python -m spec_repro.engines.vllm.live summarize --raw DIR` (default `--out data/gpu/live`; the committed V1-runner
+# studies are under `data/gpu/v1-runner/`, its README).
 #
 #   here:  bash ../shared/gpu/prepare.sh; WORKLOADS="code-edit sharegpt" HEADS=<sha256> \
 #            bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b; bash gpu/travel.sh light

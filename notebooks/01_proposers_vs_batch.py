@@ -41,7 +41,7 @@ vllm_job = None        # None: every committed vLLM job (data/gpu); a job of dat
 also_h200_fit = True   # also simulate with the cost model fitted to the H200 step logs (data/gpu)
 vllm_results = None    # None: the committed runs (data/gpu); or a results.jsonl of vLLM batch runs (`reproduce --profile
                        # gpu`'s Llama-dims runs, no SD and n-gram on vLLM's default engine)
-live_dir = None        # None: the committed live runs (data/gpu/live); or a folder of `live summarize`'s tables
+live_dir = None        # None: the committed live runs (data/gpu/v1-runner/agreement); or a folder of `live summarize`'s tables
 
 # %%
 from spec_repro import analysis as A, plots as P
@@ -134,7 +134,7 @@ if v2 is not None:
     if figures_dir: P.save(fig4, "01_live_vllm_speedup", figures_dir)
 
 # %% [markdown]
-# The same target measured earlier with **real weights** on the **V1 runner (forced)** (`VLLM_USE_V2_MODEL_RUNNER=0`, where the package's step timing hooks; vLLM itself would run EAGLE and no SD on its V2 runner, which drafted 1.8-2.3x faster per step on one H200 with dummy weights), vLLM's own scheduling (async where vLLM allows it; `data/gpu/live`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: on the V1 runner (forced), from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/live/README.md`).
+# The same target measured earlier with **real weights** on the **V1 runner (forced)** (`VLLM_USE_V2_MODEL_RUNNER=0`, where the package's step timing hooks; vLLM itself would run EAGLE and no SD on its V2 runner, which drafted 1.8-2.3x faster per step on one H200 with dummy weights), vLLM's own scheduling (async where vLLM allows it; `data/gpu/v1-runner/agreement`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: on the V1 runner (forced), from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/v1-runner/README.md`).
 
 # %%
 if live_dir is not None or (traces is None and backend == "embedded"):
@@ -143,7 +143,7 @@ else:  # the committed live runs do not depend on traces=: the default run shows
     live, live_src = None, "measured vLLM live runs: not shown with traces= or a live backend"
 print(live_src)
 (live.pivot_table(index="batch_size", columns="method", values="speedup").round(2) if live is not None
- else "no live vLLM runs in data/gpu/live")
+ else "no live vLLM runs in data/gpu/v1-runner/agreement")
 
 # %%
 if live is not None:

@@ -30,7 +30,7 @@ summary_path = None    # set by `spec-repro reproduce`: write this notebook's su
 steps_files = None       # None: data/gpu step logs; or a path / list of step-timing files
 verify_cost_file = None  # None: data/cpu/verify_cost.csv
 vllm_results = None      # None: as backend says; or a results.jsonl of vLLM runs: the step logs beside it
-live_dir = None          # None: the committed live runs (data/gpu/live); or a folder of `live summarize`'s tables
+live_dir = None          # None: the committed live runs (data/gpu/v1-runner/agreement); or a folder of `live summarize`'s tables
 
 # %%
 from pathlib import Path
@@ -65,7 +65,7 @@ else:
 # %% [markdown]
 # ### (a2) The same breakdown with real weights, on vLLM's V1 runner (forced)
 #
-# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/live`, one H200, the V1 runner forced for the step timing (vLLM would pick V2 for EAGLE and no SD), async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
+# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/v1-runner/agreement`, one H200, the V1 runner forced for the step timing (vLLM would pick V2 for EAGLE and no SD), async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
 
 # %%
 live_st, live_src = (A.live_steps(live_dir) if live_dir is not None or backend == "embedded"
@@ -80,11 +80,11 @@ if live_shares is not None:
     display(A.live_step_split(live_dir).round(2))
 
 # %% [markdown]
-# **What sets a step's time on a small target: the host.** One EAGLE engine (`data/gpu/live5`, the committed run) switched its policy run by run (EAGLE alone, the idle hybrid, the device-side hybrids), so every run below ran in the same process; each point is one run's median decode step. Each policy's verification (blue) is flat to a few hundredths of a millisecond at every batch size. Drafting and the rest, both host work on a 1.5B model, drift by up to ~1.8x for a minute at a time, whichever policy is running. The lent H200 is a virtual machine; comparisons between separate engines, or against a cost model fitted at another time, inherit that drift.
+# **What sets a step's time on a small target: the host.** One EAGLE engine (`data/gpu/v1-runner/rotated-code-edit`, the committed run) switched its policy run by run (EAGLE alone, the idle hybrid, the device-side hybrids), so every run below ran in the same process; each point is one run's median decode step. Each policy's verification (blue) is flat to a few hundredths of a millisecond at every batch size. Drafting and the rest, both host work on a 1.5B model, drift by up to ~1.8x for a minute at a time, whichever policy is running. The lent H200 is a virtual machine; comparisons between separate engines, or against a cost model fitted at another time, inherit that drift.
 
 # %%
 rot, rot_src = (A.live_rotated_runs() if live_dir is None and backend == "embedded"
-                else (None, "the rotated engine's runs: the committed ones only (data/gpu/live5)"))
+                else (None, "the rotated engine's runs: the committed ones only (data/gpu/v1-runner/rotated-code-edit)"))
 print(rot_src)
 if rot is not None:
     display(rot.groupby(["batch_size", "config"])[["verification", "drafting", "rest"]]
@@ -97,11 +97,11 @@ if rot is not None:
 # %% [markdown]
 # ### (a3) EAGLE's drafting time per drafted token
 #
-# One EAGLE engine per k = 1, 3, 5, 8, 12 on each target's dimensions with its head's (Llama-3.1-8B and its EAGLE head; Qwen2.5-Coder-1.5B and the package's head), dummy weights (vLLM's padded drafter batch drafts over every verified token whatever was accepted, so the time does not depend on the weights), bs 1, 8, 32, 64, two repeats (`data/gpu/draftk`). The fit `d0 + k·d1` (`costmodel.fit_drafting`) is what the H200 presets now price EAGLE with (`python -m spec_repro.costmodel fit-drafting`). **Against the study:** its fit prices EAGLE independently of k (16 tokens 2.155 ms vs 2.142 ms for one, vLLM 0.10 on an H100); on vLLM 0.25 every drafted token is one more head forward and the fixed part d0 is nil (0.01 ms on Llama dims, 0 on Qwen's), so 12 tokens cost 12 times one. On Llama dims a head forward runs at 70% of its HBM floor at bs 1; on the 1.5B target it is host-bound (about 0.24 ms a token when the host is fast, 0.43 ms when it is slow, against a 0.12 ms floor), hence the lower R².
+# One EAGLE engine per k = 1, 3, 5, 8, 12 on each target's dimensions with its head's (Llama-3.1-8B and its EAGLE head; Qwen2.5-Coder-1.5B and the package's head), dummy weights (vLLM's padded drafter batch drafts over every verified token whatever was accepted, so the time does not depend on the weights), bs 1, 8, 32, 64, two repeats (`data/gpu/v1-runner/draft-k`). The fit `d0 + k·d1` (`costmodel.fit_drafting`) is what the H200 presets now price EAGLE with (`python -m spec_repro.costmodel fit-drafting`). **Against the study:** its fit prices EAGLE independently of k (16 tokens 2.155 ms vs 2.142 ms for one, vLLM 0.10 on an H100); on vLLM 0.25 every drafted token is one more head forward and the fixed part d0 is nil (0.01 ms on Llama dims, 0 on Qwen's), so 12 tokens cost 12 times one. On Llama dims a head forward runs at 70% of its HBM floor at bs 1; on the 1.5B target it is host-bound (about 0.24 ms a token when the host is fast, 0.43 ms when it is slow, against a 0.12 ms floor), hence the lower R².
 
 # %%
 dk_runs, dk_fits, dk_src = (A.drafting_sweep() if backend == "embedded" and live_dir is None
-                            else (None, None, "the drafting-time sweep: the committed one only (data/gpu/draftk)"))
+                            else (None, None, "the drafting-time sweep: the committed one only (data/gpu/v1-runner/draft-k)"))
 print(dk_src)
 if dk_runs is not None:
     display(dk_fits.round(3))

@@ -26,7 +26,8 @@ EAGLE pricing: the study's fit (preset ``llama3.1-8b-h100``) prices EAGLE ``line
 16 tokens 2.155 ms vs 2.142 ms for one): right at its measured k = 3, free beyond it. ``llama3.1-8b-h100-per-token``
 keeps the study's target forward and overhead and prices EAGLE per drafted token, anchored at the study's k = 3
 fit (d1 = D_e(k = 3) / 3, d0 = 0) with one catch-up forward. The H200 presets price EAGLE per token from the
-drafting-time sweep (``data/gpu/draftk``: k = 1-12, bs 1-64, ``fit_drafting`` / ``enter_drafting``, ``python -m
+drafting-time sweep (``data/gpu/v1-runner/draft-k``: k = 1-12, bs 1-64, ``fit_drafting`` / ``enter_drafting``,
+``python -m
 spec_repro.costmodel fit-drafting``): on vLLM 0.25 d0 is nil (0.01 ms on Llama-3.1-8B dims, 0 on Qwen2.5-1.5B's)
 and d1 one head forward (0.46-0.69 ms on Llama dims at bs 1-64), so a k-token proposal costs k one-token ones.
     overhead        a constant per step (scheduling, input preparation, rejection sampling, bookkeeping)
@@ -36,14 +37,16 @@ a UNIFORM decode batch: every request in the step verifies exactly k + 1 tokens,
 ``num_speculative_tokens`` (a no-SD engine's decode step, 1 token per request, is uniform for that engine). A
 RAGGED decode batch (some request verifies fewer, e.g. n-gram found no match for it and drafts 0 tokens, or its
 match was shorter than k) runs the forward without the full graph and pays far more for the same tokens. Measured on
-one H200 (vLLM 0.25.0, V1 runner, Qwen2.5-Coder-1.5B, k = 5; ``data/gpu/live/steps.parquet``, its ``uniform``
+one H200 (vLLM 0.25.0, V1 runner, Qwen2.5-Coder-1.5B, k = 5; ``data/gpu/v1-runner/agreement/steps.parquet``, its
+``uniform``
 column): median t_verify of n-gram at batch 1 8.55 ms for a 1-token ragged step vs 1.98 ms for a 6-token uniform
 one; at batch 8 / 32 / 64 ragged 10.1 / 6.1 / 11.5 ms vs 2.0-3.2 ms uniform. A model may therefore carry
 
     ragged forward  F_r(kv, n) = c_kv' * kv + c_tok' * n + c0'   (``CostModel.ragged_target``; None by default)
 
 priced instead of F at ragged decode steps: ``forward(kv, n, ragged=mask)``. Without it (every preset fitted
-before ``data/gpu/live``'s runs) every step is priced with F, exactly as before. Where the simulator applies it (a
+before ``data/gpu/v1-runner/agreement``'s runs) every step is priced with F, exactly as before. Where the simulator
+applies it (a
 policy with an engine k: fixed-K, dynamic-k, ngram-else-eagle, the adaptive policies; not the oracles, not prefill
 or the no-SD baseline) is described in :mod:`spec_repro.simulate`. ``fit`` fits F_r on the ragged decode steps of
 a step table with a ``uniform`` column. Preset ``qwen2.5-coder-1.5b-h200`` is such a fit (``fit_live``).
@@ -53,7 +56,8 @@ up to ``max_cudagraph_capture_size`` tokens, by default min(max_num_seqs * (1 + 
 max_num_batched_tokens) (vLLM 0.25, ``VllmConfig._set_cudagraph_sizes``; 1024 in place of 512 on Blackwell data
 centre GPUs): 512 on the H200 wherever max_num_seqs >= B, since B * (1 + k) never exceeds twice the first term. A
 decode step verifying more tokens than that runs without any graph, uniform or not, and is priced with the ragged
-forward (``graph_less(tokens)``). Measured (``data/gpu/draftk``, Qwen2.5-Coder-1.5B dims, bs 64, uniform EAGLE
+forward (``graph_less(tokens)``). Measured (``data/gpu/v1-runner/draft-k``, Qwen2.5-Coder-1.5B dims, bs 64, uniform
+EAGLE
 steps): 3.34 ms at 384 tokens (k = 5), then 12.8 ms at 576 (k = 8) and 16.7 ms at 832 (k = 12), where the uniform
 forward predicts 4.11 and 4.94 ms and the ragged one 13.7 and 14.9. ``qwen2.5-coder-1.5b-h200`` has graph_cap 512;
 ``llama3.1-8b-h200`` has no ragged forward (fitted on uniform steps only), so no cap: its steps past 512 tokens
@@ -643,23 +647,25 @@ def fit(steps: pd.DataFrame, *, name: str = "fitted", hardware: str = "", target
 #: the sweep's model name -> the H200 preset its fit goes into
 SWEEP_TARGETS = {"llama31-8b": "llama3.1-8b-h200", "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-h200"}
 SWEEP_SOURCE = (
-    "EAGLE's drafting time on one NVIDIA H200 (vLLM 0.25.0, V1 runner (forced), vLLM's own scheduling = async, CUDA "
-    "graphs, bf16, dummy weights: vLLM's padded drafter batch drafts over every verified token whatever was "
-    "accepted, so the time does not depend on the weights), data/gpu/draftk/steps.parquet, 2026-12-02: k = 1, 3, "
-    "5, 8, 12 x bs 1, 8, 32, 64, 2 repeats, 512-token prompts, 128 output tokens; the decode steps that drafted, "
-    "t_draft ~ d0 + k * (c_kv*kv + c_tok*m + c0), m = requests in the step, by non-negative least squares "
-    "(costmodel.fit, kind per_token). Regenerate: python -m spec_repro.costmodel fit-drafting")
+    "EAGLE's drafting time on one NVIDIA H200 (vLLM 0.25.0, V1 runner (forced), vLLM's own scheduling = "
+    "async, CUDA graphs, bf16, dummy weights: vLLM's padded drafter batch drafts over every verified token "
+    "whatever was accepted, so the time does not depend on the weights), "
+    "data/gpu/v1-runner/draft-k/steps.parquet, 2026-12-02: k = 1, 3, 5, 8, 12 x bs 1, 8, 32, 64, 2 repeats, "
+    "512-token prompts, 128 output tokens; the decode steps that drafted, t_draft ~ d0 + k * (c_kv*kv + "
+    "c_tok*m + c0), m = requests in the step, by non-negative least squares (costmodel.fit, kind per_token). "
+    "Regenerate: python -m spec_repro.costmodel fit-drafting")
 
 
 def sweep_steps(steps: "pd.DataFrame | str | Path | None" = None, model: str | None = None) -> pd.DataFrame:
-    """The decode steps that drafted in the drafting-time sweep (default ``data/gpu/draftk/steps.parquet`` of the
+    """The decode steps that drafted in the drafting-time sweep (default
+    ``data/gpu/v1-runner/draft-k/steps.parquet`` of the
     checkout), of ``model`` (the sweep's model names: ``SWEEP_TARGETS``) or of all."""
     from .traces import read_steps
 
     if steps is None:
-        from .locations import data_dir
+        from .locations import v1_runner_dir
 
-        steps = data_dir() / "gpu" / "draftk" / "steps.parquet"
+        steps = v1_runner_dir("draft-k") / "steps.parquet"
     df = read_steps(steps) if isinstance(steps, (str, Path)) else steps
     keep = (df["phase"].astype(str) == "decode") & (df["num_draft_tokens"] > 0) & (df["method"] == "eagle")
     if model is not None:
@@ -704,31 +710,32 @@ LIVE_PRESET = PRESET_DIR / "qwen2.5-coder-1.5b-h200.json"
 LIVE_SPECS = ("hybrid-default-none", "hybrid-default-eagle", "hybrid-default-ngram")
 LIVE_KINDS = {"eagle": "per_token", "ngram": "fraction"}
 LIVE_SOURCE = (
-    "costmodel.fit (ragged=True) of the H200 live run's step table data/gpu/live/steps.parquet (vLLM 0.25.0, one "
-    "NVIDIA H200, V1 model runner (forced), vLLM's own async scheduling for EAGLE and no SD, synchronous for "
-    "n-gram, bf16, real weights of Qwen/Qwen2.5-Coder-1.5B-Instruct, k = 5, 2026-12-01): the decode steps (phase "
-    "== 'decode') of the code-edit runs (run_id starting with 'code-edit', batch sizes 1, 8, 32, 64) of the specs "
-    "hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram only; target = the uniform steps (every "
-    "request verified k + 1 tokens: vLLM's full CUDA graph), target.ragged = the ragged ones (n-gram steps where "
-    "some request had no or a shorter match); EAGLE per drafted token, n-gram a fraction of F; overhead = no SD's "
-    "steps' t_other + t_reject, each method's own steps' excess over it its c_step (path_overhead: vLLM's EAGLE "
-    "path pays ~2 ms of host work per step more than no SD). The hybrid specs "
-    "(hybrid-default-pr24344[-skip]) and the draft-model agreement runs were left out so that they can be "
-    "predicted out of sample. graph_cap = 512 tokens, vLLM 0.25's default CUDA-graph capture size on the H200 (the "
-    "live run's steps stay under it: bs 64 x (k + 1) = 384): a decode step verifying more is priced with the ragged "
-    "forward (the drafting-time sweep, data/gpu/draftk: 12.8 / 16.7 ms measured at 576 / 832 tokens, 13.7 / 14.9 "
-    "ragged-predicted). Regenerate: python -m spec_repro.costmodel fit-live")
+    "costmodel.fit (ragged=True) of the H200 live run's step table data/gpu/v1-runner/agreement/steps.parquet "
+    "(vLLM 0.25.0, one NVIDIA H200, V1 model runner (forced), vLLM's own async scheduling for EAGLE and no "
+    "SD, synchronous for n-gram, bf16, real weights of Qwen/Qwen2.5-Coder-1.5B-Instruct, k = 5, 2026-12-01): "
+    "the decode steps (phase == 'decode') of the code-edit runs (run_id starting with 'code-edit', batch "
+    "sizes 1, 8, 32, 64) of the specs hybrid-default-none, hybrid-default-eagle and hybrid-default-ngram "
+    "only; target = the uniform steps (every request verified k + 1 tokens: vLLM's full CUDA graph), "
+    "target.ragged = the ragged ones (n-gram steps where some request had no or a shorter match); EAGLE per "
+    "drafted token, n-gram a fraction of F; overhead = no SD's steps' t_other + t_reject, each method's own "
+    "steps' excess over it its c_step (path_overhead: vLLM's EAGLE path pays ~2 ms of host work per step more "
+    "than no SD). The hybrid specs (hybrid-default-pr24344[-skip]) and the draft-model agreement runs were "
+    "left out so that they can be predicted out of sample. graph_cap = 512 tokens, vLLM 0.25's default "
+    "CUDA-graph capture size on the H200 (the live run's steps stay under it: bs 64 x (k + 1) = 384): a "
+    "decode step verifying more is priced with the ragged forward (the drafting-time sweep, "
+    "data/gpu/v1-runner/draft-k: 12.8 / 16.7 ms measured at 576 / 832 tokens, 13.7 / 14.9 ragged-predicted). "
+    "Regenerate: python -m spec_repro.costmodel fit-live")
 
 
 def live_steps(steps: "pd.DataFrame | str | Path | None" = None) -> pd.DataFrame:
     """The steps ``fit_live`` fits: code-edit decode steps of ``LIVE_SPECS`` from the live run's step table
-    (default ``data/gpu/live/steps.parquet`` of the checkout)."""
+    (default ``data/gpu/v1-runner/agreement/steps.parquet`` of the checkout)."""
     from .traces import read_steps
 
     if steps is None:
-        from .locations import data_dir
+        from .locations import v1_runner_dir
 
-        steps = data_dir() / "gpu" / "live" / "steps.parquet"
+        steps = v1_runner_dir("agreement") / "steps.parquet"
     df = read_steps(steps) if isinstance(steps, (str, Path)) else steps
     for c in ("spec", "phase", "uniform"):
         if c not in df.columns:
@@ -744,7 +751,8 @@ def fit_live(steps: "pd.DataFrame | str | Path | None" = None, out: "str | Path 
     """Fit preset ``qwen2.5-coder-1.5b-h200`` (``LIVE_SOURCE`` says on what) from the live run's step table;
     writes it to ``out`` when given (``LIVE_PRESET`` is the committed one). The live run drafted at k = 5 only,
     where EAGLE's d0 is not separable: d0 comes from the drafting-time sweep on Qwen's dims (``sweep``: its step
-    table, default the committed ``data/gpu/draftk``; ``False``: d0 = 0) and d1 from the live run's own steps
+    table, default the committed ``data/gpu/v1-runner/draft-k``; ``False``: d0 = 0) and d1 from the live run's own
+    steps
     (its engine, its host), the sweep's fit recorded beside it in ``fit["drafting"]``."""
     d0, rec = {}, None
     if sweep is not False:
@@ -822,12 +830,16 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m spec_repro.costmodel", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    fl = sub.add_parser("fit-live", help="refit preset qwen2.5-coder-1.5b-h200 from data/gpu/live/steps.parquet")
-    fl.add_argument("--steps", default=None, help="step table (default: the checkout's data/gpu/live/steps.parquet)")
+    fl = sub.add_parser("fit-live", help="refit preset qwen2.5-coder-1.5b-h200 from "
+                        "data/gpu/v1-runner/agreement/steps.parquet")
+    fl.add_argument("--steps", default=None,
+                    help="step table (default: the checkout's data/gpu/v1-runner/agreement/steps.parquet)")
     fl.add_argument("--out", default=str(LIVE_PRESET), help=f"where to write the preset (default {LIVE_PRESET})")
     fl.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs from the refit")
-    fd = sub.add_parser("fit-drafting", help="EAGLE's drafting time per k (data/gpu/draftk) into the H200 presets")
-    fd.add_argument("--steps", default=None, help="the sweep's step table (default: data/gpu/draftk/steps.parquet)")
+    fd = sub.add_parser("fit-drafting",
+                        help="EAGLE's drafting time per k (data/gpu/v1-runner/draft-k) into the H200 presets")
+    fd.add_argument("--steps", default=None,
+                    help="the sweep's step table (default: data/gpu/v1-runner/draft-k/steps.parquet)")
     fd.add_argument("--check", action="store_true", help="write nothing; exit 1 if a preset differs from the refit")
     a = ap.parse_args(argv)
     if a.cmd == "fit-drafting":

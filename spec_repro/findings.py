@@ -396,7 +396,7 @@ def finding2_rows(shares: pd.DataFrame | None, steps_source: str, vc: pd.DataFra
                   cpu_shares: pd.DataFrame | None = None, cpu_source: str = "",
                   live_shares: pd.DataFrame | None = None, live_source: str = "") -> list[SummaryRow]:
     rows = []
-    if live_shares is not None and len(live_shares):   # vLLM, real weights, the V1 runner forced (data/gpu/live)
+    if live_shares is not None and len(live_shares):   # vLLM, real weights, the V1 runner forced (v1-runner/agreement)
         for (model, method), g in live_shares[live_shares["method"].astype(str) != "none"].groupby(["model", "method"]):
             v = g.sort_values("batch_size")
             b = v["batch_size"].tolist()

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .locations import data_dir, repo_root
+from .locations import data_dir, repo_root, v1_runner_dir
 from .provenance import check_manifest, manifest_line, verify_recorded
 from .traces import TraceError
 
@@ -357,15 +357,17 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
     return df, src
 
 
-# ---- vLLM live with real weights (data/gpu/live) ---------------------------------------------------------------
+# ---- vLLM live with real weights (data/gpu/v1-runner/agreement)
+# ---------------------------------------------------------------
 def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
-    """Measured vLLM speedups with REAL weights (``data/gpu/live``: Qwen2.5-Coder-1.5B, the package's EAGLE
+    """Measured vLLM speedups with REAL weights (``data/gpu/v1-runner/agreement``: Qwen2.5-Coder-1.5B, the
+    package's EAGLE
     head, code-edit, the V1 runner forced): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
     SD's at the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config``, ``tok_s_min``
     / ``tok_s_max`` (over 3 repeats) and ``ceiling_tok_s`` (the HBM ceiling)."""
     from .engines.vllm import live
 
-    folder = Path(folder or data_dir() / "gpu" / "live")
+    folder = Path(folder or v1_runner_dir("agreement"))
     if not (folder / "runs.csv").exists():
         return None, f"measured (vLLM live): no runs under {folder}"
     t = live.throughput(out=folder)
@@ -461,20 +463,22 @@ def v2_table(v2: pd.DataFrame) -> pd.DataFrame:
 
 
 def live_step_split(folder: Path | None = None) -> pd.DataFrame | None:
-    """Median ms per phase of the live Qwen decode steps (``data/gpu/live``), per configuration, batch size and
+    """Median ms per phase of the live Qwen decode steps (``data/gpu/v1-runner/agreement``), per configuration,
+    batch size and
     batch shape (``uniform``: every request verified 1 + k tokens)."""
     from .engines.vllm import live
 
-    folder = Path(folder or data_dir() / "gpu" / "live")
+    folder = Path(folder or v1_runner_dir("agreement"))
     return live.step_split(folder) if (folder / "steps.parquet").exists() else None
 
 
 def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
-    """The rotated EAGLE engine's timed code-edit runs (``data/gpu/live5``: one engine switching policy run by run,
+    """The rotated EAGLE engine's timed code-edit runs (``data/gpu/v1-runner/rotated-code-edit``: one engine
+    switching policy run by run,
     EAGLE alone = ``eagle``), in the order they ran: per run its policy, batch size, repeat, position within its
     batch size (``order``) and the median ms of each phase of its decode steps (verification, drafting, the rest:
     t_other + t_reject)."""
-    folder = Path(folder or data_dir() / "gpu" / "live5")
+    folder = Path(folder or v1_runner_dir("rotated-code-edit"))
     f = folder / "steps.parquet"
     if not f.exists():
         return None, f"measured (vLLM live, one rotated engine): no step log under {folder}"
@@ -496,7 +500,8 @@ def live_rotated_runs(folder: Path | None = None) -> tuple[pd.DataFrame | None, 
 
 
 def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
-    """EAGLE's drafting time per k on the H200 (``data/gpu/draftk``: k = 1, 3, 5, 8, 12 x bs 1, 8, 32, 64, two
+    """EAGLE's drafting time per k on the H200 (``data/gpu/v1-runner/draft-k``: k = 1, 3, 5, 8, 12 x bs 1, 8, 32,
+    64, two
     repeats, dummy weights, both targets' dims): per timed run its model, k, batch size, repeat and the median ms of
     its decode steps' drafting (``draft_ms``); and per model and batch size the fit ``costmodel.fit_drafting``
     enters into the H200 presets (``d0_ms``, ``d1_ms`` per drafted token, R²) beside the HBM floor of one head
@@ -506,7 +511,7 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
     from .engines.vllm.hybrid_jobs import DRAFT_SWEEP
     from .engines.vllm.steps import H200_HBM_BYTES_PER_S, draft_forward_bytes
 
-    folder = Path(folder or data_dir() / "gpu" / "draftk")
+    folder = Path(folder or v1_runner_dir("draft-k"))
     f = folder / "steps.parquet"
     if not f.exists():
         return None, None, f"measured (vLLM, EAGLE drafting sweep): no step log under {folder}"
@@ -529,10 +534,11 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
 
 
 def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
-    """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/live/steps.parquet``: code-edit,
+    """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/v1-runner/agreement/steps.parquet``:
+    code-edit,
     bs 1-64, the V1 runner forced), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for
     ``metrics.phase_shares``."""
-    folder = Path(folder or data_dir() / "gpu" / "live")
+    folder = Path(folder or v1_runner_dir("agreement"))
     f = folder / "steps.parquet"
     if not f.exists():
         return None, f"measured (vLLM live): no step log under {folder}"

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .locations import data_dir, figures_dir, repo_root
+from .locations import V1_STUDIES, data_dir, figures_dir, repo_root, v1_runner_dir
 from .tracefiles import read_trace
 from .traces import STUDY_MODEL, Trace, TraceError
 
-__all__ = ["repo_root", "data_dir", "figures_dir", "trace_files", "load_traces", "PUBLISHED_MODEL"]
+__all__ = ["repo_root", "data_dir", "figures_dir", "V1_STUDIES", "v1_runner_dir", "trace_files", "load_traces",
+           "PUBLISHED_MODEL"]
 
 
 def trace_files(traces=None, *, model: str | None = None, datasets: Sequence[str] | None = None) -> list[Path]:

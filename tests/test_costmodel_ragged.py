@@ -1,7 +1,8 @@
 """The cost model's optional ragged-batch target forward (costmodel.CostModel.ragged_target): pricing, JSON, the
 fit, the simulator's use of it (exactly at ragged steps, by hand and against the plain reference loop), the
 adaptive rule, the unchanged outputs of models without one (sha256 of simulate rows pinned from the code before
-the ragged forward existed) and the committed H200 preset (regenerated from data/gpu/live/steps.parquet).
+the ragged forward existed) and the committed H200 preset (regenerated from
+data/gpu/v1-runner/agreement/steps.parquet).
 Traces and step tables here are SYNTHETIC (seeded) unless named otherwise."""
 import copy
 import hashlib
@@ -24,6 +25,7 @@ from spec_repro import adaptive as AD  # noqa: E402
 from spec_repro import costmodel as C  # noqa: E402
 from spec_repro.costmodel import (PRESETS, CostModel, CostModelError, Drafter, TargetForward, fit,  # noqa: E402
                                   load_cost_model, ragged_steps)
+from spec_repro.locations import v1_runner_dir  # noqa: E402
 from spec_repro.simulate import _group_arrays, simulate  # noqa: E402
 from spec_repro.traces import STEP_COLUMNS, Trace  # noqa: E402
 from spec_repro.tracefiles import read_trace  # noqa: E402
@@ -314,7 +316,8 @@ def _digest(df):
 # sha256 of simulate's rows (CSV, %.17g) computed with the code BEFORE the ragged forward existed (commit 047a117,
 # this package's venv: numpy 2.4, numba); a model without a ragged forward must give them to the bit. (A different
 # numpy / numba may move low bits of the sums: recompute them at that commit before suspecting the simulator.)
-# llama3.1-8b-h200's five rows that price EAGLE were re-pinned when the drafting-time sweep (data/gpu/draftk,
+# llama3.1-8b-h200's five rows that price EAGLE were re-pinned when the drafting-time sweep
+# (data/gpu/v1-runner/draft-k,
 # ``costmodel.enter_drafting``) replaced that preset's EAGLE drafter: its other rows are still the 047a117 ones.
 PINNED = {
     "llama3.1-8b-h100|qwen|ngram|fixed-1,fixed-3,fixed-5,oracle":
@@ -403,7 +406,7 @@ def test_models_without_a_ragged_forward_give_the_pinned_rows():
 
 
 # ---- the committed H200 preset ----------------------------------------------------------------------------------
-LIVE = ROOT / "data" / "gpu" / "live" / "steps.parquet"
+LIVE = v1_runner_dir("agreement") / "steps.parquet"
 
 
 def test_live_preset_is_listed_and_round_trips(tmp_path):
@@ -420,7 +423,7 @@ def test_live_preset_is_listed_and_round_trips(tmp_path):
     assert m2.to_dict() == m.to_dict() and m2.ragged_target == m.ragged_target
 
 
-@pytest.mark.skipif(not LIVE.exists(), reason="data/gpu/live/steps.parquet not in this checkout")
+@pytest.mark.skipif(not LIVE.exists(), reason="data/gpu/v1-runner/agreement/steps.parquet not in this checkout")
 def test_live_preset_regenerates_from_the_committed_steps(tmp_path):
     committed = json.loads(C.LIVE_PRESET.read_text())
     res = C.fit_live(LIVE, out=tmp_path / "refit.json")

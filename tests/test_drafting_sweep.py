@@ -1,4 +1,4 @@
-"""EAGLE's drafting time per k on the H200 (data/gpu/draftk, 2026-12-02) and its entry into the
+"""EAGLE's drafting time per k on the H200 (data/gpu/v1-runner/draft-k, 2026-12-02) and its entry into the
 H200 presets as d0 + k * d1 (``costmodel.fit_drafting`` / ``enter_drafting``)."""
 import dataclasses
 
@@ -8,9 +8,9 @@ import pytest
 
 from spec_repro import costmodel as C
 from spec_repro import measured
-from spec_repro.paths import data_dir
+from spec_repro.paths import v1_runner_dir
 
-SWEEP = data_dir() / "gpu" / "draftk" / "steps.parquet"
+SWEEP = v1_runner_dir("draft-k") / "steps.parquet"
 
 
 def test_the_sweep_covers_every_k_and_batch_size_on_both_targets():

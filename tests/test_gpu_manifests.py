@@ -1,13 +1,15 @@
 """Every committed vLLM folder's MANIFEST.json lists every file beside it and nothing that is not there, each with
-its bytes' sha256 (a lock file was once listed in all of them)."""
+its bytes' sha256 (a lock file was once listed in all of them). The V1-runner studies (data/gpu/v1-runner/) share
+ONE README, which names every one of them."""
 import json
 
 import pytest
 
-from spec_repro.paths import data_dir
+from spec_repro.paths import V1_STUDIES, data_dir, v1_runner_dir
 from spec_repro.provenance import sha256_file
 
-FOLDERS = sorted(p.parent for p in (data_dir() / "gpu").glob("*/MANIFEST.json"))
+GPU = data_dir() / "gpu"
+FOLDERS = sorted(p.parent for g in ("*/MANIFEST.json", "v1-runner/*/MANIFEST.json") for p in GPU.glob(g))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
@@ -21,8 +23,22 @@ def test_the_manifest_verifies_the_files_beside_it(folder):
     assert [f for f in files if not (folder / f).is_file()] == [], "the manifest lists a file that is not there"
     bad = [f for f, e in files.items() if e.get("sha256") and sha256_file(folder / f) != e["sha256"]]
     assert bad == []
-    assert (folder / "README.md").is_file()
+    if folder.parent == v1_runner_dir():          # the V1-runner studies: one README above them
+        assert not (folder / "README.md").exists() and (folder.parent / "README.md").is_file()
+    else:
+        assert (folder / "README.md").is_file()
 
 
 def test_there_are_folders_to_check():
-    assert {"live", "live5", "draftk", "hostdrift"} <= {p.name for p in FOLDERS}
+    assert set(V1_STUDIES) <= {p.name for p in FOLDERS} and "v2grid" in {p.name for p in FOLDERS}
+
+
+def test_the_v1_runner_studies_have_one_readme_that_names_each():
+    root = v1_runner_dir()
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("README*")) == ["README.md"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted(V1_STUDIES)
+    text = (root / "README.md").read_text()
+    assert [s for s in V1_STUDIES if f"`{s}/`" not in text] == []
+    assert "V1 runner (forced)" in text
+    # new `live summarize` tables go to data/gpu/live; nothing committed is there
+    assert [p for p in (GPU / "live").rglob("*") if p.is_file()] == []

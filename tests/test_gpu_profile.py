@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spec_repro.engines.vllm import gpu_profile as G
+from spec_repro.locations import v1_runner_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +84,7 @@ def test_notebook_02_reads_a_gpu_runs_live_tables(tmp_path):
     from spec_repro.reproduce import reproduce
 
     res, table = reproduce("embedded", tmp_path, notebooks=["02_verification_bottleneck"], progress=False,
-                           parameters={"backend": "vllm", "live_dir": str(ROOT / "data" / "gpu" / "live"),
+                           parameters={"backend": "vllm", "live_dir": str(v1_runner_dir("agreement")),
                                        "vllm_results": str(ROOT / "data" / "gpu" / "results.jsonl")})
     assert res[0].ok, res[0].error
     assert "02_time_breakdown_live.png" in res[0].figures
@@ -178,7 +179,7 @@ def test_deadline_zero_runs_the_notebooks_on_a_copied_gpu_folder_without_a_gpu(t
 
     from spec_repro.reproduce import reproduce
 
-    src = ROOT / "data" / "gpu" / "reproduce"
+    src = v1_runner_dir("reproduce-grid")
     gpu = tmp_path / "out" / "gpu"
     shutil.copytree(src / "live", gpu / "live")
     shutil.copytree(src / "traces", gpu / "traces")

@@ -20,6 +20,7 @@ from test_simulate import random_trace  # noqa: E402
 
 from spec_repro import adaptive as AD  # noqa: E402
 from spec_repro.costmodel import CostModel, CostModelError, TargetForward, load_cost_model  # noqa: E402
+from spec_repro.locations import v1_runner_dir  # noqa: E402
 from spec_repro.simulate import simulate  # noqa: E402
 from spec_repro.traces import Trace  # noqa: E402
 
@@ -148,14 +149,15 @@ def test_rule_prices_choices_past_the_cap_ragged():
 
 
 def test_the_qwen_preset_prices_the_measured_cliff():
-    """data/gpu/draftk (measured, Qwen2.5-Coder-1.5B dims, bs 64, uniform EAGLE steps): the verify step at k = 8 and
+    """data/gpu/v1-runner/draft-k (measured, Qwen2.5-Coder-1.5B dims, bs 64, uniform EAGLE steps): the verify step
+    at k = 8 and
     12 (576 and 832 tokens) runs past vLLM's 512-token graphs; the preset's cap prices them with its ragged forward,
     within 20% of the measured medians (12.8 and 16.7 ms), where the uniform forward is 3-4x low."""
     import pandas as pd
 
     cm = load_cost_model("qwen2.5-coder-1.5b-h200")
     assert cm.graph_cap == 512
-    s = pd.read_parquet(ROOT / "data" / "gpu" / "draftk" / "steps.parquet")
+    s = pd.read_parquet(v1_runner_dir("draft-k") / "steps.parquet")
     s = s[(s["model"] == "qwen2.5-coder-1.5b") & (s["phase"].astype(str) == "decode") & (s["batch_size"] == 64)
           & (s["batched_tokens"] == 64 * (s["k"] + 1))]
     for k in (8, 12):

@@ -1,5 +1,6 @@
 """``live summarize`` (``engines.vllm.live_summary.summarize``) writes a live folder whole or not at all: the recorded
-device outputs in tests/fixtures/vllm summarized over a copy of a committed live folder (data/gpu/live10: its
+device outputs in tests/fixtures/vllm summarized over a copy of a committed live folder
+(data/gpu/v1-runner/host-probe: its
 profile, host record and head files beside the tables); a writer failing after others wrote leaves every byte of
 the folder as it was, MANIFEST.json included; a run that finishes replaces the tables, keeps the files it only
 read, and records what is there."""
@@ -12,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from spec_repro.engines.vllm import live, live_summary
-from spec_repro.paths import data_dir
+from spec_repro.paths import v1_runner_dir
 from spec_repro.provenance import sha256_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
-LIVE10 = data_dir() / "gpu" / "live10"
+LIVE10 = v1_runner_dir("host-probe")
 TRACE = "hybrid_trace_sharegpt_s11.jsonl"        # the device-side hybrid's profile: summarize reads it from out
 
 

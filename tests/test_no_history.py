@@ -97,7 +97,7 @@ def scanned_files() -> list[Path]:
 def test_there_are_files_to_scan():
     names = {p.relative_to(repo_root()).as_posix() for p in scanned_files()}
     assert {"README.md", "spec_repro/engines/vllm/live.py", "gpu/live_job.sh", "data/gpu/README.md",
-            "data/gpu/live10/README.md"} <= names
+            "data/gpu/v1-runner/README.md", "data/gpu/v2grid/README.md"} <= names
 
 
 def test_the_product_tells_results_not_history():

@@ -21,7 +21,7 @@ import matplotlib
 import pytest
 
 from spec_repro import reproduce as R
-from spec_repro.paths import data_dir, repo_root
+from spec_repro.paths import data_dir, repo_root, v1_runner_dir
 
 matplotlib.use("Agg")
 
@@ -86,7 +86,7 @@ def _changed(tmp_path) -> dict:
         "figures_dir": str(tmp_path / "figs"), "summary_path": str(tmp_path / "summary.json"),
         "backend": "torch", "live_requests": 2, "live_max_new_tokens": 10,
         "seeds": [1], "out_of_sample": False,
-        "vllm_results": str(vr / "results.jsonl"), "live_dir": str(data_dir() / "gpu" / "reproduce" / "live"),
+        "vllm_results": str(vr / "results.jsonl"), "live_dir": str(v1_runner_dir("reproduce-grid") / "live"),
     }
 
 

@@ -146,3 +146,26 @@ def test_summarize_refuses_an_out_inside_its_raw_folder(tmp_path):
     with pytest.raises(OutputError, match="overlap"):
         G.summarize([tmp_path / "raw"], tmp_path / "raw" / "out")
     assert not (tmp_path / "raw" / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["inside", "same", "holds", "missing"])
+def test_the_summarize_command_answers_bad_folders_in_one_line(tmp_path, capsys, case):
+    """The command line: an --out overlapping a --raw folder, or a --raw without results.jsonl, gets one line on
+    stderr and exit status 2 (no traceback), and nothing is written."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "results.jsonl").write_text("")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    args = {"inside": [str(raw), "--out", str(raw / "out")], "same": [str(raw), "--out", str(raw)],
+            "holds": [str(raw), "--out", str(tmp_path)],
+            "missing": [str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]}[case]
+    assert G.main(["summarize", "--raw", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("v2grid summarize: ") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and ("results.jsonl" in err if case == "missing" else "overlap" in err)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_table_command_without_results_is_one_line(tmp_path, capsys):
+    assert G.main(["table", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"v2grid table: no results.jsonl in {tmp_path}"

@@ -1,4 +1,5 @@
-"""vLLM live on the H200 (2026-12-01): the async step reconstruction (a recorded fixture) and the committed data/gpu/live
+"""vLLM live on the H200 (2026-12-01): the async step reconstruction (a recorded fixture) and the committed
+data/gpu/v1-runner/agreement
 tables (runs.csv's engine_config, the Llama baseline, the agreement numbers the closing note quotes)."""
 import json
 from pathlib import Path
@@ -7,10 +8,10 @@ import pytest
 
 from spec_repro.engines.vllm import agreement as A
 from spec_repro.engines.vllm import live
-from spec_repro.paths import data_dir
+from spec_repro.paths import v1_runner_dir
 
 FX = Path(__file__).parent / "fixtures" / "vllm" / "async_eagle_steps.json"
-LIVE = data_dir() / "gpu" / "live"
+LIVE = v1_runner_dir("agreement")
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_predicted_table_is_what_the_committed_data_give():
     assert (none["ratio_one_F"] > 1.4).all() and ((none["ratio_ragged"] - 1).abs() < 0.2).all()
 
 
-LIVE4 = data_dir() / "gpu" / "live4"
+LIVE4 = v1_runner_dir("engine-per-policy")
 
 
 def _same_table(got, want, columns):
@@ -150,7 +151,8 @@ def _same_table(got, want, columns):
 
 
 def test_device_hybrid_table_is_what_the_committed_live4_gives():
-    """data/gpu/live4 (one engine per policy, 2026-12-02): the table recomputed from its runs, steps and trace
+    """data/gpu/v1-runner/engine-per-policy (one engine per policy, 2026-12-02): the table recomputed from its
+    runs, steps and trace
     equals the committed one; the profile of the same requests predicts the hybrid's decode steps within 4% (the
     acceptance half of a prediction), and every ratio is against the faster single proposer at that batch size."""
     import pandas as pd
@@ -170,11 +172,12 @@ def test_tables_run_on_a_folder_without_llama_rows(capsys):
     assert "gpu-pr24344" in out and "vs_best_single" in out and "llama31-8b" not in out
 
 
-LIVE5 = data_dir() / "gpu" / "live5"
+LIVE5 = v1_runner_dir("rotated-code-edit")
 
 
 def test_live5_one_engine_rotation_is_what_the_committed_data_give():
-    """data/gpu/live5 (the rotated engine on code-edit, 2026-12-02): one EAGLE engine rotating EAGLE alone (``eagle``:
+    """data/gpu/v1-runner/rotated-code-edit (the rotated engine on code-edit, 2026-12-02): one EAGLE engine
+    rotating EAGLE alone (``eagle``:
     the plugin's ``off``), ``idle``, ``gpu-pr24344`` and ``gpu-eagle-only`` over 4 repeats, beside no SD and
     n-gram. The table recomputed equals the committed one; sharegpt's runs (cut by the deadline) stay out
     of the code-edit numbers; the device-side hybrid beats the faster single proposer at every batch size; the
@@ -277,7 +280,8 @@ def test_the_workers_probe_times_the_loop_in_its_own_process():
 
 
 def test_rotated_runs_come_in_run_order_and_show_the_host_drift():
-    """``measured.live_rotated_runs`` on data/gpu/live5: every timed run of the rotated engine once, in the order run
+    """``measured.live_rotated_runs`` on data/gpu/v1-runner/rotated-code-edit: every timed run of the rotated
+    engine once, in the order run
     (bs 1: 4 policies x 4 repeats x 8 chunks; the others 4 x 4); each policy's verification is flat within
     each batch size (< 0.05 ms between runs) while the host's drafting varies over 1.5x at bs 1 (notebook 02's
     figure)."""
@@ -292,7 +296,7 @@ def test_rotated_runs_come_in_run_order_and_show_the_host_drift():
     spread = r.groupby(["batch_size", "config"]).agg(v=("verification", lambda x: x.max() - x.min()),
                                                      d=("drafting", lambda x: x.max() / x.min()))
     assert (spread["v"] < 0.05).all() and (spread.loc[1, "d"] > 1.5).all()
-    assert measured.live_rotated_runs(LIVE4)[0] is None       # live4: separate engines, no rotation
+    assert measured.live_rotated_runs(LIVE4)[0] is None       # engine-per-policy: no rotation
 
 
 def test_host_index_is_each_runs_median_over_its_engines_median_at_that_batch_size():
@@ -313,7 +317,8 @@ def test_host_index_is_each_runs_median_over_its_engines_median_at_that_batch_si
 
 
 def test_host_scaled_prediction_mends_live5_and_leaves_the_committed_columns_alone():
-    """data/gpu/live5: each run predicted at its own host speed (its t_other's host index; the host terms
+    """data/gpu/v1-runner/rotated-code-edit: each run predicted at its own host speed (its t_other's host index;
+    the host terms
     fitted on host-normalized steps, per batch size) puts the out-of-sample device hybrid within 10% of measured at
     every batch size (the unscaled prediction misses bs 8 by 24%); the in-sample EAGLE-path fits stay within 11%
     (EAGLE alone at bs 8: a 0.41 s stall in one repeat's first mixed step, which no median sees). The committed
@@ -325,7 +330,8 @@ def test_host_scaled_prediction_mends_live5_and_leaves_the_committed_columns_alo
     for c in ("predicted_tok_s", "predicted_per_bs_tok_s"):
         assert ((got[c] - want[c]).abs() <= 1e-4 * want[c].abs()).where(want[c].notna(), True).all(), c
     hy = got[got["config"] == "gpu-pr24344"].set_index("batch_size")
-    # (1.033 / 0.969 / 0.983 / 1.05 before wall over steps was taken per batch size, data/gpu/live10/README.md)
+    # (1.033 / 0.969 / 0.983 / 1.05 before wall over steps was taken per batch size,
+    # data/gpu/v1-runner/README.md)
     assert hy["ratio_host"].round(3).to_dict() == {1: 1.033, 8: 0.958, 32: 0.938, 64: 0.975}
     assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["ratio"] - 1).abs().max() > 0.2
     # the per-batch-size form with the hybrid's term taken beyond the per-batch-size EAGLE drafting it is added to
@@ -336,8 +342,9 @@ def test_host_scaled_prediction_mends_live5_and_leaves_the_committed_columns_alo
 
 
 def test_the_prediction_takes_a_workload_and_says_which_runs_it_lacks():
-    """The tables are per workload (sharegpt, data/gpu/live6): code-edit, the default, gives the committed table; a workload
-    whose run lacks a configuration the fit needs (live5's sharegpt: only the rotated engine's bs 1 ran, no SD
+    """The tables are per workload (sharegpt, data/gpu/v1-runner/rotated-sharegpt): code-edit, the default, gives
+    the committed table; a workload
+    whose run lacks a configuration the fit needs (rotated-code-edit's sharegpt: only the rotated engine's bs 1 ran, no SD
     never started) is refused in one line naming what is missing."""
     import pandas as pd
 
@@ -350,11 +357,12 @@ def test_the_prediction_takes_a_workload_and_says_which_runs_it_lacks():
     assert set(live.throughput(out=LIVE5, workload="sharegpt")["batch_size"]) == {1}
 
 
-LIVE6, LIVE7 = data_dir() / "gpu" / "live6", data_dir() / "gpu" / "live7"
+LIVE6, LIVE7 = v1_runner_dir("rotated-sharegpt"), v1_runner_dir("adaptive-rule")
 
 
 def test_live7_adaptive_rule_live_is_what_the_committed_data_give():
-    """data/gpu/live7 (code-edit, 2026-12-03): adaptive-rule (host-side, padded) in the rotated engine.
+    """data/gpu/v1-runner/adaptive-rule (code-edit, 2026-12-03): adaptive-rule (host-side, padded) in the rotated
+    engine.
     ``table_args`` picks both hybrids, adaptive-rule priced with the host machinery's term (eagle-only-pad),
     gpu-pr24344 without one (its idle counterpart did not run); the table recomputed equals the committed one;
     adaptive-rule is the fastest configuration at bs 1 and within 10% of its out-of-sample prediction at every
@@ -397,7 +405,8 @@ def test_rule_steps_walk_each_request_to_its_end_as_the_simulator_decides():
 
 
 def test_the_sharegpt_prediction_is_what_the_committed_data_give():
-    """data/gpu/live6 (sharegpt) against the profile of its own no-SD outputs (CPU, float32): the device-side rule
+    """data/gpu/v1-runner/rotated-sharegpt (sharegpt) against the profile of its own no-SD outputs (CPU, float32):
+    the device-side rule
     out of sample within 10% at every batch size at each run's host speed, as committed."""
     import pandas as pd
 
@@ -408,11 +417,12 @@ def test_the_sharegpt_prediction_is_what_the_committed_data_give():
     assert ((hy["ratio_host"] - 1).abs() < 0.10).all() and (hy["fitted_on"] == "out of sample").all()
 
 
-LIVE8 = data_dir() / "gpu" / "live8"
+LIVE8 = v1_runner_dir("sharegpt-two-machines")
 
 
 def test_sharegpts_adaptive_rule_prediction_is_what_the_committed_data_give():
-    """data/gpu/live8: its sharegpt no SD beside data/gpu/live7's rotated sharegpt engine (two machines), predicted
+    """data/gpu/v1-runner/sharegpt-two-machines: its sharegpt no SD beside data/gpu/v1-runner/adaptive-rule's
+    rotated sharegpt engine (two machines), predicted
     over the profile of the no-SD outputs. That profile's acceptance never reaches k_max + 1 while n-gram drafts
     k_max tokens (``Trace.from_arrays``' default k_max once missed those drafts); its records are in the run's
     request order (the predictor walks the first B: out of order, bs 1 and 8 walked other requests and their
@@ -437,11 +447,12 @@ def test_sharegpts_adaptive_rule_prediction_is_what_the_committed_data_give():
             < got[got["config"] == "none"].set_index("batch_size")["tok_s"]).all()    # nothing speculative pays
 
 
-LIVE9 = data_dir() / "gpu" / "live9"
+LIVE9 = v1_runner_dir("sharegpt-one-machine")
 
 
 def test_live9s_one_machine_tables_are_what_the_committed_data_give():
-    """data/gpu/live9: sharegpt's no SD and the rotated engine (one machine), and vLLM's n-gram
+    """data/gpu/v1-runner/sharegpt-one-machine: sharegpt's no SD and the rotated engine (one machine), and vLLM's
+    n-gram
     (beside no SD on code-edit; alone on sharegpt). Both hybrids out of sample with their own hybrid terms
     (gpu-pr24344's fitted on gpu-eagle-only, which ran here): the table recomputed equals the committed one;
     adaptive-rule within 10% of its prediction at every batch size at each run's host speed; both hybrids' decode
@@ -470,13 +481,13 @@ def test_live9s_one_machine_tables_are_what_the_committed_data_give():
     assert set(ce.index) == {"none", "ngram"} and (ce.loc["ngram"] < ce.loc["none"]).all()
 
 
-LIVE10 = data_dir() / "gpu" / "live10"
+LIVE10 = v1_runner_dir("host-probe")
 
 
 def test_wall_over_steps_per_batch_size_is_what_no_sd_lacked_in_sample():
-    """The cost model's mend (data/gpu/live10/README.md): async scheduling hides a share of no SD's
-    step that grows with the batch (wall over summed step time ~0.9 at bs 1, under 0.8 at bs 64, in live9 and
-    live10), so one median for all sizes predicted no SD's throughput 9-11% low at bs 64 IN sample; per batch size
+    """The cost model's mend (data/gpu/v1-runner/README.md): async scheduling hides a share of no SD's
+    step that grows with the batch (wall over summed step time ~0.9 at bs 1, under 0.8 at bs 64, in
+    sharegpt-one-machine and host-probe), so one median for all sizes predicted no SD's throughput 9-11% low at bs 64 IN sample; per batch size
     it is within 4% at every size of both runs; the device-side machinery (gpu-eagle-only) overlaps ~5% of its step
     at bs 32 / 64 where EAGLE alone overlaps none (the hybrid's value, from its idle counterpart)."""
     for out in (LIVE9, LIVE10):
@@ -492,7 +503,8 @@ def test_wall_over_steps_per_batch_size_is_what_no_sd_lacked_in_sample():
 
 
 def test_live10s_tables_are_what_the_committed_data_give():
-    """data/gpu/live10: sharegpt (no SD, then the five-policy rotated engine, one machine, a head trained in
+    """data/gpu/v1-runner/host-probe: sharegpt (no SD, then the five-policy rotated engine, one machine, a head
+    trained in
     the run, the worker's probe around every run). The table recomputed equals the committed one; BOTH hybrids out
     of sample within 10% of their predictions at every batch size at each run's host speed, their decode steps within
     3%; nothing speculative faster than no SD; the hybrid outputs as lossless as EAGLE alone's (bs 1: 21 of 24 each)."""
@@ -517,7 +529,8 @@ def test_live10s_tables_are_what_the_committed_data_give():
 
 
 def test_the_workers_probe_reads_the_host_less_well_than_the_runs_own_t_other():
-    """Whether the worker's probe can be the host index, answered on data/gpu/live10: the worker's probe (``engine_probe_ms`` before a
+    """Whether the worker's probe can be the host index, answered on data/gpu/v1-runner/host-probe: the worker's
+    probe (``engine_probe_ms`` before a
     run, ``engine_probe_end_ms`` after) is bimodal (~3.8 / ~6.5 ms) and its two readings of one run agree on the mode
     in under 3 of 4 runs: the host flips inside a run. Within a policy and batch size (log ratios to their medians,
     the rotated engine's policies pooled) a run's drafting tracks its own t_other more closely than the probe at

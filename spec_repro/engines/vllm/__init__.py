@@ -9,7 +9,7 @@ plugin (entry point ``spec_repro.engines.vllm.plugin:register``); ``jobs``: the 
 ``hybrid``: the live n-gram + EAGLE hybrid's per-step choice of the proposal to verify and its engine-step pieces
 (pure Python, no vLLM; the plugin's ``patch_hybrid`` runs it inside vLLM, ``jobs hybrid`` measures it);
 ``live``: the live runs' command line (``python -m spec_repro.engines.vllm.live``; its names re-exported from
-``live_runs``: a raw live folder read back, ``live_summary``: raw -> ``data/gpu/live*/``, ``live_throughput``: the
+``live_runs``: a raw live folder read back, ``live_summary``: raw -> a folder of tables, ``live_throughput``: the
 measured tables, ``live_profile``: the hybrid task's requests profiled, ``live_model``: the step-cost fit and
 prediction, ``live_tables``: measured against predicted).
 """

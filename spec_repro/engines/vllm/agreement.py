@@ -76,7 +76,8 @@ def request_steps(records: Iterable[dict], prompts: dict[str, Sequence[int]]) ->
     tokens are known: its position is the scheduler's optimistic one (the previous step's true position plus the
     tokens it scheduled) and its accepted count is not in the record. Both are read back from the next steps:
     the true position of step i is ``pos[i + 1] - scheduled[i]`` and its accepted count ``q[i + 1] - q[i] - 1``,
-    so a request's last two steps have no row (checked on the H200 run of data/gpu/live: 98% of EAGLE's steps agree
+    so a request's last two steps have no row (checked on the H200 run of data/gpu/v1-runner/agreement: 98% of
+    EAGLE's steps agree
     with the profiler this way)."""
     by_hash = {prompt_hash(p): key for key, p in prompts.items()}
     rid_key: dict[tuple[str, str], str] = {}

@@ -21,7 +21,8 @@ def host_probe(n: int = 100_000) -> float:
     """Milliseconds a fixed pure-Python loop takes here now (~3-5 ms on an idle core): a reading of the host
     CPU's speed at the time, independent of the engine, for runs whose host phases the host's speed sets (a 1.5B
     target's decode step is mostly host work on an H200). Timed in the driver process, it does NOT track the engine
-    core's host speed on the lent H200 (data/gpu/hostdrift: r = 0.04-0.12 with the run's drafting time; the run's
+    core's host speed on the lent H200 (data/gpu/v1-runner/host-drift: r = 0.04-0.12 with the run's drafting time;
+    the run's
     own t_other does, ``live.host_index``); it stays recorded beside each run as that evidence. The plugin's
     ``op="probe"`` times it in the engine's worker."""
     t0 = time.perf_counter()

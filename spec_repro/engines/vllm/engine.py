@@ -385,10 +385,12 @@ class VLLMEngine:
     def engine_probe(self) -> float | None:
         """``host_probe()`` timed in the engine's worker (the engine core's process under vLLM 0.25's default
         executor: where a step's t_draft and t_other accrue), in ms; None without the plugin. The driver's own probe
-        (``host_probe_ms``) does not track that process's host speed on the lent H200 (data/gpu/hostdrift), and a
-        run's t_other, which ``live.host_index`` reads instead, also holds the policy's own work (data/gpu/live9:
+        (``host_probe_ms``) does not track that process's host speed on the lent H200
+        (data/gpu/v1-runner/host-drift), and a run's t_other, which ``live.host_index`` reads instead, also holds
+        the policy's own work (data/gpu/v1-runner/sharegpt-one-machine:
         one policy's t_other ran 35% above its idle counterpart's at bs 64 while their drafting agreed). Read just
-        before and after each run, outside its timed window, beside both. Measured (data/gpu/live10): bimodal, and
+        before and after each run, outside its timed window, beside both. Measured (data/gpu/v1-runner/host-probe):
+        bimodal, and
         its two readings of one run agree on the mode in 64% of runs (the host flips inside a run); a run's drafting
         tracks its own t_other far better (r = 0.85-0.96 against 0.11-0.75 at bs 8-64), so the index stays t_other."""
         st = self.steps("probe")

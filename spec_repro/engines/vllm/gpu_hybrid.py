@@ -2,7 +2,8 @@
 
 Why. The host-side hybrid (:mod:`.hybrid`, ``LiveHybrid``) reads the sampled tokens and EAGLE's drafts back to
 the host every step; under async scheduling that makes the CPU wait for the GPU twice a step, and the idle
-hybrid measured 23-26% below EAGLE alone on the H200 (``data/gpu/reproduce``). Here nothing leaves the device:
+hybrid measured 23-26% below EAGLE alone on the H200 (``data/gpu/v1-runner/reproduce-grid``). Here nothing leaves
+the device:
 each request's token ids live in a device buffer (:class:`DeviceHistory`), the n-gram lookup runs there
 (:func:`ngram_propose`, vLLM's prompt-lookup semantics, the package's :func:`~spec_repro.proposers.ngram.
 ngram_lookup` on every row at once) and the choice is a ``torch.where`` (:func:`mix`), so the step hands vLLM a
@@ -18,7 +19,8 @@ Policies (both proposers run every step: the rule cannot skip EAGLE's drafting w
 
 Lossless by construction: only the draft tokens change; greedy verification keeps the target's output.
 
-Launches. Eager, a step is ~40 small kernels launched from Python; in data/gpu/live4 (H200) the machinery
+Launches. Eager, a step is ~40 small kernels launched from Python; in data/gpu/v1-runner/engine-per-policy (H200)
+the machinery
 idle (``gpu-eagle-only``) took 0.5-1.4 ms more drafting time a step than vLLM's own EAGLE step. :class:`DeviceStep`
 replays the step as one CUDA graph per batch shape (checked against the eager step on its first replays; eager
 where capture fails, on the CPU, or with ``SPEC_REPRO_HYBRID_GRAPHS=0``).
@@ -124,7 +126,8 @@ class DeviceStep:
     """One step of the device-side hybrid for a batch: this step's tokens into the history, n-gram's lookup, the
     mix with EAGLE's drafts, the step's counts; ``(draft [B, k], counts [2])``.
 
-    Eager (:meth:`eager`: ~40 kernels launched from Python, ~0.5-1.4 ms of host time a step on the H200: data/gpu/live4), or
+    Eager (:meth:`eager`: ~40 kernels launched from Python, ~0.5-1.4 ms of host time a step on the H200:
+    data/gpu/v1-runner/engine-per-policy), or
     on a CUDA device one graph replay per batch shape (``graphs``, default: on where the device is CUDA): the
     host's work is then four input copies and a replay. A shape's graph is captured at its first step, its warm-up
     and capture pointed at the history's scratch row (no request's tokens move), and checked against the eager path

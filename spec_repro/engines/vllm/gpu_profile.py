@@ -38,9 +38,10 @@ SPEC_SUFFIX = "-s2"          # the grid's spec names (run identifiers: a resumed
 TRACE_WORKLOADS = ("code-edit", "sharegpt")
 TRACE_N, TRACE_TOKENS, TRACE_K_MAX = 24, 256, 16
 QWEN_DIR, LLAMA_DIR = "qwen2", "llama8b2"
-LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"    # the preset fitted on the H200's live Qwen steps (data/gpu/live)
+#: the preset fitted on the H200's live Qwen steps (data/gpu/v1-runner/agreement)
+LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"
 NOTEBOOK_RESERVE_S = 240     # deadline_s: seconds kept for the notebooks after the last stage started
-TRACES_S = 200               # the traces stage: engine start + decode + profiling (data/gpu/reproduce, H200: 114 s)
+TRACES_S = 200               # the traces stage: engine start + decode + profiling (H200: 114 s, v1-runner/reproduce-grid)
 
 
 def llama_specs() -> list[dict]:

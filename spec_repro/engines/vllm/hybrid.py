@@ -28,7 +28,8 @@ Policies
                    loads the EAGLE head (the plugin needs method ``eagle``).
 ``eagle-only``     EAGLE's proposal for every request: the hybrid loaded (its n-gram lookups and bookkeeping run)
                    but idle, for the plugin's overhead against plain EAGLE. Measured on the H200 (2026-12-01,
-                   ``data/gpu/reproduce``): 23-26% below EAGLE alone at bs 1-64, 2.4-3.9 ms more drafting per step:
+                   ``data/gpu/v1-runner/reproduce-grid``): 23-26% below EAGLE alone at bs 1-64, 2.4-3.9 ms more
+                   drafting per step:
                    the cost of the hybrid's machinery itself, whatever it chooses (the likely cause, read from the
                    plugin: its host reads of the sampled tokens and of EAGLE's drafts every step, which make the
                    CPU wait for the GPU where async scheduling would overlap them).

@@ -14,7 +14,7 @@ HYBRID_METHODS = ("none", "ngram", "eagle", "pr24344", "pr24344-skip", "adaptive
 PADDED_METHODS = ("pr24344-pad", "pr24344-skip-pad", "ngram-pad")   # the hybrid with every draft padded to k
 ROTATE_POLICIES = ("off", "idle", "gpu-pr24344", "gpu-eagle-only")   # rotated_spec: EAGLE alone, idle, the hybrids
 ADAPTIVE_COST = "qwen2.5-coder-1.5b-h200"   # adaptive-rule's cost model in the live runs (fitted on H200 Qwen steps)
-# EAGLE's drafting time per k (data/gpu/draftk): each target's dims and its head's dims, dummy weights
+# EAGLE's drafting time per k (data/gpu/v1-runner/draft-k): each target's dims and its head's dims, dummy weights
 DRAFT_SWEEP = {
     "qwen": {"model": "data/gpu/configs/qwen25_coder_1p5b", "name": HYBRID_MODEL,
              "draft": "data/heads/qwen2.5-coder-1.5b-eagle", "vocab_size": 151936},

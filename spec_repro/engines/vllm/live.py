@@ -1,7 +1,9 @@
-"""vLLM live on the H200 (``gpu/live_job.sh``) -> ``data/gpu/live*/``: compact tables from the raw
-device folder (its ``results.jsonl`` and the plugin's ``steps_*.jsonl``; the raw step logs stay out of the repo).
+"""vLLM live on the H200 (``gpu/live_job.sh``) -> compact tables from the raw device folder (its ``results.jsonl``
+and the plugin's ``steps_*.jsonl``; the raw step logs stay out of the repo). New tables go to ``data/gpu/live``
+(``OUT``) unless ``--out`` says otherwise; the committed V1-runner (forced) studies are under
+``data/gpu/v1-runner/`` (its README), and the readers default to its ``agreement`` study (``COMMITTED``).
 
-What ran: vLLM 0.25.0 on one H200. Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF,
+What that study ran: vLLM 0.25.0 on one H200. Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF,
 de-quantized, run in bf16), with the package's EAGLE head, n-gram and the 0.5B draft model: agreement prompts
 and the live hybrid's task (code-edit, bs 1/8/32/64, k = 5, 3 repeats). Llama-3.1-8B dimensions, dummy weights:
 no SD on vLLM's default engine (async scheduling, the runner vLLM picks, no plugin) and the study-like one
@@ -10,10 +12,10 @@ no SD on vLLM's default engine (async scheduling, the runner vLLM picks, no plug
     python -m spec_repro.engines.vllm.live summarize --raw DIR [--out data/gpu/live]
     python -m spec_repro.engines.vllm.live profile --raw DIR [--out data/gpu/live/hybrid_trace.jsonl]
         # CPU, resumable (~20 s a request on 2 cores): the hybrid task's requests profiled on no SD's outputs
-    python -m spec_repro.engines.vllm.live tables [--out data/gpu/live]      # the tables the note and README use
+    python -m spec_repro.engines.vllm.live tables [--out data/gpu/v1-runner/agreement]   # the tables of a folder
 
 This module is the command line; the work is in ``live_runs`` (the raw folder read back), ``live_summary`` (raw ->
-``data/gpu/live*/``, staged), ``live_throughput`` (the measured tables), ``live_profile`` (the hybrid task's
+a folder of tables, staged), ``live_throughput`` (the measured tables), ``live_profile`` (the hybrid task's
 requests profiled), ``live_model`` (the step-cost fit and the walk that predicts) and ``live_tables`` (measured
 against predicted); their names are importable from here too.
 """
@@ -26,8 +28,8 @@ from pathlib import Path
 from .live_model import (FIT_CONFIGS, HOST_PHASES, K, LIVE_CONFIGS, _lin, _walk, fit_step_model,  # noqa: F401
                          host_index, predict, predict_runs, rule_steps)
 from .live_profile import default_head, load_profiles, profile_hybrid_task  # noqa: F401
-from .live_runs import (ENGINE_NOTES, OUT, QWEN, TIMED, _cfg_fields, _config, load, read_runs,  # noqa: F401
-                        step_configs)
+from .live_runs import (COMMITTED, ENGINE_NOTES, OUT, QWEN, TIMED, _cfg_fields, _config, load,  # noqa: F401
+                        read_runs, step_configs)
 from .live_summary import FILE_DOCS, _profiled_on, summarize  # noqa: F401
 from .live_tables import (SINGLES, TABLES, _write_table, device_hybrid_table, device_trace,  # noqa: F401
                           measured_vs_predicted, paired_ratios, predicted_padded, retable, table_args)
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
     pf.add_argument("--device", default="cpu")
     pf.add_argument("--workload", default="code-edit", help="the hybrid task's workload (--raw: its no-SD run)")
     t = sub.add_parser("tables")
-    t.add_argument("--out", default=str(OUT))
+    t.add_argument("--out", default=str(COMMITTED), help="a summarized folder (default: the committed V1-runner "
+                   "study, data/gpu/v1-runner/agreement)")
     rt = sub.add_parser("retable", help="recompute a folder's prediction tables from its committed measurements")
     rt.add_argument("--out", required=True)
     rt.add_argument("--why", required=True, help="what changed in the model (kept in the manifest)")
@@ -82,6 +85,9 @@ def main(argv=None) -> int:
             return 2
         print(profile_hybrid_task(a.raw, a.out, a.head, trace=a.trace, device=a.device, workload=a.workload))
         return 0
+    if not (Path(a.out) / "runs.csv").is_file():
+        print(f"live tables: no runs.csv in {a.out}", file=sys.stderr)
+        return 2
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
@@ -91,7 +97,7 @@ def main(argv=None) -> int:
             print(llama_baseline(a.out).round(3).to_string(index=False))
         print(step_split(a.out).round(2).to_string(index=False))
         if (Path(a.out) / "hybrid_trace.jsonl").exists():
-            print(measured_vs_predicted(a.out).round(3).to_string(index=False))
+            print(measured_vs_predicted(a.out, Path(a.out) / "hybrid_trace.jsonl").round(3).to_string(index=False))
         if device_trace(a.out) is not None:                                 # the device-side hybrid's runs
             print(device_hybrid_table(a.out).round(3).to_string(index=False))
     return 0

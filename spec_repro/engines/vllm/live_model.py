@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .live_runs import OUT, QWEN, TIMED, read_runs
+from .live_runs import COMMITTED, QWEN, TIMED, read_runs
 
 FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
 LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
@@ -38,8 +38,9 @@ def host_index(steps, phase: str = "t_other"):
 
     Why a run's own phase: the lent H200's host (a KVM guest) runs in slow and fast epochs of ~10-60 s; inside one
     engine its host phases (EAGLE's drafting, t_other) rise 1.5-2.5x together for stretches of runs while the
-    target's forward (t_verify) stays flat (data/gpu/live5: across the rotated engine's runs at one batch size
-    the run medians of t_other and t_draft correlate at r = 0.93-0.99 within a policy; data/gpu/hostdrift: r =
+    target's forward (t_verify) stays flat (data/gpu/v1-runner/rotated-code-edit: across the rotated engine's runs
+    at one batch size the run medians of t_other and t_draft correlate at r = 0.93-0.99 within a policy;
+    data/gpu/v1-runner/host-drift: r =
     0.99-1.00 over 14-90 runs, where a CPU probe timed in the driver process does not, r = -0.1 to 0.1). The
     default, ``t_other`` (input preparation, bookkeeping, the engine core's scheduling and output processing), is
     what EAGLE alone, the idle hybrid and both device-side policies share: on a quiet host (the 10th percentile
@@ -47,16 +48,18 @@ def host_index(steps, phase: str = "t_other"):
     alone's 7-35% above both), against the 1.5-2x the epochs move it. ``predict_runs`` scales the step model's
     host terms by it; a batch size's reference cancels there (the host-scaled model is fitted on steps divided by
     the same index), so only the run-to-run ratio matters. The reference is per engine: it tells a policy's host
-    apart only where it shares an engine with the configurations fitted (a rotated engine: data/gpu/live5), not
-    between engines (one per policy: data/gpu/live4). The worker's probe read before and after each run
-    (``engine_probe_ms``), tried as this index on data/gpu/live10, tracks a run's drafting less well than its own t_other and predicts no
-    better; where one policy's t_other is not the host's (data/gpu/live9, gpu-pr24344 at bs 64) the index misses."""
+    apart only where it shares an engine with the configurations fitted (a rotated engine:
+    data/gpu/v1-runner/rotated-code-edit), not between engines (one per policy:
+    data/gpu/v1-runner/engine-per-policy). The worker's probe read before and after each run (``engine_probe_ms``),
+    tried as this index on data/gpu/v1-runner/host-probe, tracks a run's drafting less well than its own t_other and
+    predicts no better; where one policy's t_other is not the host's (data/gpu/v1-runner/sharegpt-one-machine,
+    gpu-pr24344 at bs 64) the index misses."""
     d = steps[steps["phase"] == "decode"]
     run = d.groupby(["spec", "batch_size", "run_id"])[phase].median()
     return (run / run.groupby(level=["spec", "batch_size"]).transform("median")).droplevel("batch_size")
 
 
-def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
+def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
                    per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit") -> dict:
     """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, in ``out``), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
@@ -70,7 +73,8 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
     size alike. ``per_bs``: the host terms (overhead, EAGLE's drafting per token, the hybrid's own work) also as
     one mean per batch size (``by_bs``), which ``_walk`` uses for a chunk of that size: the host's cost measured
     at the size predicted instead of a line through all sizes (the line misses bs 8 by 15-20% in sample on
-    data/gpu/live5's steps); the target's forward stays the fit; and wall over summed step time per batch size
+    data/gpu/v1-runner/rotated-code-edit's steps); the target's forward stays the fit; and wall over summed step
+    time per batch size
     and path, the hybrids' from their idle counterpart (``hybrid_configs``): async scheduling hides a share of
     no SD's step that grows with the batch, and of the device-side machinery's at bs 32 / 64 only.
     ``host_scaled`` (implies ``per_bs``): every step's host phases (``HOST_PHASES``) divided by its run's
@@ -136,12 +140,14 @@ def fit_step_model(out: str | Path = OUT, configs=FIT_CONFIGS, ragged: bool = Tr
             m["by_bs"]["eagle_draft"] = mean_by_bs(e, e["t_draft"] / kk)        # per drafted token, whole batch
         if len(hy):
             # beyond the per-batch-size EAGLE drafting that _walk adds with it (not beyond the line: that folded
-            # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in data/gpu/live5)
+            # the line's miss at each size into the hybrid's own term, -0.6 ms a step at bs 8 in
+            # data/gpu/v1-runner/rotated-code-edit)
             extra = hy["t_draft"] - K * hy["batch_size"].map(m["by_bs"]["eagle_draft"]) * eag
             m["by_bs"]["hybrid_overhead"] = mean_by_bs(hy, pd.Series(extra, index=hy.index))
         # wall over summed step time per batch size: async scheduling hides a share of the step that grows with
-        # the batch (no SD 0.89 at bs 1 to 0.77 at bs 64 in data/gpu/live9 and live10: one median for all sizes
-        # predicted no SD 10-11% slow at bs 64 IN sample), and the device-side machinery overlaps ~5% of its step at
+        # the batch (no SD 0.89 at bs 1 to 0.77 at bs 64 in data/gpu/v1-runner's sharegpt-one-machine and
+        # host-probe: one median for all sizes predicted no SD 10-11% slow at bs 64 IN sample), and the device-side
+        # machinery overlaps ~5% of its step at
         # bs 32 / 64 where EAGLE alone overlaps none: the hybrids take their idle counterpart's (``hybrid_configs``)
         bs_of = runs.set_index(["config", "run_id"])["batch_size"]
         wos = pd.DataFrame({"ratio": ratio, "batch_size": bs_of.reindex(ratio.index)}).dropna()

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from .live_runs import OUT, QWEN
+from .live_runs import COMMITTED, OUT, QWEN
 
 
 def profile_hybrid_task(raw: str | Path | None, out: str | Path = OUT / "hybrid_trace.jsonl",
@@ -74,4 +74,4 @@ def load_profiles(path: str | Path | None = None) -> list[dict]:
     """``hybrid_trace.jsonl``: per request its prompt length, the greedy output (no SD, bs 64) and, per proposer,
     ``acc[p-1]`` (tokens one step yields from output position p, k_max 8) and ``draft_len[p-1]`` (n-gram's match
     length, 0 = no match), in the hybrid task's request order."""
-    return [json.loads(x) for x in open(path or OUT / "hybrid_trace.jsonl") if x.strip()]
+    return [json.loads(x) for x in open(path or COMMITTED / "hybrid_trace.jsonl") if x.strip()]

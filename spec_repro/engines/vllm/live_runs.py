@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...paths import data_dir
+from ...paths import data_dir, v1_runner_dir
 from .labels import engine_config_label, run_labels
 
-OUT = data_dir() / "gpu" / "live"         # the default summarized folder
+OUT = data_dir() / "gpu" / "live"         # where `live summarize` writes new tables by default
+#  the committed V1-runner (forced) study the readers default to: real-weight agreement, the host-side hybrids on
+# code-edit and the Llama-dims baselines (data/gpu/v1-runner/README.md)
+COMMITTED = v1_runner_dir("agreement")
 QWEN = "qwen2.5-coder-1.5b"               # the live runs' target (real weights)
 
 ENGINE_NOTES = {
@@ -26,7 +29,7 @@ ENGINE_NOTES = {
 TIMED = "v1-forced"      # the configuration the plugin timed the live runs on (the V1 runner, forced)
 
 
-def read_runs(out: str | Path = OUT):
+def read_runs(out: str | Path = COMMITTED):
     """``out``'s runs.csv with the runner labels (``labels.relabel_runs``: a table written before they existed,
     its forced V1 runner called ``default``, reads as ``v1-forced``)."""
     import pandas as pd

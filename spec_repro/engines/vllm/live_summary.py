@@ -1,5 +1,5 @@
-"""A live run's raw device folder -> the compact files of ``data/gpu/live*/`` (``FILE_DOCS``) and their
-MANIFEST.json, written into a stage folder and swapped in whole (``summarize``)."""
+"""A live run's raw device folder -> a folder of compact files (``FILE_DOCS``; ``data/gpu/live`` by default) and
+their MANIFEST.json, written into a stage folder and swapped in whole (``summarize``)."""
 from __future__ import annotations
 
 import json
@@ -23,13 +23,13 @@ FILE_DOCS = {
                           "torch float32 on the CPU, `live profile`): the predictor's input",
     "predicted.csv": "measured tok/s of each live configuration beside three predictions over hybrid_trace.jsonl "
                      "(cost models fitted on the same run's steps; measured_vs_predicted)",
-    "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/live) profiled with the head "
-                             "trained in data/gpu/live4's run (sha256 2dce8ecc, 2026-12-02; n-gram, EAGLE; bf16 on the "
-                             "H200, `live profile --device cuda`)",
-    "hybrid_trace_s5.jsonl": "the same, profiled with the head trained in data/gpu/live5's run (sha256 cae15564, "
-                             "2026-12-02; bf16 on the H200)",
+    "hybrid_trace_s4.jsonl": "the same 64 requests' committed no-SD outputs (data/gpu/v1-runner/agreement) "
+                             "profiled with the head trained in the engine-per-policy study's run (sha256 2dce8ecc, "
+                             "2026-12-02; n-gram, EAGLE; bf16 on the H200, `live profile --device cuda`)",
+    "hybrid_trace_s5.jsonl": "the same, profiled with the head trained in the rotated-code-edit study's run (sha256 "
+                             "cae15564, 2026-12-02; bf16 on the H200)",
     "hybrid_trace_s9.jsonl": "this run's code-edit no-SD outputs (bs 64) profiled with the head ff44a72f "
-                             "(trained in data/gpu/live6's run; n-gram, EAGLE; bf16 on the H200)",
+                             "(trained in the rotated-sharegpt study's run; n-gram, EAGLE; bf16 on the H200)",
     "host.txt": "the H200 host during the run: lscpu, CPU clocks, the GPU's clocks and performance state",
     "device_hybrid.csv": "the device-side hybrid's comparison per batch size: each configuration's tok/s over the "
                          "best single proposer and over EAGLE, its prediction, measured vs predicted decode steps "
@@ -39,19 +39,20 @@ FILE_DOCS = {
                                       "ff44a72f trained in the same run (n-gram, EAGLE; torch float32 on the CPU, "
                                       "`live profile --device cpu`, after the run)",
     "hybrid_trace_sharegpt_s10.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the head ff44a72f "
-                                       "(trained in data/gpu/live6's run; n-gram, EAGLE), in the run's request "
-                                       "order (the predictor walks the first B); the device is each record's "
-                                       "`device`: in data/gpu/live8 the CPU in float32, 61 of its 64 records "
-                                       "from data/gpu/live6's profile of equal outputs; in data/gpu/live9 bf16 on "
-                                       "the H200",
+                                       "(trained in the rotated-sharegpt study's run; n-gram, EAGLE), in the run's "
+                                       "request order (the predictor walks the first B); the device is each "
+                                       "record's `device`: in sharegpt-two-machines the CPU in float32, 61 of its 64 "
+                                       "records from rotated-sharegpt's profile of equal outputs; in "
+                                       "sharegpt-one-machine bf16 on the H200 (data/gpu/v1-runner/)",
     "hybrid_trace_s11.jsonl": "a run's code-edit no-SD outputs (bs 64) profiled with the head of the same run "
                               "(n-gram, EAGLE; bf16 on the H200)",
     "hybrid_trace_sharegpt_s11.jsonl": "this run's sharegpt no-SD outputs (bs 64) profiled with the head 38d37cbe "
                                        "trained in the same run (2026-12-04; n-gram, EAGLE; bf16 on the H200), in "
                                        "the run's request order",
     "head.sha256": "sha256 of the EAGLE head the run used: trained in it (`TRAIN=1 gpu/live_job.sh start`: "
-                   "2dce8ecc in live4, cae15564 in live5, ff44a72f in live6, 38d37cbe in live10) or "
-                   "staged from the cache (ff44a72f in live7, live8, live9)",
+                   "data/gpu/v1-runner's 2dce8ecc in engine-per-policy, cae15564 in rotated-code-edit, ff44a72f "
+                   "in rotated-sharegpt, 38d37cbe in host-probe) or staged from the cache (ff44a72f in "
+                   "adaptive-rule, sharegpt-two-machines, sharegpt-one-machine)",
     "head_TRAINING.json": "that head's training record (data, split by source, steps, held-out tokens/step)",
     "head_config.json": "that head's config.json",
 }

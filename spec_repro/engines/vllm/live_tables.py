@@ -10,11 +10,11 @@ from pathlib import Path
 from ...io import write_via
 from .live_model import FIT_CONFIGS, fit_step_model, predict, predict_runs
 from .live_profile import load_profiles
-from .live_runs import OUT, QWEN, TIMED, read_runs
+from .live_runs import COMMITTED, QWEN, TIMED, read_runs
 from .live_throughput import throughput
 
 
-def measured_vs_predicted(out: str | Path = OUT, profiles_path=None):
+def measured_vs_predicted(out: str | Path = COMMITTED, profiles_path=None):
     """Measured tok/s (``throughput``, mean of 3 repeats, with min and max) beside three predictions over the
     run's own outputs (``hybrid_trace.jsonl``), every cost model fitted on the run's steps:
     ``one_F``: one target forward for every batch (the package's cost-model form, as ``costmodel.fit`` fits it),
@@ -44,7 +44,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
                      hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False,
                      workload: str = "code-edit"):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
-    predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs, data/gpu/live's):
+    predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs,
+    data/gpu/v1-runner/agreement's):
     the step model fitted on this run's no SD and EAGLE steps, the hybrid's own per-step work fitted on the idle
     hybrid (``eagle-only``: the same lookups, bookkeeping and host reads, every request on EAGLE), so both padded
     hybrids are predicted out of sample. ``ratio`` = measured / predicted; ``per_bs``: also the prediction with
@@ -53,7 +54,7 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
     own runs' t_other, its drafting from the idle hybrid's fitted term. ``workload``: the runs, steps and fits of
     that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
-    idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/live7's
+    idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/v1-runner/adaptive-rule's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
     host-side policy, none for the device-side one (its idle counterpart did not run there)."""
     prof = load_profiles(profiles_path)
@@ -131,7 +132,7 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
 
 def table_args(out: str | Path) -> dict:
     """``device_hybrid_table``'s hybrids and idle configurations for the run in ``out``: the device-side rule
-    against its idle machinery, and where adaptive-rule ran (data/gpu/live7) also adaptive-rule
+    against its idle machinery, and where adaptive-rule ran (data/gpu/v1-runner/adaptive-rule) also adaptive-rule
     against the host-side machinery idle (eagle-only), gpu-pr24344 then without a hybrid term unless its own idle
     counterpart ran beside it."""
     import pandas as pd
@@ -164,7 +165,7 @@ def device_hybrid_table(out: str | Path, profiles_path=None, hybrid: str = "gpu-
                            .str.contains("-rotate", regex=False).any())
 
     profiles_path = profiles_path or device_trace(out, workload)
-    hybrids = (hybrid,) if isinstance(hybrid, str) else tuple(hybrid)     # several: e.g. data/gpu/live7's
+    hybrids = (hybrid,) if isinstance(hybrid, str) else tuple(hybrid)     # several: e.g. v1-runner/adaptive-rule's
     res = predicted_padded(out, profiles_path, idle=idle, hybrids=hybrids, per_bs=True, host_scaled=host_scaled,
                            workload=workload)
     t = throughput(out=out, workload=workload)

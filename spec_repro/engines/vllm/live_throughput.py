@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...paths import data_dir
-from .live_runs import OUT, read_runs
+from .live_runs import COMMITTED, read_runs
 
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
 
@@ -26,7 +26,7 @@ def step_floor_s(model: str, batch: int, context: float) -> float:
     return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
 
 
-def throughput(runs=None, out: str | Path = OUT, workload: str = "code-edit"):
+def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edit"):
     """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time),
     mean / min / max over repeats, vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the
     step floor at the run's mean context: its first prompt's length plus half the tokens each request
@@ -57,7 +57,7 @@ def throughput(runs=None, out: str | Path = OUT, workload: str = "code-edit"):
     return t.drop(columns=["acc", "drafts", "prompt_len", "out"])
 
 
-def llama_baseline(out: str | Path = OUT, committed: str | Path | None = None):
+def llama_baseline(out: str | Path = COMMITTED, committed: str | Path | None = None):
     """Llama-3.1-8B dims, no SD: the default engine beside the study-like one (both in ``out``) and the
     committed study-like baseline (data/gpu/runs.csv); the committed SD throughputs as speedups over
     each baseline."""
@@ -78,7 +78,7 @@ def llama_baseline(out: str | Path = OUT, committed: str | Path | None = None):
     return res.reset_index()
 
 
-def step_split(out: str | Path = OUT):
+def step_split(out: str | Path = COMMITTED):
     """Median ms per phase of the Qwen decode steps, per configuration, batch size and whether the batch was
     uniform (every request scheduled 1 + k tokens: vLLM's full CUDA graph) or not."""
     import pandas as pd

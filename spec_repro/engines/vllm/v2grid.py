@@ -29,7 +29,7 @@ MODEL, DRAFT_MODEL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 WORKLOADS = ("code-edit", "sharegpt")        # in run order: code-edit first
 BATCH_SIZES = (1, 8, 32, 64)                  # in run order: bs 1 first
 EAGLE_KS = (3, 1, 5, 2)                       # k = 3 first (the study's), then the rest
-NGRAM_K = 5                                   # as the committed V1 n-gram runs (data/gpu/live*): comparable with them
+NGRAM_K = 5                                   # as the committed V1 n-gram runs (data/gpu/v1-runner): comparable
 DRAFT_K = 3
 # a run is host-contended when the hypervisor stole at least this share of its wall time (summed over vCPUs):
 # on the lent H200 the same no-SD engine configuration ran 0.65-0.81x as fast at a steal share of 0.11-0.30 as
@@ -277,10 +277,29 @@ def main(argv=None) -> int:
     sm.add_argument("--out", default=str(ROOT / "data" / "gpu" / "v2grid"))
     a = ap.parse_args(argv)
     if a.cmd == "summarize":
+        from ...io import OutputError
+        from .summary import check_raw_out
+
+        missing = [r for r in a.raw if not (Path(r) / "results.jsonl").is_file()]
+        if missing:
+            print(f"v2grid summarize: no results.jsonl in --raw {' '.join(missing)}", file=sys.stderr)
+            return 2
+        try:
+            check_raw_out(a.raw, a.out)
+        except OutputError as e:          # --out overlapping a --raw folder
+            print(f"v2grid summarize: {e}", file=sys.stderr)
+            return 2
         command = " ".join(["python -m spec_repro.engines.vllm.v2grid", *sys.argv[1:]])
-        print(json.dumps(summarize(a.raw, a.out, command)))
+        try:
+            print(json.dumps(summarize(a.raw, a.out, command)))
+        except (OutputError, ValueError) as e:   # an --out that cannot be written; raw records without timed runs
+            print(f"v2grid summarize: {e}", file=sys.stderr)
+            return 2
         return 0
     if a.cmd == "table":
+        if not (Path(a.out) / "results.jsonl").is_file():
+            print(f"v2grid table: no results.jsonl in {a.out}", file=sys.stderr)
+            return 2
         recs = [json.loads(x) for x in open(Path(a.out) / "results.jsonl") if x.strip()]
         print(grid_table(grid_rows(recs)).to_string(index=False))
         return 0
