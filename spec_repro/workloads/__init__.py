@@ -57,6 +57,11 @@ def describe(name: str) -> dict:
             "license": mod.SOURCE.license, "homepage": mod.SOURCE.homepage, **manifest(name)}
 
 
+def version(name: str):
+    """The version of an offline workload's builder (its cache and a training split record it), else 1."""
+    return getattr(_OFFLINE[name][0], "VERSION", 1) if name in _OFFLINE else 1
+
+
 def _check(name: str) -> None:
     if name not in _OFFLINE and name not in online.DATASETS:
         raise WorkloadError(f"unknown workload {name!r}; offline: {', '.join(NAMES)}; "

@@ -16,15 +16,20 @@ they share, after :func:`norm` (lowercase, punctuation dropped, whitespace colla
 least 500 characters of any part, a whole part turn for turn (parts of at least 500 characters), or the
 conversation's first human turn (any length).
 
-**Evaluation order.** ``sharegpt_pool.json`` lists the conversations, one per source, that the committed EAGLE head
-``data/heads/qwen2.5-coder-1.5b-eagle`` never trained on, by id or by content (:func:`order`; the list and its
-derivation: ``benchmarks/sharegpt_pool.py``). ``load("sharegpt", n, seed)`` draws them first, uniformly (a seeded
-shuffle), then the other conversations, so that the evaluation sets (``spec_repro.train.EVAL_SETS``) hold no
-conversation that head saw.
+**Evaluation order.** ``sharegpt_pool.json`` lists the conversations, one per source, that the committed EAGLE
+head ``data/heads/qwen2.5-coder-1.5b-eagle`` never trained on, by id, source or normalized first turn (312; how it
+is derived: ``benchmarks/sharegpt_pool.py``). Each pool conversation with later parts also has one record
+``sharegpt/<part id>#h``: the first human turn of one of its later parts (drawn per conversation) with the
+conversation's preceding turns as history, the most recent pairs within :data:`LATER_MAX_CHARS` characters.
+``load("sharegpt", n, seed)`` (:func:`order`) draws, each group in a seeded shuffle, the pool's first turns, then
+the pool's later-part turns, then every other conversation's first turn. With Qwen2.5-Coder's chat template and
+the 1,024-token prompt cap, 228 of the pool's first turns fit, so the 300 evaluation requests are 228 first turns
+and 72 later turns with history, from 230 conversations, none of which that head saw.
 
-Departure from the study: vLLM's ShareGPT benchmark sampler draws records (parts) uniformly and prompts with a
-part's first turn, history or not; drawing by part favours long conversations (7.3 parts per drawn conversation
-against 1.87 over the records) and makes stubs prompts.
+Departures from the study: vLLM's ShareGPT benchmark sampler draws records (parts) uniformly and prompts with a
+part's first turn, history or not; drawing by part favours long conversations and makes stubs prompts. Most of
+the pool is the evaluation side of that head's split, which drew parts, so its conversations are long (6.0 parts
+per evaluation request against 1.87 over the wheel's conversations).
 """
 from __future__ import annotations
 
