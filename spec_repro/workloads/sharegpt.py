@@ -28,8 +28,8 @@ and 72 later turns with history, from 230 conversations, none of which that head
 
 Departures from the study: vLLM's ShareGPT benchmark sampler draws records (parts) uniformly and prompts with a
 part's first turn, history or not; drawing by part favours long conversations and makes stubs prompts. Most of
-the pool is the evaluation side of that head's split, which drew parts, so its conversations are long (6.0 parts
-per evaluation request against 1.87 over the wheel's conversations).
+the pool is the evaluation side of that head's split, which drew parts, so its conversations are long (4.9 parts
+per evaluation conversation, median 2, against 1.87 over the wheel's conversations).
 """
 from __future__ import annotations
 
