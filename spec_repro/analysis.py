@@ -23,9 +23,10 @@ from .measured import (acceptance_agreement, cpu_steps, drafting_sweep, gpu_cost
                        v2_speedups, v2_table, verify_cost)
 from .metrics import (PHASES, SHARE_COLUMNS, STUDY_ANALOGUES, acceptance_by_draft_position, acceptance_by_output_position,
                       draft_position_vs_study,
-                      hybrid_table, ngram_advantage, ngram_advantage_by_model, oracle_gap, overlap_threshold,
+                      hybrid_table, LOOP_DOMINATED, LOOP_WINDOW, MIN_OUTPUT_LEN, loop_share, ngram_advantage, ngram_advantage_by_model, oracle_gap, overlap_threshold,
                       overlap_thresholds, MIN_OVERLAP_REQUESTS,
-                      phase_shares, prompt_output_bleu, shares_long, tokens_per_step_per_request,
+                      phase_shares, prompt_output_bleu, request_outputs, shares_long, split_by_output_len,
+                      tokens_per_step_per_request,
                       tokens_per_step_spread, walk_steps)
 from .paths import PUBLISHED_MODEL, data_dir, figures_dir, load_traces, repo_root, trace_files
 from .provenance import describe_source, short_source, trace_provenance
@@ -37,7 +38,8 @@ __all__ = [
     # metrics
     "walk_steps", "acceptance_by_output_position", "acceptance_by_draft_position", "STUDY_ANALOGUES",
     "draft_position_vs_study", "study_draft_position_rates", "tokens_per_step_per_request",
-    "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
+    "tokens_per_step_spread", "MIN_OUTPUT_LEN", "LOOP_WINDOW", "LOOP_DOMINATED", "loop_share", "request_outputs",
+    "split_by_output_len", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
     "overlap_threshold", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
     # measured
     "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_job_specs", "gpu_cost_model_path", "acceptance_agreement", "gpu_verify_limits",

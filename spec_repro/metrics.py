@@ -13,7 +13,8 @@ __all__ = [
     "walk_steps", "accepted_histogram", "acceptance_by_output_position", "acceptance_by_draft_position",
     "STUDY_ANALOGUES",
     "draft_position_vs_study", "tokens_per_step_per_request",
-    "tokens_per_step_spread", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
+    "tokens_per_step_spread", "MIN_OUTPUT_LEN", "LOOP_WINDOW", "LOOP_DOMINATED", "loop_share", "request_outputs",
+    "split_by_output_len", "prompt_output_bleu", "ngram_advantage", "ngram_advantage_by_model",
     "overlap_threshold", "overlap_support", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "verify_cost_summary", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
 ]
 
@@ -189,6 +190,76 @@ def tokens_per_step_spread(trace: Trace, k: int | None = None, percentiles: Sequ
         row["mean"] = float(v.mean())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---- output length and loops ------------------------------------------------------------------------------
+
+#: outputs shorter than this many tokens are reported apart (:func:`split_by_output_len`)
+MIN_OUTPUT_LEN = 32
+#: the span length that makes a repeat a loop (:func:`loop_share`)
+LOOP_WINDOW = 32
+#: an output with at least this loop share is flagged loop-dominated (``request_outputs``' ``looping``)
+LOOP_DOMINATED = 0.5
+
+
+def loop_share(ids: Sequence[int], window: int = LOOP_WINDOW) -> float:
+    """Fraction of an output's tokens inside a repeated n-gram loop: a token is inside one when some span of
+    ``window`` consecutive output tokens that covers it also occurs earlier in the output (starting at an earlier
+    position; the two may overlap, so a short cycle repeated past ``window`` tokens counts). An output shorter
+    than ``window`` + 1 tokens has no loop (0.0); an empty one gives NaN."""
+    a = np.asarray(ids, dtype=np.int64)
+    n = len(a)
+    if n == 0:
+        return float("nan")
+    if n <= window:
+        return 0.0
+    seen: set[bytes] = set()
+    starts = np.zeros(n - window + 1, np.bool_)
+    buf = a.tobytes()
+    w = window * a.itemsize
+    for p in range(n - window + 1):
+        key = buf[p * a.itemsize: p * a.itemsize + w]
+        if key in seen:
+            starts[p] = True
+        else:
+            seen.add(key)
+    cover = np.zeros(n + 1, np.int64)             # tokens covered by a repeated span: a difference array
+    idx = np.flatnonzero(starts)
+    np.add.at(cover, idx, 1)
+    np.add.at(cover, idx + window, -1)
+    return float((np.cumsum(cover[:n]) > 0).mean())
+
+
+def request_outputs(trace: Trace, *, min_len: int = MIN_OUTPUT_LEN, window: int = LOOP_WINDOW) -> pd.DataFrame:
+    """Per request: dataset, model, request_id, output_len, ``short`` (output_len < ``min_len``) and
+    ``loop_share`` (:func:`loop_share` of its stored output token ids; NaN where the trace has none) and
+    ``looping`` (loop_share >= :data:`LOOP_DOMINATED`), computed from the trace, not stored in it."""
+    req = trace.requests
+    has = "output_token_ids" in req.columns
+    rows = []
+    for r in req.itertuples(index=False):
+        ids = getattr(r, "output_token_ids", None) if has else None
+        rows.append({"dataset": r.dataset, "model": r.model, "request_id": r.request_id,
+                     "output_len": int(r.output_len), "short": int(r.output_len) < min_len,
+                     "loop_share": loop_share(ids, window) if ids is not None else float("nan")})
+    out = pd.DataFrame(rows, columns=["dataset", "model", "request_id", "output_len", "short", "loop_share"])
+    out["looping"] = out["loop_share"] >= LOOP_DOMINATED
+    return out
+
+
+def split_by_output_len(trace: Trace, min_len: int = MIN_OUTPUT_LEN) -> tuple[Trace, Trace]:
+    """(requests with output_len >= ``min_len``, the shorter ones) as two traces: short outputs (a greeting, a
+    refusal) are a handful of steps whose tokens per step say little, and are reported apart."""
+    key = ["dataset", "model", "request_id"]
+    req = trace.requests
+    long_ids = req.loc[req["output_len"] >= min_len, key]
+    out = []
+    for want in (True, False):
+        r = req[(req["output_len"] >= min_len) == want].reset_index(drop=True)
+        m = trace.acc[key].merge(long_ids.assign(_long=True), on=key, how="left")["_long"].fillna(False)
+        acc = trace.acc[(m.to_numpy(dtype=bool) == want)].reset_index(drop=True)
+        out.append(Trace(acc, r, dict(trace.meta)))
+    return out[0], out[1]
 
 
 # ---- prompt-output overlap --------------------------------------------------------------------------------

@@ -66,8 +66,10 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
                     train_n_for: dict | None = None) -> tuple[dict, dict]:
     """Training requests of ``workloads`` (at most ``train_n`` each, or ``train_n_for[workload]``, in seeded
     order) sharing no source with any
-    evaluation request (:data:`EVAL_SETS`): no HumanEval task, ShareGPT conversation, gsm-symbolic template
-    (:func:`spec_repro.workloads.source_key`) and no identical prompt. Returns ({workload: requests}, facts)."""
+    evaluation request (:data:`EVAL_SETS`): no HumanEval task, ShareGPT conversation (or a copy of it under
+    another id), gsm-symbolic template (:func:`spec_repro.workloads.source_key`) and no prompt whose messages say
+    the same after :func:`spec_repro.workloads.sharegpt.norm`. Returns ({workload: requests}, facts); each
+    workload's facts record its builder's version (:func:`spec_repro.workloads.version`)."""
     from random import Random
 
     from . import workloads as wl
@@ -75,6 +77,7 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
     held = eval_requests(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed, max_prompt_tokens=max_prompt_tokens)
     banned = {wl.source_key(r) for r in held}
     texts = {r.prompt_text for r in held}
+    said = {_said(r) for r in held}
     out, facts = {}, {}
     for w in workloads:
         cap = (train_n_for or {}).get(w, train_n)
@@ -82,7 +85,7 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
         Random(seed + 1).shuffle(reqs)
         keep, seen, dropped = [], set(), 0
         for r in reqs:
-            if wl.source_key(r) in banned or r.prompt_text in texts:
+            if wl.source_key(r) in banned or r.prompt_text in texts or _said(r) in said:
                 dropped += 1
                 continue
             if r.prompt_text in seen:      # identical prompts (ShareGPT repeats some): once
@@ -95,10 +98,18 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
             raise ValueError(f"workload {w!r} has no request whose source is outside the evaluation sets")
         out[w] = keep
         facts[w] = {"train_requests": len(keep), "dropped_sharing_an_eval_source": dropped,
-                    "sources": len({wl.source_key(r) for r in keep}), "cap": cap}
+                    "sources": len({wl.source_key(r) for r in keep}), "cap": cap,
+                    "workload_version": wl.version(w)}
     facts["eval_sets"] = dict(EVAL_SETS if eval_sets is None else eval_sets)
     facts["eval_sources_excluded"] = len(banned)
     return out, facts
+
+
+def _said(req) -> tuple:
+    """A request's messages as compared across sources: each one's text normalized (``sharegpt.norm``)."""
+    from .workloads.sharegpt import norm
+
+    return tuple(norm(m.get("content") or "") for m in req.messages)
 
 
 @torch.no_grad()
@@ -805,8 +816,9 @@ def _taken_by(init_head, split: dict, *, seed: int, eval_sets: dict, max_prompt_
     """{workload: how many of ``split[workload]`` (its first ones) the run that trained ``init_head`` decoded},
     from that head's ``TRAINING.json``; {} when there is no init head or its record does not say (a head trained
     elsewhere). The split is prefix-stable (a seeded order, capped), so with the same seed, evaluation sets and
-    prompt length cap its run took exactly the first ``train_requests`` of each workload; ValueError (one line)
-    when the record names a different split."""
+    prompt length cap its run took exactly the first ``train_requests`` of each workload (every one of a workload
+    whose builder version differs from the recorded one); ValueError (one line) when the record names a different
+    split."""
     if init_head is None:
         return {}
     rec = Path(init_head).expanduser() / "TRAINING.json"
@@ -823,4 +835,8 @@ def _taken_by(init_head, split: dict, *, seed: int, eval_sets: dict, max_prompt_
         if theirs[k] != mine[k]:
             raise ValueError(f"--init-head {init_head} was trained on a split with {k} {theirs[k]}, this run's is "
                              f"{mine[k]}: run with the same {k} (its held-out decodes must be prompts it never saw)")
-    return {w: int(facts[w]["train_requests"]) for w in split if isinstance(facts.get(w), dict)}
+    from . import workloads as wl
+
+    # a workload whose builder changed since (another version): its prompts are other ones, none counted fresh
+    return {w: int(facts[w]["train_requests"]) if facts[w].get("workload_version", 1) == wl.version(w)
+            else len(split[w]) for w in split if isinstance(facts.get(w), dict)}

@@ -268,3 +268,53 @@ def test_concat_checks_rows_twice_only_where_parts_share_a_request():
     assert len(Trace.concat([mk("r0"), mk("r0", ds="e")]).requests) == 2
     with pytest.raises(TraceError, match="duplicate rows after concat, e.g. request 'r0' of 'd'"):
         Trace.concat([mk("r0"), mk("r1"), mk("r0")])
+
+
+def test_loop_share_marks_the_tokens_of_repeated_spans():
+    from spec_repro.metrics import loop_share
+
+    fresh = list(range(100))
+    assert loop_share(fresh) == 0.0 and np.isnan(loop_share([])) and loop_share([7] * 32) == 0.0
+    # 40 fresh tokens, then a 5-token cycle for 60 tokens: every span of 32 starting at the cycle's 6th token
+    # occurred 5 tokens earlier, so the cycle's tokens from its 6th on are inside the loop (55 of 100)
+    cyc = list(range(40)) + [1000 + i % 5 for i in range(60)]
+    assert loop_share(cyc) == pytest.approx(55 / 100)
+    # a 32-token block said twice: the second copy (32 of 96 tokens) is the loop; window 33 finds none
+    block = list(range(200, 232))
+    twice = block + list(range(300, 332)) + block
+    assert loop_share(twice) == pytest.approx(32 / 96) and loop_share(twice, window=33) == 0.0
+    assert loop_share(np.array(twice, np.int32)) == loop_share(twice)
+
+
+def test_request_outputs_and_the_short_output_split():
+    from spec_repro.metrics import request_outputs, split_by_output_len
+
+    looped = list(range(10)) + [5, 6] * 45           # 100 tokens, mostly a 2-token cycle
+    outs = {"a": list(range(40)), "b": list(range(8)), "c": looped}
+    t = Trace.from_arrays({rid: {"ngram": [1] * len(o), "eagle": [2] * len(o)} for rid, o in outs.items()},
+                          prompt_lens={"a": 3, "b": 3, "c": 3}, dataset="sharegpt", model="m",
+                          request_info={rid: {"output_token_ids": o} for rid, o in outs.items()})
+    ro = request_outputs(t).set_index("request_id")
+    assert ro["output_len"].to_dict() == {"a": 40, "b": 8, "c": 100}
+    assert ro["short"].to_dict() == {"a": False, "b": True, "c": False}
+    assert ro.loc["a", "loop_share"] == 0.0 and ro.loc["c", "loop_share"] == pytest.approx(0.88)
+    assert ro["looping"].to_dict() == {"a": False, "b": False, "c": True}
+    long, short = split_by_output_len(t)
+    assert sorted(long.requests["request_id"]) == ["a", "c"] and list(short.requests["request_id"]) == ["b"]
+    assert len(long.acc) == 2 * 140 and len(short.acc) == 2 * 8 and set(short.acc["request_id"]) == {"b"}
+    assert len(split_by_output_len(t, min_len=41)[0].requests) == 1
+    bare = Trace(t.acc, t.requests.drop(columns=["output_token_ids"]), {})
+    assert request_outputs(bare)["loop_share"].isna().all()
+
+
+def test_committed_sharegpt_traces_short_outputs_and_loops():
+    """The committed Qwen ShareGPT trace: 75 of 300 outputs under 32 tokens (the study: 10 of 310), 19 of them
+    loop-dominated; the loop share is computed from the stored output ids."""
+    from pathlib import Path
+
+    from spec_repro.metrics import request_outputs
+
+    p = Path(__file__).resolve().parents[1] / "data" / "traces" / "qwen2.5-coder-1.5b__sharegpt.parquet"
+    ro = request_outputs(Trace.from_parquet(p))
+    assert len(ro) == 300 and int(ro["short"].sum()) == 75 and int(ro["looping"].sum()) == 19
+    assert not ro["loop_share"].isna().any()

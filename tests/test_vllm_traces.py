@@ -144,10 +144,14 @@ def test_source_keys_name_the_origin(tok):
     assert wl.source_key(wl.load("humaneval", n=1)[0]).startswith("humaneval:HumanEval/")
     g = wl.load("gsm-symbolic", n=2)
     assert all(wl.source_key(r) == f"gsm-symbolic:template{r.meta['template']}" for r in g)
-    s = wl.load("sharegpt", n=50)
-    assert all(wl.source_key(r) == "sharegpt:" + r.id.split("/", 1)[1].rsplit("_", 1)[0] for r in s)
-    first = {r.id: wl.source_key(r) for r in wl.load("sharegpt")}     # a later turn: its conversation's key
-    assert all(wl.source_key(r) == first[r.id.split("#")[0]] for r in wl.load("sharegpt-turns"))
+    s = wl.load("sharegpt", n=50)           # a conversation's source: its own id, or a copy's it shares content with
+    assert all(wl.source_key(r) == "sharegpt:" + r.meta["source"] for r in s)
+    assert sum(r.meta["source"] == r.id.split("/", 1)[1].split("#")[0].rsplit("_", 1)[0] for r in s) > 40
+    first = {r.id.split("/", 1)[1].rsplit("_", 1)[0]: wl.source_key(r) for r in wl.load("sharegpt")
+             if "#" not in r.id}                                   # a later turn: its conversation's key
+    turns = [r for r in wl.load("sharegpt-turns") if r.id.split("/", 1)[1].rsplit("_", 1)[0] in first]
+    assert len(turns) > 20_000
+    assert all(wl.source_key(r) == first[r.id.split("/", 1)[1].rsplit("_", 1)[0]] for r in turns)
     assert wl.source_key(wl.load("py-functions", n=1)[0]).startswith("networkx:networkx.")
     fn = {wl.source_key(r) for r in wl.load("py-functions")}       # a function is one source in both workloads
     assert all(wl.source_key(r) == r.meta["task_id"] and r.meta["task_id"] in fn for r in wl.load("py-write"))

@@ -27,10 +27,13 @@ def test_counts_and_manifest():
     assert len(W.records("champ")) == 270
     recs = W.records("sharegpt")
     man = W.describe("sharegpt")
-    assert 17_500 < man["recovered_conversations"] < 17_800          # ~17.6k complete records recovered
-    assert man["truncated_tail_chars"] > 0                             # the wheel's JSON is cut off
-    assert len(recs) == man["records"] == man["recovered_conversations"] - man["skipped_without_human_turn"]
-    assert len({r["id"] for r in recs}) == len(recs)
+    assert 17_500 < man["recovered_parts"] < 17_800                    # ~17.6k complete records (parts) recovered
+    assert man["conversations"] == 9460 and man["truncated_tail_chars"] > 0   # the wheel's JSON is cut off
+    openers = [r for r in recs if "#" not in r["id"]]
+    assert len(openers) == man["conversations"] - man["skipped_stub_or_no_human_turn"]
+    assert len(recs) == man["records"] == len(openers) + man["later_part_records"]
+    assert len({r["id"] for r in recs}) == len(recs) and all(r["id"].endswith("_0") for r in openers)
+    assert man["sources"] < man["conversations"]                       # re-shared conversations merged
     for name in ("sharegpt", "humaneval", "mt-bench", "champ", "code-edit"):
         W.records(name)
         d = W.describe(name)
@@ -67,6 +70,126 @@ def test_sharegpt_turns_are_later_human_turns_with_their_history():
     recs, _ = sharegpt_turns.later_turns([long], max_chars=20)
     assert recs[1]["messages"] == [u("q2"), a("a2"), u("q3")] and recs[1]["meta"]["history_dropped"] == 2
     assert recs[0]["messages"] == [u("q2")] and recs[0]["meta"]["history_messages"] == 0
+
+
+def _conv(cid, *turns):
+    return {"id": cid, "conversations": [{"from": f, "value": v} for f, v in turns]}
+
+
+def test_sharegpt_is_one_request_per_conversation_with_sources_by_content(monkeypatch):
+    """A conversation's parts group under its base id; its request is the first human turn of part _0 (a system
+    prompt before it kept as history, a stub without history left out); re-shared copies share a source; pool
+    conversations also get one later part's first turn with the conversation's earlier turns as history."""
+    monkeypatch.setattr(sharegpt, "pool", lambda: frozenset({"a"}))
+    big = "Explain, in detail: " + "word " * 120                     # >= 500 characters
+    raw = [_conv("a_0", ("human", "q1"), ("gpt", "a1"), ("human", "q2"), ("gpt", "a2")),
+           _conv("a_3", ("gpt", "a2"), ("human", "continue"), ("gpt", "more of a2")),   # repeats a_0's last turn
+           _conv("b_0", ("system", "be brief"), ("human", "Hello there")),
+           _conv("c_0", ("human", "continue")),                                          # a stub, no history
+           _conv("d_0", ("human", big), ("gpt", "x")),
+           _conv("e_0", ("human", "hi"), ("gpt", "y")), _conv("e_2", ("human", big.lower() + " !!"), ("gpt", "z")),
+           _conv("f_0", ("human", "HELLO there.")), _conv("g_0", ("gpt", "only an answer"))]
+    recs, facts = sharegpt.records_of(raw)
+    by = {r["id"]: r for r in recs}
+    assert list(by) == ["sharegpt/a_0", "sharegpt/a_3#h", "sharegpt/b_0", "sharegpt/d_0", "sharegpt/e_0",
+                        "sharegpt/f_0"]
+    u, a = (lambda t: {"role": "user", "content": t}), (lambda t: {"role": "assistant", "content": t})
+    assert by["sharegpt/a_0"]["messages"] == [u("q1")] and by["sharegpt/a_0"]["meta"]["parts"] == 2
+    assert by["sharegpt/a_3#h"]["messages"] == [u("q1"), a("a1"), u("q2"), a("a2"), u("continue")]
+    assert by["sharegpt/b_0"]["messages"] == [{"role": "system", "content": "be brief"}, u("Hello there")]
+    src = {i: r["meta"]["source"] for i, r in by.items()}
+    assert src["sharegpt/d_0"] == src["sharegpt/e_0"] == "d"          # a >= 500-char human turn, normalized
+    assert src["sharegpt/b_0"] == src["sharegpt/f_0"] == "b"          # the same first turn, normalized
+    assert src["sharegpt/a_0"] == src["sharegpt/a_3#h"] == "a"
+    assert {W.source_key(W.Request(id=i, dataset="sharegpt", messages=[], prompt_text="", meta=r["meta"]))
+            for i, r in by.items()} == {"sharegpt:a", "sharegpt:b", "sharegpt:d"}
+    assert facts["skipped_stubs"] == 1 and facts["skipped_stub_or_no_human_turn"] == 2 and facts["sources"] == 5
+    assert sharegpt.norm(" Hello,\n  THERE! ") == "hello there"
+    # history of a later part is capped to the most recent pairs; none fitting: no record
+    assert sharegpt.later_part(sharegpt.conversations(raw)["a"], 1, max_chars=13) == [u("q2"), a("a2"),
+                                                                                     u("continue")]
+    assert sharegpt.later_part(sharegpt.conversations(raw)["a"], 1, max_chars=5) is None
+    # the draw: pool first turns, then pool later parts, then the rest, each in a seeded shuffle
+    order = sharegpt.order(recs, seed=0)
+    assert [recs[i]["id"] for i in order[:2]] == ["sharegpt/a_0", "sharegpt/a_3#h"]
+    assert sorted(order) == list(range(len(recs))) and sharegpt.order(recs, 1)[:2] == order[:2]
+
+
+def test_sharegpt_turns_share_the_sources_of_sharegpt():
+    big = "Explain, in detail: " + "word " * 120
+    raw = [_conv("d_0", ("human", big), ("gpt", "x"), ("human", "next")),
+           _conv("e_0", ("human", big.upper()), ("gpt", "y"), ("human", "and?"))]
+    recs, _ = sharegpt_turns.later_turns(raw)
+    assert [r["meta"]["source"] for r in recs] == ["d", "d"]
+    assert {W.source_key(W.Request(id=r["id"], dataset="sharegpt-turns", messages=[], prompt_text="",
+                                   meta=r["meta"])) for r in recs} == {"sharegpt:d"}
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    from transformers import AutoTokenizer
+
+    from spec_repro import models
+
+    if not models.converted_dir("qwen2.5-coder-1.5b").exists():
+        pytest.skip("Qwen2.5-Coder-1.5B is not in the cache (spec-repro models fetch qwen2.5-coder-1.5b)")
+    return AutoTokenizer.from_pretrained(models.convert("qwen2.5-coder-1.5b", quiet=True))
+
+
+@pytest.fixture(scope="module")
+def sharegpt_eval(qwen_tokenizer):
+    """The ShareGPT evaluation requests the Qwen traces profile (``collect -n 300``, prompt cap 1024)."""
+    return W.load("sharegpt", n=300, seed=0, tokenizer=qwen_tokenizer, max_prompt_tokens=1024)
+
+
+def test_sharegpt_evaluation_set_is_first_turns_and_later_turns_with_history(sharegpt_eval):
+    """300 requests, all from conversations of the pool; a later part's turn comes with its history; first
+    turns and later turns as measured (228 of the pool's first turns fit 1,024 Qwen tokens)."""
+    ev = sharegpt_eval
+    pool = sharegpt.pool()
+    assert len(ev) == 300 and len({r.id for r in ev}) == 300
+    assert all(sharegpt.base_id(r.id.split("/", 1)[1].split("#", 1)[0]) in pool for r in ev)
+    later = [r for r in ev if "#" in r.id]
+    assert all(r.id.endswith("#h") and len(r.messages) >= 3 and r.messages[-2]["role"] == "assistant"
+               for r in later)
+    assert all(r.id.endswith("_0") for r in ev if "#" not in r.id)      # never a later part without history
+    assert (len(ev) - len(later), len(later)) == (228, 72)
+    assert len({W.source_key(r) for r in ev}) == 230
+
+
+def _sharegpt_pool_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sharegpt_pool.py"
+    spec = importlib.util.spec_from_file_location("sharegpt_pool", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sharegpt_evaluation_set_shares_nothing_with_the_committed_heads_training(sharegpt_eval, qwen_tokenizer):
+    """No prompt the committed Qwen head decoded for training (its decodes file keys each by its token ids)
+    comes from a source of an evaluation request or says what an evaluation request says (normalized): every
+    candidate prompt of those conversations and texts, as the head's split built them, is rebuilt and matched."""
+    mod = _sharegpt_pool_script()
+    raw, keys = mod.raw_parts(), mod.decoded_keys()
+    src = sharegpt.source_keys(sharegpt.conversations(raw))
+    ev_sources = {r.meta["source"] for r in sharegpt_eval}
+    ev_texts = {sharegpt.norm(r.messages[-1]["content"]) for r in sharegpt_eval}
+
+    def related(part):
+        return src.get(sharegpt.base_id(part["id"])) in ev_sources or any(
+            sharegpt.norm(t.get("value") or "") in ev_texts for t in part.get("conversations") or [])
+
+    near = [p for p in raw if related(p)]
+    assert len(near) > 500                       # every part of the conversations (they are long), and copies
+    found = mod.trained_prompts(near, qwen_tokenizer, keys)
+    said = {tuple(sharegpt.norm(m["content"]) for m in r.messages) for r in sharegpt_eval}
+    assert not [p for p, _ in found if src.get(sharegpt.base_id(p.split("#", 1)[0])) in ev_sources]
+    assert not [p for p, m in found if tuple(sharegpt.norm(x["content"]) for x in m) in said]
+    assert found          # prompts of other conversations that hold an evaluation request's text somewhere
+    assert len(mod.trained_prompts(raw[:300], qwen_tokenizer, keys)) > 200     # the match finds training prompts
 
 
 @pytest.mark.parametrize("name", W.NAMES)

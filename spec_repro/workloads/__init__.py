@@ -57,6 +57,11 @@ def describe(name: str) -> dict:
             "license": mod.SOURCE.license, "homepage": mod.SOURCE.homepage, **manifest(name)}
 
 
+def version(name: str):
+    """The version of an offline workload's builder (its cache and a training split record it), else 1."""
+    return getattr(_OFFLINE[name][0], "VERSION", 1) if name in _OFFLINE else 1
+
+
 def _check(name: str) -> None:
     if name not in _OFFLINE and name not in online.DATASETS:
         raise WorkloadError(f"unknown workload {name!r}; offline: {', '.join(NAMES)}; "
@@ -124,7 +129,9 @@ def load(name: str, n: int | None = None, seed: int = 0, tokenizer=None,
         return out
     recs = records(name)
     order = list(range(len(recs)))
-    if n is not None:
+    if n is not None and hasattr(_OFFLINE[name][0], "order"):     # a workload's own draw (sharegpt)
+        order = _OFFLINE[name][0].order(recs, seed)
+    elif n is not None:
         Random(seed).shuffle(order)
     chunk = 64 if n is not None and n < 256 else 1024   # tokenized a chunk at a time, in the same order
     for c in range(0, 0 if n == 0 else len(order), chunk):
@@ -147,8 +154,9 @@ def load_upto(name: str, n: int, **kw) -> list[Request]:
 
 def source_key(req) -> str:
     """Where a request comes from, across workloads: the HumanEval task (``humaneval`` and ``code-edit``), the
-    ShareGPT conversation (its id without the ``_N`` part suffix or ``sharegpt-turns``' ``#tK`` turn: every turn of
-    a conversation shares its key), the gsm-symbolic template, the networkx function (``py-functions`` and
+    ShareGPT conversation (``meta["source"]``: its copies under other ids share it, :mod:`.sharegpt`; else its id
+    without the ``_N`` part suffix or ``sharegpt-turns``' ``#tK`` turn: every turn of a conversation shares its
+    key), the gsm-symbolic template, the networkx function (``py-functions`` and
     ``py-write``), else the request id. Training and evaluation sets share no key (``spec_repro.train``)."""
     meta = getattr(req, "meta", None) or {}
     ds = getattr(req, "dataset", "")
@@ -159,5 +167,7 @@ def source_key(req) -> str:
         return f"gsm-symbolic:template{meta['template']}"
     rid = str(req.id)
     if ds == "sharegpt" or rid.startswith("sharegpt/"):
+        if meta.get("source"):
+            return f"sharegpt:{meta['source']}"
         return "sharegpt:" + rid.split("/", 1)[-1].split("#", 1)[0].rsplit("_", 1)[0]
     return f"{ds}:{rid}"

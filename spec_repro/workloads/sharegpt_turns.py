@@ -8,13 +8,21 @@ A conversation part that opens with the answer to the previous part's question l
 a conversation with any other role, broken user/assistant alternation or an empty turn is skipped. History is
 capped: only the most recent user/assistant pairs are kept, so that the messages' text stays within
 ``MAX_CHARS`` (6,000) characters (a longer last turn keeps no history; the loader's ``max_prompt_tokens`` drops
-it). Ids are ``sharegpt/<conversation id>#t<k>`` (the k-th human turn, k >= 2), so
+it). Ids are ``sharegpt/<part id>#t<k>`` (the k-th human turn of the part, k >= 2); ``meta["source"]`` is the
+conversation's source as the ``sharegpt`` workload defines it (re-shared copies under other ids included), so
 :func:`spec_repro.workloads.source_key` gives every turn the key of its conversation's ``sharegpt`` request."""
 from __future__ import annotations
 
-from ._base import user_message
-from .sharegpt import MEMBER, SOURCE, recover  # noqa: F401  (SOURCE: the wheel this workload is read from)
+import hashlib
+from pathlib import Path
 
+from ._base import user_message
+from .sharegpt import MEMBER, SOURCE, base_id, conversations, recover, source_keys  # noqa: F401  (SOURCE: the wheel)
+from .sharegpt import VERSION as _SOURCES_VERSION
+
+#: the builder's version: 2, this module's sha256 and :mod:`.sharegpt`'s version (its sources); a cache built by
+#: other code is rebuilt
+VERSION = f"2/{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]}/{_SOURCES_VERSION}"
 MAX_CHARS = 6000
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
@@ -38,6 +46,7 @@ def later_turns(raw: list[dict], max_chars: int = MAX_CHARS) -> tuple[list[dict]
     """Records (``{"id", "messages", "meta"}``) of every human turn after the first of each conversation, with
     the most recent preceding pairs that keep the messages within ``max_chars`` characters; and counts."""
     records, skipped = [], 0
+    src = source_keys(conversations(raw))
     for conv in raw:
         msgs = _messages(conv.get("conversations") or [])
         if msgs is None:
@@ -51,7 +60,8 @@ def later_turns(raw: list[dict], max_chars: int = MAX_CHARS) -> tuple[list[dict]
             k = i // 2 + 1
             records.append({"id": f"sharegpt/{conv['id']}#t{k}",
                             "messages": msgs[start:i] + user_message(msgs[i]["content"]),
-                            "meta": {"turn": k, "history_messages": i - start, "history_dropped": start}})
+                            "meta": {"turn": k, "history_messages": i - start, "history_dropped": start,
+                                     **({"source": src[b]} if (b := base_id(conv["id"])) in src else {})}})
     return records, {"recovered_conversations": len(raw), "skipped_malformed": skipped}
 
 
