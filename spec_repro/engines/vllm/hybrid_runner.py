@@ -227,7 +227,12 @@ def _build_hybrid(runner, name: str):
             _hybrid_off(f"the hybrid needs method 'eagle', vLLM runs {getattr(sc, 'method', None)!r}")
             return None
         if name in H.GPU_POLICIES:
-            from .gpu_hybrid import DeviceHistory
+            from .gpu_hybrid import V1_GPU_POLICIES, DeviceHistory
+
+            if name not in V1_GPU_POLICIES:
+                _hybrid_off(f"{name!r} runs on the V2 model runner only (hybrid_v2); the V1 runner's device-side "
+                            f"policies are {', '.join(V1_GPU_POLICIES)}")
+                return None
 
             return _DeviceHybrid(name, DeviceHistory(runner.max_num_reqs, runner.max_model_len, runner.device))
         pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)
