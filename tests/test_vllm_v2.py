@@ -337,6 +337,52 @@ def test_v2_merge_is_pr24344_on_v2s_buffers(seed):
     assert 0 < hits < 30 * 3
 
 
+def _graph_like_capture(fn):
+    """CUDA-graph capture's semantics on the CPU: replay runs the same ops on the same static inputs and writes the
+    outputs captured at capture time in place."""
+    out = fn()
+
+    def replay():
+        for o, n in zip(out, fn()):
+            o.copy_(n)
+    return replay, out
+
+
+def _merges(step, seed=5, steps=24):
+    rng = np.random.default_rng(seed)
+    tok = torch.tensor(rng.integers(0, 3, size=(6, 96)), dtype=torch.int32)
+    total = torch.tensor(rng.integers(10, 60, size=6), dtype=torch.int32)
+    seen = []
+    for i in range(steps):
+        n = 3 if i < 12 else 2                               # two batch shapes
+        idx = torch.tensor(rng.permutation(6)[:n], dtype=torch.int32)
+        eagle = torch.tensor(rng.integers(5, 9, size=(n, K)), dtype=torch.int64)
+        total[int(idx[0])] += 1                              # the buffer moves on between steps
+        out = step(tok, total, idx, eagle, 64)
+        seen.append([o.tolist() for o in out])
+    return seen
+
+
+def test_merge_graph_replays_equal_the_eager_merge(capsys):
+    want = _merges(HV.MergeStep(True, graphs=False))
+    st = HV.MergeStep(True, graphs=True, capture=_graph_like_capture)
+    assert _merges(st) == want
+    assert st.off_reason is None and len(st._g) == 2 and st.replays == 24 - 2 * 2
+    assert HV.MergeStep(True).graphs is torch.cuda.is_available()
+
+    def wrong(fn):
+        replay, out = _graph_like_capture(fn)
+
+        def bad():
+            replay()
+            out[0].add_(1)
+        return bad, out
+
+    st = HV.MergeStep(True, graphs=True, capture=wrong)
+    assert _merges(st) == want and not st.graphs and "differed" in st.off_reason and st.replays == 0
+    assert capsys.readouterr().err.count("CUDA graphs OFF") == 1
+
+
 def test_skip_gate_uses_the_latest_flag_that_arrived():
     done = []
 

@@ -37,6 +37,9 @@ Lossless by construction: only draft tokens change, and V2 verifies them by the 
 argmax; draft sampling ``greedy``, vLLM's default, treats draft probabilities as one-hot; the hybrid goes off
 with probabilistic draft sampling, whose draft logits would not match n-gram's rows).
 
+Launches: the merge is ~25 small kernels; on a GPU it is replayed as one CUDA graph per shape (``MergeStep``,
+checked against the eager merge on its first replays; ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager).
+
 The step log's ``hybrid`` entry (with the timer on): requests and tokens on n-gram vs EAGLE (``_V2Counts``:
 a non-blocking copy read when the row is built), ``eagle_skipped``, ``runner: v2``.
 """
@@ -83,6 +86,72 @@ def v2_merge(all_token_ids, total_len, idx_mapping, eagle, width: int, use_ngram
     ng, nv = ngram_propose(tok, lens, k, min_n, max_n)
     draft, chose = mix(eagle, ng, nv, use_ngram=use_ngram)
     return draft, chose, nv
+
+
+class MergeStep:
+    """One step's merge, ``(draft, counts [2], every row matched)``: eager (:meth:`eager`, ~25 kernels launched from
+    Python), or on a CUDA device one graph replay per shape (batch size, lookup width, k): the host then copies the
+    batch's slot indices and EAGLE's drafts into the graph's static inputs and replays (vLLM's token buffer and
+    lengths are read in place: their addresses do not change). The merge writes nothing of vLLM's, so a capture
+    needs no scratch state. A shape's first ``checks`` replays are compared with the eager merge (a sync, on those
+    steps only); a capture that fails or a replay that differs turns graphs off for good with one message, and the
+    eager merge goes on. ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager. At most ``max_graphs`` shapes get a graph."""
+
+    def __init__(self, use_ngram: bool, graphs: bool | None = None, checks: int = 2, capture=None,
+                 max_graphs: int = 24):
+        import torch
+
+        from .gpu_hybrid import _cuda_capture
+
+        self.use_ngram = bool(use_ngram)
+        self.graphs = torch.cuda.is_available() if graphs is None else bool(graphs)
+        self.checks, self._capture, self.max_graphs = int(checks), capture or _cuda_capture, int(max_graphs)
+        self._g: dict = {}
+        self.off_reason: str | None = None
+        self.replays = 0
+
+    def eager(self, tok, total, rows, eagle, width: int):
+        from .gpu_hybrid import step_summary
+
+        draft, chose, nv = v2_merge(tok, total, rows, eagle, width, use_ngram=self.use_ngram)
+        return draft, step_summary(chose, nv, int(eagle.shape[1])), chose.all()
+
+    def __call__(self, tok, total, rows, eagle, width: int):
+        if not self.graphs or rows.shape[0] == 0:
+            return self.eager(tok, total, rows, eagle, width)
+        key = (int(rows.shape[0]), int(width), int(eagle.shape[1]), rows.dtype, eagle.dtype, tok.data_ptr(),
+               total.data_ptr())
+        if key not in self._g and len(self._g) >= self.max_graphs:
+            return self.eager(tok, total, rows, eagle, width)
+        try:
+            g = self._g.get(key)
+            if g is None:
+                g = {"rows": rows.clone(), "eagle": eagle.clone(), "checks": self.checks}
+                g["replay"], g["out"] = self._capture(lambda: self.eager(tok, total, g["rows"], g["eagle"], width))
+                self._g[key] = g
+            g["rows"].copy_(rows)
+            g["eagle"].copy_(eagle)
+            g["replay"]()
+            if g["checks"] > 0:
+                want = self.eager(tok, total, rows, eagle, width)
+                if not all(bool((a == b).all()) for a, b in zip(g["out"], want)):
+                    self._off("a graph replay differed from the eager merge")
+                    return want
+                g["checks"] -= 1
+                return want
+        except Exception as e:              # never break the engine for a faster path
+            self._off(f"{type(e).__name__}: {e}")
+            return self.eager(tok, total, rows, eagle, width)
+        self.replays += 1
+        draft, counts, flag = g["out"]      # counts and flag are copied out at once (stream order); the draft is
+        return draft.clone(), counts, flag  # a fresh tensor, as vLLM's own propose hands over
+
+    def _off(self, why: str) -> None:
+        self.graphs, self._g = False, {}
+        if self.off_reason is None:
+            self.off_reason = why
+            print(f"[spec_repro] V2 hybrid: CUDA graphs OFF (eager merges go on): {why}", file=sys.stderr,
+                  flush=True)
 
 
 class SkipGate:
@@ -146,29 +215,29 @@ class _V2Counts:
 class V2Hybrid:
     """One speculator's hybrid under one policy."""
 
-    def __init__(self, name: str, event=None):
+    def __init__(self, name: str, event=None, graphs: bool | None = None, capture=None):
+        from .common import ENV_HYBRID_GRAPHS
         from .gpu_hybrid import GPU_POLICIES
 
         if name not in GPU_POLICIES:
             raise ValueError(f"{name!r} is not a device-side policy ({', '.join(GPU_POLICIES)})")
         self.name, self.use_ngram = name, name != "gpu-eagle-only"
         self.gate = SkipGate(event) if name == "gpu-pr24344-skip" else None
+        if graphs is None and os.environ.get(ENV_HYBRID_GRAPHS, "1") == "0":
+            graphs = False
+        self.merge = MergeStep(self.use_ngram, graphs=graphs, capture=capture)
         self.steps = self.skipped = 0
 
     def step(self, req_states, input_batch, eagle, max_len: int):
-        """(draft, counts [2] device tensor, this step's skip flag pushed to the gate)."""
-        import torch
-
-        from .gpu_hybrid import step_summary
-
+        """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate."""
         n = int(input_batch.num_reqs)
         w = lookup_width(input_batch.seq_lens_cpu_upper_bound, n, max_len)
-        draft, chose, nv = v2_merge(req_states.all_token_ids.gpu, req_states.total_len.gpu,
-                                    input_batch.idx_mapping[:n], eagle[:n], w, use_ngram=self.use_ngram)
+        draft, counts, all_matched = self.merge(req_states.all_token_ids.gpu, req_states.total_len.gpu,
+                                                input_batch.idx_mapping[:n], eagle[:n], w)
         if self.gate is not None:
-            self.gate.push(chose.all() if n else torch.zeros((), dtype=torch.bool, device=chose.device))
+            self.gate.push(all_matched)
         self.steps += 1
-        return draft, step_summary(chose, nv, int(eagle.shape[1]))
+        return draft, counts
 
 
 def _hybrid_off(why: str) -> None:
