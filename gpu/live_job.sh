@@ -13,6 +13,7 @@
 #          bash gpu/live_job.sh piece pNN            carry [".carry/pNN"]
 #          bash gpu/live_job.sh setup                carry [".stage/run", ".carry/extra"]
 #          LEFT=<budget_left_s> bash gpu/live_job.sh start      (detached; stops RESERVE s before the lease ends)
+#          or LEFT=<budget_left_s> bash gpu/live_job.sh v2start (the V2-runner hybrid: gpu/plans/v2hybrid.json)
 #          sleep S; bash gpu/live_job.sh status live (the logs' tails; the results so far packed into $OUT)
 #          bash gpu/live_job.sh pack live            (the results folder in files of at most 15 MiB)
 #   here:  bash gpu/travel.sh restore; the results unpacked and summarized.
@@ -108,8 +109,25 @@ case "$1" in
     profile_raw code-edit $HEAD $D/hybrid_trace_s1.jsonl
     profile_raw sharegpt $HEAD $D/hybrid_trace_sharegpt_s1.jsonl
     echo PIPE_FINISHED ;;
+  v2start)    # the V2-runner hybrid job (gpu/plans/v2hybrid.json), detached; LEFT=S as for start
+    detach v2run ;;
+  v2run)      # lossless first (the rest only after check-lossless passes), then overhead, then the grid;
+              # resumable: each stage skips its finished engines (V2_STAGES: the stages to run)
+    END=${END:-$(( $(date +%s) + 1100 ))}
+    D=$R/v2hybrid
+    head_into $D || { echo PIPE_FINISHED; exit 3; }
+    for st in ${V2_STAGES:-lossless overhead grid}; do
+      $PY -m spec_repro.engines.vllm.v2hybrid run --stage $st --head $HEAD --out $D/$st --model-dir $(mdir $Q) \
+        --deadline $(left) >> $R/log_v.txt 2>&1
+      echo "$st rc=$?" >> $R/log_v.txt
+      if [ $st = lossless ]; then
+        $PY -m spec_repro.engines.vllm.v2hybrid check-lossless --out $D/lossless > $D/lossless/lossless.jsonl \
+          2>> $R/log_v.txt || { echo "the V2 hybrid is NOT lossless (or did not run): stop" >> $R/log_v.txt; break; }
+      fi
+    done
+    echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)
-    pkill -f "live_job.sh run"; pkill -f "spec_repro.engines.vllm"; sleep 3
+    pkill -f "live_job.sh run"; pkill -f "live_job.sh v2run"; pkill -f "spec_repro.engines.vllm"; sleep 3
     pkill -9 -f "spec_repro.engines.vllm"; pkill -9 -f EngineCore; sleep 2
     nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   status)     # status [DIR]: the logs' tails; with DIR also that results folder so far into $OUT (every poll
@@ -129,5 +147,5 @@ case "$1" in
     ls -la $OUT ;;
   send)       # send FILE: a part of a split pack (split -b 15M $OUT/... first)
     cp $R/$2 $OUT/ && ls -la $OUT ;;
-  *) echo "stages: vllm piece setup start run stop status pack send"; exit 2 ;;
+  *) echo "stages: vllm piece setup start run v2start v2run stop status pack send"; exit 2 ;;
 esac

@@ -8,8 +8,9 @@ position) taken as the difference of ``llm.get_metrics()`` around the run. With 
 step's phases (drafting, verification, rejection sampling, the rest) go to PATH as JSON lines
 (``spec_repro.traces.read_steps`` reads them). ``profile`` sweeps batch size x prompt length on any
 architecture from its ``config.json`` with ``load_format="dummy"`` and token-id prompts, for
-``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``, V1 runner) turns on the plugin's live
-n-gram + EAGLE hybrid (``hybrid_runner.patch_hybrid``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
+``spec_repro.costmodel.fit``. ``hybrid=<policy>`` (method ``eagle``) turns on the plugin's live
+n-gram + EAGLE hybrid (V1 runner: ``hybrid_runner.patch_hybrid``, every policy; V2 runner: ``hybrid_v2``, the
+device-side ones, ``runner_policy_check``), ``hybrid_pad=True`` pads its drafts to k (uniform decode
 batches, ``hybrid`` module docstring, "Padding"); the plugin's status (``plugin_status``, with a step log) says
 whether it is on (``hybrid``, ``hybrid_pad``) or why not (``hybrid_error``).
 
@@ -64,8 +65,9 @@ class VLLMConfig:
     load_format: str = "auto"                   # "dummy": random weights, real timing
     enforce_eager: bool = False
     async_scheduling: bool | None = False       # None: vLLM's default
-    model_runner: str = "v1"                    # "v1": forced (the plugin times it) | "default": vLLM's choice
-                                                # (V2 for EAGLE / no SD on dense targets); VLLMEngine.resolved says
+    model_runner: str = "v1"                    # "v1" / "v2": forced (the plugin times either) | "default":
+                                                # vLLM's choice (V2 for EAGLE / no SD on dense targets);
+                                                # VLLMEngine.resolved says
     synthetic_acceptance_length: float | None = None   # vLLM's synthetic rejection sampler (dummy weights)
     draft_cudagraphs: bool = False              # draft_model only: replay its CUDA graphs (vLLM PR #47460, plugin)
     step_log: str | None = None                 # JSON-lines path for per-step phase timing (the plugin)
@@ -140,8 +142,10 @@ def engine_kwargs(cfg: VLLMConfig) -> dict:
 
 def engine_env(cfg: VLLMConfig) -> dict[str, str]:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
-    if cfg.model_runner == "v1":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    if cfg.model_runner not in ("v1", "v2", "default"):
+        raise VLLMEngineError(f"model_runner must be 'v1', 'v2' or 'default', got {cfg.model_runner!r}")
+    if cfg.model_runner in ("v1", "v2"):
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0" if cfg.model_runner == "v1" else "1"
     if cfg.step_log:
         env[ENV_PATH] = str(Path(cfg.step_log).resolve())
     if cfg.draft_cudagraphs:
@@ -170,8 +174,7 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
         if "adaptive-rule" in (hybrid, *(cfg.hybrid_rotate or ())) and not cfg.hybrid_cost_model:
             raise VLLMEngineError("hybrid='adaptive-rule' prices proposals with a cost model: set "
                                   "hybrid_cost_model= (a preset name or file)")
-        if cfg.model_runner != "v1":
-            raise VLLMEngineError("hybrid= wraps the V1 model runner: keep model_runner='v1'")
+        runner_policy_check(cfg.model_runner, [hybrid, *(cfg.hybrid_rotate or ())])
         env[ENV_HYBRID] = hybrid
         if cfg.hybrid_cost_model:
             env[ENV_HYBRID_COST] = str(cfg.hybrid_cost_model)
@@ -181,6 +184,22 @@ def engine_env(cfg: VLLMConfig) -> dict[str, str]:
         raise VLLMEngineError("hybrid_pad=True pads the live hybrid's drafts: set hybrid= too (e.g. 'ngram-only' "
                               "for n-gram alone, padded)")
     return env
+
+
+def runner_policy_check(model_runner: str, policies) -> None:
+    """The hybrid policies a runner takes: host-side ones wrap the V1 runner only (``hybrid_runner``); the V2 runner
+    (``model_runner`` ``v2``, or ``default``: vLLM picks V2 for EAGLE) takes the device-side ones
+    (``gpu_hybrid.GPU_POLICIES``, ``hybrid_v2``); ``gpu-pr24344-skip`` is V2's only."""
+    from .gpu_hybrid import GPU_POLICIES, V1_GPU_POLICIES
+
+    for p in policies:
+        if not p or p == HYBRID_OFF:
+            continue
+        if model_runner == "v1" and p in GPU_POLICIES and p not in V1_GPU_POLICIES:
+            raise VLLMEngineError(f"hybrid {p!r} runs on the V2 model runner only: set model_runner='v2'")
+        if model_runner != "v1" and p not in GPU_POLICIES:
+            raise VLLMEngineError(f"hybrid {p!r} (a host-side policy) wraps the V1 model runner: keep "
+                                  f"model_runner='v1' (the V2 runner takes {', '.join(GPU_POLICIES)})")
 
 
 def require_vllm():

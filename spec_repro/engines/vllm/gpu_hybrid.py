@@ -9,13 +9,17 @@ each request's token ids live in a device buffer (:class:`DeviceHistory`), the n
 ngram_lookup` on every row at once) and the choice is a ``torch.where`` (:func:`mix`), so the step hands vLLM a
 ``[B, k]`` tensor as EAGLE's own path does and async scheduling keeps overlapping the host with the GPU.
 
-Policies (both proposers run every step: the rule cannot skip EAGLE's drafting without a host decision):
+Policies (both proposers run every step, except where ``gpu-pr24344-skip`` skips EAGLE's decode steps on a lagged
+decision: the rule cannot skip EAGLE's drafting on this step's lookup without a host decision):
 
 ``gpu-pr24344``     per request, n-gram's tokens where it matched (its continuation, up to where the context
                     ends), EAGLE's tokens at the positions n-gram has none; EAGLE's row where it did not match.
                     Every request gets k tokens (a uniform ``1 + k`` decode batch: vLLM's full CUDA graph).
 ``gpu-eagle-only``  the same machinery, every request on EAGLE (the mask is all false): what the device-side
                     hybrid costs, loaded but idle.
+``gpu-pr24344-skip`` V2 runner only (``hybrid_v2``): ``gpu-pr24344`` with EAGLE's k - 1 draft decode steps
+                    skipped for the whole batch when every request matched at the latest step whose flag reached
+                    the host without a sync; on the V1 runner it is refused (``V1_GPU_POLICIES``).
 
 Lossless by construction: only the draft tokens change; greedy verification keeps the target's output.
 
@@ -27,15 +31,17 @@ where capture fails, on the CPU, or with ``SPEC_REPRO_HYBRID_GRAPHS=0``).
 
 Pure torch (no vLLM import), device-agnostic: the CPU tests run every function here on CPU tensors and check
 them against the host-side hybrid and :func:`ngram_lookup`. The vLLM side (``hybrid_runner._gpu_hybrid_step``) hands
-it the sampler's ``[B, k+1]`` output, the runner's discard mask and EAGLE's ``[B, k]`` drafts.
+it the sampler's ``[B, k+1]`` output, the runner's discard mask and EAGLE's ``[B, k]`` drafts; on the V2 runner
+(``hybrid_v2``) the lookup reads vLLM's own device token buffer instead of a :class:`DeviceHistory`.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["GPU_POLICIES", "DeviceHistory", "DeviceStep", "mix", "ngram_propose", "step_summary"]
+__all__ = ["GPU_POLICIES", "V1_GPU_POLICIES", "DeviceHistory", "DeviceStep", "mix", "ngram_propose", "step_summary"]
 
-GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only")
+GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only", "gpu-pr24344-skip")
+V1_GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only")      # the V1 runner's (hybrid_runner); the skip is V2's only
 
 
 def ngram_propose(tok, lens, k: int, min_n: int = 3, max_n: int = 7):

@@ -39,7 +39,10 @@ Policies
 ``gpu-pr24344``    PR #24344's rule on the device, no host round trip (:mod:`.gpu_hybrid`): n-gram's tokens where it
                    matched, EAGLE's at every other position; every request k tokens. Both run every step.
 ``gpu-eagle-only`` the device-side machinery (token buffer, n-gram lookup, the mix) with every request on EAGLE:
-                   its cost, loaded but idle. These two are not :class:`HybridPolicy` ones (``HOST_POLICIES``).
+                   its cost, loaded but idle.
+``gpu-pr24344-skip`` V2 runner only (:mod:`.hybrid_v2`): ``gpu-pr24344`` with EAGLE's draft decode steps skipped
+                   for the whole batch when every request matched at the latest step whose flag reached the host.
+                   These three are not :class:`HybridPolicy` ones (``HOST_POLICIES``).
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
                    (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
                    (proposer, k), through the per-decision functions the simulator's walk uses

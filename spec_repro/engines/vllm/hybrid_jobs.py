@@ -28,7 +28,7 @@ DRAFT_SWEEP = {
 
 # the spec-name token of each configuration: spec names are run identifiers (resumed jobs, committed tables, the
 # plans' measured seconds), so they keep the tokens they had when "default" meant the forced V1 runner
-SPEC_TOKEN = {"v1-forced": "default", "study-like": "study-like", "default": "vllm-default"}
+SPEC_TOKEN = {"v1-forced": "default", "study-like": "study-like", "default": "vllm-default", "v2-forced": "v2"}
 
 
 def hybrid_method(m: str) -> tuple[str, str | None, bool]:
@@ -79,10 +79,17 @@ def hybrid_specs(head: str, *, model_dir: str | None = None, k: int = 5, max_tok
     if engine_config not in ENGINE_CONFIGS:
         raise ValueError(f"engine_config must be one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     parsed = {m: hybrid_method(m) for m in methods}
-    if engine_config in UNTIMED_CONFIGS and any(pol for _m, pol, _p in parsed.values()):
-        raise ValueError(f"engine_config {engine_config!r} lets vLLM pick its model runner (V2 for EAGLE): the "
-                         f"hybrid wraps the V1 runner, use 'v1-forced' or 'study-like' for "
-                         f"{', '.join(m for m, (_v, pol, _p) in parsed.items() if pol)}")
+    from .gpu_hybrid import GPU_POLICIES, V1_GPU_POLICIES
+
+    on_v1 = ENGINE_CONFIGS[engine_config]["model_runner"] == "v1"
+    host = [m for m, (_v, pol, _p) in parsed.items() if pol and pol not in GPU_POLICIES]
+    v2only = [m for m, (_v, pol, _p) in parsed.items() if pol in GPU_POLICIES and pol not in V1_GPU_POLICIES]
+    if not on_v1 and host:
+        raise ValueError(f"engine_config {engine_config!r} runs the V2 runner for EAGLE: the host-side hybrid "
+                         f"wraps the V1 runner, use 'v1-forced' or 'study-like' for {', '.join(host)} (V2 takes "
+                         f"{', '.join(GPU_POLICIES)})")
+    if on_v1 and v2only:
+        raise ValueError(f"{', '.join(v2only)} runs on the V2 runner only: engine_config 'v2-forced' or 'default'")
     if any(pol == "adaptive-rule" for _m, pol, _p in parsed.values()) and not cost_model:
         raise ValueError("the adaptive-rule hybrid needs a cost model (--cost-model: an H200 preset fitted on "
                          "this model's measured steps, or its file)")

@@ -21,7 +21,8 @@ EAGLE's would not match an n-gram row). Each step row gets a ``hybrid`` column (
 on also per request). A wrong method or layout disables the hybrid with one message (vLLM then runs plain EAGLE,
 and the status says so).
 
-The device-side policies (``gpu_hybrid.GPU_POLICIES``: ``gpu-pr24344``, ``gpu-eagle-only``) take another path,
+The device-side policies (``gpu_hybrid.V1_GPU_POLICIES``: ``gpu-pr24344``, ``gpu-eagle-only``; ``gpu-pr24344-skip`` is
+the V2 runner's only, ``hybrid_v2``) take another path,
 ``_gpu_hybrid_step``: vLLM's EAGLE drafts as it would, then the step's tokens go into a device buffer, the n-gram
 lookup and the choice run there, and the ``[B, k]`` result goes back to vLLM with nothing read to the host (the step
 log's counts ride a non-blocking copy, ``_DeviceCounts``); finished requests' rows are freed in every
@@ -227,7 +228,12 @@ def _build_hybrid(runner, name: str):
             _hybrid_off(f"the hybrid needs method 'eagle', vLLM runs {getattr(sc, 'method', None)!r}")
             return None
         if name in H.GPU_POLICIES:
-            from .gpu_hybrid import DeviceHistory
+            from .gpu_hybrid import V1_GPU_POLICIES, DeviceHistory
+
+            if name not in V1_GPU_POLICIES:
+                _hybrid_off(f"{name!r} runs on the V2 model runner only (hybrid_v2); the V1 runner's device-side "
+                            f"policies are {', '.join(V1_GPU_POLICIES)}")
+                return None
 
             return _DeviceHybrid(name, DeviceHistory(runner.max_num_reqs, runner.max_model_len, runner.device))
         pol = H.HybridPolicy(name, int(sc.num_speculative_tokens), os.environ.get(ENV_HYBRID_COST) or None)

@@ -1,5 +1,8 @@
 """The import hook: ``register`` (the ``vllm.general_plugins`` entry point, through ``plugin.register``) installs a
-post-import hook that patches the V1 model runner and worker modules in whichever process imports them.
+post-import hook that patches the V1 model runner, the V2 model runner (``vllm/v1/worker/gpu/model_runner.py``:
+``runner_v2_patches``, ``hybrid_v2``) and the worker module in whichever process imports them. vLLM's worker
+imports V2's runner module only when it runs V2 (``v1/worker/gpu_worker.py``), so the V2 patches follow the runner
+the worker actually runs; the wrappers of the runner that executes set the status's ``runner`` (``v1``/``v2``).
 
 Activation: only when ``SPEC_REPRO_STEP_LOG=<path>`` is set in the environment of the vLLM processes (the
 engine option ``step_log=`` sets it). vLLM loads general plugins in every process (``vllm.plugins.
@@ -8,7 +11,7 @@ import hook, so the model runner is patched in whichever process imports it (the
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
-``op="instrument"`` with ``on=False`` restores vLLM's original methods (for overhead measurements),
+``op="instrument"`` with ``on=False`` restores vLLM's original methods, V1's and V2's (for overhead measurements),
 ``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="hybrid"`` with
 ``policy=`` switches the installed hybrid between runs (``set_hybrid``: one engine measures EAGLE alone, the idle
 hybrid and the hybrids interleaved, so engine-to-engine host noise cancels), ``op="probe"`` times
@@ -17,6 +20,7 @@ accrue, read just before and after each run, outside its timed window).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import os
 import sys
@@ -25,6 +29,9 @@ import warnings
 from .common import ENV_DRAFT_CG, ENV_FORCE, ENV_HYBRID, ENV_PATH, host_probe
 from .hybrid_runner import patch_hybrid, set_hybrid
 from .runner_patches import _guard, instrument, patch_draft_cudagraphs
+from .runner_v2_patches import install as install_v2_timer
+from .runner_v2_patches import instrument_v2, v2_classes
+from .v2_contract import V2_ASYNC_MODULE, V2_REJECTION_MODULE, V2_RUNNER_MODULE, V2_SAMPLER_MODULE, V2_SPEC_MODULE
 from .state import PLUGIN_VERSION, RUNNER_METHODS, RUNNER_MODULE, SUPPORTED_VERSIONS, WORKER_MODULE, _ORIG, _state, \
     logger
 from .step_timer import _recorder
@@ -47,6 +54,9 @@ def register() -> None:
     wmod = sys.modules.get(WORKER_MODULE)
     if wmod is not None:
         _on_import(WORKER_MODULE, wmod)
+    v2mod = sys.modules.get(V2_RUNNER_MODULE)
+    if v2mod is not None:
+        _on_import(V2_RUNNER_MODULE, v2mod)
     if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportFinder())
 
@@ -87,7 +97,12 @@ def check_layout(runner_cls) -> list[str]:
 
 
 def status() -> dict:
-    return {"registered": _state["registered"], "patched": _state["patched"], "version": PLUGIN_VERSION,
+    """The plugin's state; ``patched``: the timing wrappers of the runner that runs are installed (V2's when the
+    worker runs V2, else V1's)."""
+    patched = _state["v2_patched"] if _state["runner"] == "v2" else _state["patched"]
+    return {"registered": _state["registered"], "patched": patched, "version": PLUGIN_VERSION,
+            "runner": _state["runner"], "v1_patched": _state["patched"], "v2_patched": _state["v2_patched"],
+            "v2_disabled_reason": _state["v2_disabled_reason"],
             "disabled_reason": _state["disabled_reason"], "path": os.environ.get(ENV_PATH),
             "draft_cudagraphs": _state["draft_cudagraphs"], "hybrid": _state["hybrid"],
             "hybrid_error": _state["hybrid_error"], "hybrid_pad": _state["hybrid_pad"],
@@ -103,10 +118,10 @@ def _disable(why: str) -> None:
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Patches the V1 model runner / worker modules right after they are imported (in whichever process)."""
+    """Patches the V1 / V2 model runner and worker modules right after they are imported (in whichever process)."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in (RUNNER_MODULE, WORKER_MODULE):
+        if fullname not in (RUNNER_MODULE, WORKER_MODULE, V2_RUNNER_MODULE):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -157,12 +172,33 @@ def _on_import(name: str, module) -> None:
             _ORIG["runner_cls"] = cls
             _ORIG["async_out_cls"] = getattr(module, "AsyncGPUModelRunnerOutput", None)
             instrument(True)
+        elif name == V2_RUNNER_MODULE:
+            _on_v2_import(module)
         elif name == WORKER_MODULE:
             worker_cls = getattr(module, "Worker", None)
             if worker_cls is not None:
                 worker_cls.spec_repro_steps = _worker_rpc
     except Exception as e:  # never break vLLM because of the timer
         _disable(f"patching {name} failed: {type(e).__name__}: {e}")
+
+
+def _on_v2_import(module) -> None:
+    """V2's runner module imported: the V2 classes the contract names (the EAGLE speculator's module is imported
+    here: vLLM imports it only when it builds the speculator), the hybrid first, then the timer around it."""
+    mods = {V2_RUNNER_MODULE: module}
+    for m in (V2_SAMPLER_MODULE, V2_REJECTION_MODULE, V2_ASYNC_MODULE, V2_SPEC_MODULE):
+        try:
+            mods[m] = importlib.import_module(m)
+        except Exception as e:        # the classes' absence is reported by the contract check
+            mods[m] = None
+            print(f"[spec_repro] {m} not importable: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    classes = v2_classes(mods)
+    if os.environ.get(ENV_HYBRID):
+        from .hybrid_v2 import patch_hybrid_v2
+
+        patch_hybrid_v2(classes)
+    if os.environ.get(ENV_PATH):
+        install_v2_timer(classes)
 
 
 def _worker_rpc(self, op: str = "status", **kw):
@@ -173,6 +209,7 @@ def _worker_rpc(self, op: str = "status", **kw):
         rec.set_context(**kw)
     elif op == "instrument":
         instrument(bool(kw.get("on", True)))
+        instrument_v2(bool(kw.get("on", True)))
     elif op == "hybrid":
         set_hybrid(kw.get("policy"))
     elif op == "probe":      # the host's speed in THIS process (the engine core's worker), between runs

@@ -2,8 +2,9 @@
 
 vLLM 0.25 has two GPU model runners and picks one itself (``VllmConfig.use_v2_model_runner``): V2 for dense
 generate models with no SD or EAGLE, V1 for n-gram (V2 lists it as unsupported). The plugin's step timing hooks
-the V1 runner only, so an instrumented engine forces V1 (``VLLMConfig.model_runner="v1"``, i.e.
-``VLLM_USE_V2_MODEL_RUNNER=0``). Every run row therefore carries
+the V1 runner (``runner_patches``) and the V2 runner (``runner_v2_patches``); the committed timed runs forced V1
+(``VLLMConfig.model_runner="v1"``, i.e. ``VLLM_USE_V2_MODEL_RUNNER=0``), ``v2-forced`` forces V2
+(``VLLM_USE_V2_MODEL_RUNNER=1``) for timed V2 runs. Every run row therefore carries
 
 - ``runner`` (``v1`` / ``v2``): the runner that ran, read from vLLM (``resolved_engine``: the front process's
   resolved ``VllmConfig``, which is the config the engine core receives; or the worker's log line, ``runner_from_log``),
@@ -26,12 +27,13 @@ import re
 # engine configuration -> VLLMConfig fields
 ENGINE_CONFIGS = {"v1-forced": {"async_scheduling": None, "model_runner": "v1"},
                   "study-like": {"async_scheduling": False, "model_runner": "v1"},
-                  "default": {"async_scheduling": None, "model_runner": "default"}}
+                  "default": {"async_scheduling": None, "model_runner": "default"},
+                  "v2-forced": {"async_scheduling": None, "model_runner": "v2"}}
 LEGACY_CONFIGS = {"vllm-default": "default"}       # older labels that still name a configuration above
-UNTIMED_CONFIGS = ("default",)                      # vLLM picks its runner: V2 for EAGLE, which the plugin cannot time
+UNTIMED_CONFIGS = ("default",)      # vLLM's own choice, kept uninstrumented (what a user runs); v2-forced times V2
 # how a figure, table or README names each configuration
 DISPLAY = {"v1-forced": "V1 runner (forced)", "study-like": "V1 runner (forced), synchronous",
-           "default": "vLLM's choice (V2 runner where it allows)"}
+           "default": "vLLM's choice (V2 runner where it allows)", "v2-forced": "V2 runner (forced)"}
 V2_UNSUPPORTED_METHODS = ("ngram", "ngram_gpu", "suffix", "custom_class")   # vLLM 0.25: these run on V1 only
 SYNC_METHODS = ("ngram", "draft_model", "custom_class", "suffix")   # vLLM 0.25 turns async scheduling off for them
 

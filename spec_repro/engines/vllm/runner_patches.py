@@ -82,6 +82,8 @@ def _guard(fn, *args) -> None:
 
 
 def _execute_model(self, scheduler_output, *args, **kwargs):
+    if _state["runner"] != "v1":
+        _state["runner"] = "v1"
     rec = _recorder()
     _guard(rec.begin, self, scheduler_output)
     out = _ORIG["execute_model"](self, scheduler_output, *args, **kwargs)

@@ -1,5 +1,7 @@
-"""The plugin's state in one vLLM process: what it patched, what it disabled and why, the hybrid's policy; the
-V1 runner layout it was written against. Shared by the import hook, the runner patches and the hybrid glue."""
+"""The plugin's state in one vLLM process: what it patched, what it disabled and why, the hybrid's policy, which
+model runner ran (``runner``: ``v1`` / ``v2``, set by the wrappers of the runner that executes); the V1 runner
+layout it was written against (V2's is ``v2_contract``). Shared by the import hook, the runner patches and the
+hybrid glue."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +24,8 @@ RUNNER_METHODS = {
 }
 
 _state = {"registered": False, "disabled_reason": None, "patched": False, "draft_cudagraphs": False,
-          "hybrid": None, "hybrid_error": None, "hybrid_pad": False, "hybrid_now": None, "hybrid_installed": False}
+          "hybrid": None, "hybrid_error": None, "hybrid_pad": False, "hybrid_now": None, "hybrid_installed": False,
+          "runner": None, "v2_patched": False, "v2_disabled_reason": None}
 
 _ORIG: dict[str, object] = {}
 _lock = threading.Lock()

@@ -33,15 +33,17 @@ from .common import ENV_GAP, ENV_PATH, prompt_hash
 
 class _Step:
     __slots__ = ("so", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx", "stream",
-                 "index", "hybrid")
+                 "index", "hybrid", "awaiting")
 
     def __init__(self, so, host_start, gap, ctx, stream):
         self.so, self.marks, self.host_start, self.host_end = so, [], host_start, None
         self.gap, self.in_forward, self.outputs, self.ctx, self.stream = gap, False, None, ctx, stream
         self.index = 0
         self.hybrid = None          # the live hybrid's choices at this step (LiveHybrid.summary)
+        self.awaiting = False       # its outputs come with an async output's get_output (not read yet)
 
     def set_outputs(self, out) -> None:
+        self.awaiting = False
         try:
             self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
         except Exception:
@@ -50,6 +52,8 @@ class _Step:
 
 class StepRecorder:
     """Collects steps of one process; writes JSON lines to ``path`` (append)."""
+
+    AWAIT_STEPS = 3      # drain leaves a step whose async output is unread for up to this many pending steps
 
     def __init__(self, path: str):
         self.path = path
@@ -123,6 +127,7 @@ class StepRecorder:
                 st.set_outputs(out)
             elif hasattr(out, "get_output"):
                 out._spec_repro_step = st
+                st.awaiting = True
         st.index = self.step
         self.step += 1
         self.pending.append(st)
@@ -133,9 +138,13 @@ class StepRecorder:
         """Resolve up to ``max_steps`` finished steps whose events have completed, without waiting.
 
         Called right after the sampler was launched, while the GPU still runs this step's forward: the host
-        would only wait there, so the work is hidden (this keeps the timer's own cost off the step)."""
+        would only wait there, so the work is hidden (this keeps the timer's own cost off the step). A step whose
+        outputs come with an async output not read yet (async scheduling: the engine core reads step t's while
+        step t + 1 runs) waits while at most ``AWAIT_STEPS`` steps are pending, so its row has its accepted
+        counts; ``flush`` resolves everything."""
         n = 0
-        while self.pending and n < max_steps and self.pending[0].marks[-1][1].query():
+        while (self.pending and n < max_steps and self.pending[0].marks[-1][1].query()
+               and not (self.pending[0].awaiting and len(self.pending) <= self.AWAIT_STEPS)):
             self._lines.append(json.dumps(self._row(self.pending.pop(0))))
             n += 1
         if len(self._lines) >= 256:

@@ -1,0 +1,198 @@
+"""The step timer on vLLM 0.25's V2 model runner (``vllm/v1/worker/gpu/model_runner.py``), the runner vLLM picks for
+EAGLE and no SD on dense targets: the same JSON row per step as on V1 (``step_timer``: ``t_verify``, ``t_reject``,
+``t_draft``, ``t_other``; columns ``spec_repro.traces.STEP_COLUMNS``), from CUDA events on the step's stream.
+
+Installed by the import hook when the worker imports V2's runner module (vLLM imports it only when the worker
+runs V2: ``v1/worker/gpu_worker.py``), with ``SPEC_REPRO_STEP_LOG`` set. Before anything is wrapped every method in
+``TIMER_WRAPPED`` is checked against ``v2_contract.json`` (``v2_contract.check``: present, same parameters as
+vLLM 0.25.0); on a difference nothing is wrapped and one line says why (status ``v2_disabled_reason``).
+``instrument_v2(False)`` puts vLLM's own methods back (``op="instrument", on=False``: the overhead reference).
+
+What each phase covers on V2 (events in stream order; each phase is the GPU stream's time between its marks,
+which includes any wait of the stream for the host inside it):
+
+* step start: ``GPUModelRunner.execute_model`` entry (request-state updates, staged writes, batch descriptor);
+* ``t_verify``: from the end of ``prepare_attn`` (input ids, positions, block tables, slot mappings prepared)
+  to the sampler's entry: the attention metadata, the target forward (FULL CUDA graph replay for uniform
+  decode batches, PIECEWISE or eager otherwise), the hidden-state gather and ``compute_logits`` (inside
+  ``GPUModelRunner.sample``) and any grammar bitmask: the logits belong to verification, as on V1;
+* ``t_reject``: ``Sampler.__call__`` without drafts, ``RejectionSampler.__call__`` with them (V2 samples in one
+  of the two; the sampler's output copy to the host starts after it, on vLLM's copy stream);
+* ``t_draft``: ``AutoRegressiveSpeculator.propose`` (EAGLE's draft prefill and k - 1 draft decode steps, each a
+  captured FULL graph when the batch allows; with the hybrid on, its n-gram lookup and merge too);
+* ``t_other``: the rest of the step: input preparation before ``prepare_attn`` ends, prompt logprobs,
+  ``postprocess_sampled`` (token-history and count updates on the device), the draft-token bookkeeping after
+  ``propose``, plus the engine core's host time between two steps when shorter than ``SPEC_REPRO_STEP_GAP_S``.
+
+Async scheduling (vLLM's default with EAGLE on V2): the engine core calls ``execute_model`` then
+``sample_tokens`` for step t and gets an ``AsyncOutput`` whose host copy it reads (``get_output``) while step
+t + 1 runs; the host prepares step t + 1 while the GPU still runs step t's drafting, so a step's host work and
+the previous step's GPU work overlap. The events measure the stream: a step's ``t_total`` is its span on the GPU
+(first event to last), the host-only gap is added to ``t_other`` as on V1, so ``t_total`` summed over steps can
+exceed the wall time where host and GPU overlap (the same convention as the V1 rows under async scheduling).
+The per-request accepted counts come from ``AsyncOutput.get_output`` (no extra synchronize)."""
+from __future__ import annotations
+
+import sys
+
+from . import v2_contract as C
+from .runner_patches import _guard
+from .state import _lock, _state, logger
+from .step_timer import _recorder
+
+#: the contract keys the timer wraps (the hybrid's are hybrid_v2.HYBRID_WRAPPED)
+TIMER_WRAPPED = (
+    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.execute_model",
+    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.prepare_attn",
+    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.sample_tokens",
+    f"{C.V2_SAMPLER_MODULE}:Sampler.__call__",
+    f"{C.V2_REJECTION_MODULE}:RejectionSampler.__call__",
+    f"{C.V2_ASYNC_MODULE}:AsyncOutput.get_output",
+    f"{C.V2_SPEC_MODULE}:AutoRegressiveSpeculator.propose",
+)
+
+_V2: dict = {"classes": {}, "orig": {}}
+
+
+def v2_classes(modules: dict) -> dict:
+    """{``module:Class``: class} of every class in the contract, from {module name: module}."""
+    out = {}
+    for key in C.load()["wrapped"]:
+        mod, qual = key.split(":")
+        cls_name = qual.split(".")[0]
+        m = modules.get(mod)
+        cls = getattr(m, cls_name, None) if m is not None else None
+        if cls is not None:
+            out[f"{mod}:{cls_name}"] = cls
+    return out
+
+
+def refuse(why: str) -> None:
+    _state["v2_disabled_reason"] = why
+    msg = f"spec_repro V2-runner step timing OFF (vLLM runs unchanged): {why}"
+    logger.warning(msg)
+    print(f"[spec_repro] {msg}", file=sys.stderr, flush=True)
+
+
+def install(classes: dict) -> bool:
+    """Check the contract for every timed method, then wrap them (``instrument_v2(True)``). False, with one
+    logged line, when the running vLLM differs from the contract."""
+    problems = C.check(classes, names=TIMER_WRAPPED)
+    if problems:
+        refuse("a vLLM other than the contract's: " + "; ".join(problems))
+        return False
+    _V2["classes"] = dict(classes)
+    return instrument_v2(True)
+
+
+def _split(key: str):
+    owner, meth = key.rsplit(".", 1)
+    return owner, meth
+
+
+def instrument_v2(on: bool) -> bool:
+    """Install (on) or remove (off) the V2 timing wrappers. Returns whether they are installed."""
+    classes = _V2["classes"]
+    if not classes or (on and _state["v2_disabled_reason"]):
+        return _state["v2_patched"]
+    with _lock:
+        if on and not _state["v2_patched"]:
+            for key in TIMER_WRAPPED:
+                owner, meth = _split(key)
+                cls = classes[owner]
+                orig = cls.__dict__[meth]
+                _V2["orig"][key] = orig
+                w = _WRAPPERS[key.split(":")[1]](orig)
+                w._spec_repro_orig = getattr(orig, "_spec_repro_orig", orig)
+                setattr(cls, meth, w)
+            _state["v2_patched"] = True
+        elif not on and _state["v2_patched"]:
+            for key in TIMER_WRAPPED:
+                owner, meth = _split(key)
+                setattr(classes[owner], meth, _V2["orig"][key])
+            _state["v2_patched"] = False
+            _recorder().cur = None
+    return _state["v2_patched"]
+
+
+# ---- the wrappers (each takes the method it wraps) -------------------------------------------------------------
+def _execute_model(orig):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        if _state["runner"] != "v2":
+            _state["runner"] = "v2"
+        rec = _recorder()
+        dummy = kwargs.get("dummy_run", False) or (len(args) > 1 and bool(args[1]))
+        if not dummy:
+            _guard(rec.begin, self, scheduler_output)
+        else:
+            rec.cur = None
+        out = orig(self, scheduler_output, *args, **kwargs)
+        if rec.cur is not None and out is not None:   # no forward (empty step) or a non-last PP rank: no sampling
+            _guard(rec.end, None)
+        return out
+    return execute_model
+
+
+def _prepare_attn(orig):
+    def prepare_attn(self, input_batch, *args, **kwargs):
+        out = orig(self, input_batch, *args, **kwargs)
+        st = _recorder().cur
+        if st is not None and not st.in_forward:
+            st.in_forward = True
+            _guard(_recorder().mark, "fwd0")
+        return out
+    return prepare_attn
+
+
+def _sampler_call(orig):
+    def __call__(self, logits, input_batch, *args, **kwargs):
+        rec = _recorder()
+        st = rec.cur
+        if st is None or any(name == "samp0" for name, _ in st.marks):   # not in a step, or nested: untimed
+            return orig(self, logits, input_batch, *args, **kwargs)
+        _guard(rec.mark, "fwd1")
+        _guard(rec.mark, "samp0")
+        out = orig(self, logits, input_batch, *args, **kwargs)
+        _guard(rec.mark, "samp1")
+        _guard(rec.drain)        # finished steps into rows while the GPU runs this one
+        return out
+    return __call__
+
+
+def _propose(orig):
+    def propose(self, input_batch, *args, **kwargs):
+        rec = _recorder()
+        if rec.cur is None or kwargs.get("dummy_run"):
+            return orig(self, input_batch, *args, **kwargs)
+        _guard(rec.mark, "draft0")
+        out = orig(self, input_batch, *args, **kwargs)
+        _guard(rec.mark, "draft1")
+        return out
+    return propose
+
+
+def _sample_tokens(orig):
+    def sample_tokens(self, grammar_output, *args, **kwargs):
+        out = orig(self, grammar_output, *args, **kwargs)
+        rec = _recorder()
+        if rec.cur is not None:
+            _guard(rec.end, out)
+        return out
+    return sample_tokens
+
+
+def _get_output(orig):
+    def get_output(self, *args, **kwargs):
+        res = orig(self, *args, **kwargs)
+        st = getattr(self, "_spec_repro_step", None)
+        if st is not None:
+            st.set_outputs(res)
+            self._spec_repro_step = None
+        return res
+    return get_output
+
+
+_WRAPPERS = {"GPUModelRunner.execute_model": _execute_model, "GPUModelRunner.prepare_attn": _prepare_attn,
+             "GPUModelRunner.sample_tokens": _sample_tokens, "Sampler.__call__": _sampler_call,
+             "RejectionSampler.__call__": _sampler_call, "AsyncOutput.get_output": _get_output,
+             "AutoRegressiveSpeculator.propose": _propose}

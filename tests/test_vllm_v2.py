@@ -1,0 +1,506 @@
+"""The plugin on vLLM 0.25's V2 model runner without vLLM or a GPU: the contract (v2_contract.json against the patch
+modules' wrapped names, the guard refusing a different signature), the step timer's wrappers on stand-in classes
+with V2's exact signatures (fake CUDA events), the hybrid's merge on V2's tensor shapes against the package's
+n-gram lookup and the host-side hybrid, the lagged skip gate, and the jobs' V2 specs and plan."""
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spec_repro.engines.vllm import hybrid as H  # noqa: E402
+from spec_repro.engines.vllm import hybrid_v2 as HV  # noqa: E402
+from spec_repro.engines.vllm import runner_v2_patches as RV  # noqa: E402
+from spec_repro.engines.vllm import step_timer, v2_contract as C  # noqa: E402
+from spec_repro.engines.vllm.state import _state  # noqa: E402
+from spec_repro.proposers.ngram import ngram_lookup  # noqa: E402
+from spec_repro.traces import validate_steps  # noqa: E402
+
+K = 3
+
+
+# ---- stand-ins for V2's classes, with vLLM 0.25.0's parameter names ---------------------------------------------
+class FakeSpeculator:
+    def __init__(self, max_reqs, k):
+        self.draft_tokens = torch.zeros(max_reqs, k, dtype=torch.int64)
+        self.speculative_config = types.SimpleNamespace(method="eagle")
+        self.draft_logits = None
+        self.max_model_len = 64
+        self.decode_calls = 0
+        self.next = 0
+
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
+                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds, num_tokens_across_dp=None,
+                dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False):
+        n = input_batch.num_reqs
+        self.next += 1
+        self.draft_tokens[:n, 0] = 40 + self.next          # "EAGLE's" tokens: 40+ (the contexts use 0..4)
+        self._multi_step_decode(n, False, None, None)
+        return self.draft_tokens[:n]
+
+    def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, num_tokens_across_dp):
+        self.decode_calls += 1
+        self.draft_tokens[:num_reqs, 1:] = 50 + self.next
+
+
+class FakeSampler:
+    def __call__(self, logits, input_batch):
+        return "sampled"
+
+
+class FakeRejectionSampler:
+    def __call__(self, logits, input_batch, draft_logits=None):
+        return "rejection-sampled"
+
+
+class FakeAsyncOutput:
+    def __init__(self, req_ids, sampled):
+        self.req_ids, self.sampled = req_ids, sampled
+
+    def get_output(self):
+        return types.SimpleNamespace(req_ids=self.req_ids, sampled_token_ids=self.sampled)
+
+
+class FakeRunner:
+    """Runs one step as V2's execute_model + sample_tokens order their calls."""
+
+    def __init__(self, vllm_config, device):
+        self.req_states = types.SimpleNamespace(
+            all_token_ids=types.SimpleNamespace(gpu=torch.zeros(8, 64, dtype=torch.int32)),
+            total_len=types.SimpleNamespace(gpu=torch.zeros(8, dtype=torch.int32)),
+            draft_tokens=torch.zeros(8, K, dtype=torch.int64))
+        self.speculator = FakeSpeculator(8, K)
+        self.sampler, self.rejection_sampler = FakeSampler(), FakeRejectionSampler()
+        self.step_input = None
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                      skip_attn_for_dummy_run=False, is_profile=False):
+        self.prepare_attn(self.step_input)
+        return None
+
+    def prepare_attn(self, input_batch):
+        return (), None
+
+    def sample_tokens(self, grammar_output):
+        ib, new = self.step_input
+        (self.rejection_sampler if ib.num_draft_tokens else self.sampler)(None, ib)
+        rs = self.req_states
+        for b, toks in enumerate(new):                         # post_update: tokens at total_len, total_len += n
+            slot = int(ib.idx_mapping[b])
+            t0 = int(rs.total_len.gpu[slot])
+            rs.all_token_ids.gpu[slot, t0:t0 + len(toks)] = torch.tensor(toks, dtype=torch.int32)
+            rs.total_len.gpu[slot] = t0 + len(toks)
+        d = self.speculator.propose(ib, None, None, None, None, None, None, None, None, None, None)
+        rs.draft_tokens[ib.idx_mapping.long()] = d
+        return FakeAsyncOutput(ib.req_ids, new)
+
+
+MODS = {C.V2_RUNNER_MODULE: {"GPUModelRunner": FakeRunner},
+        C.V2_SPEC_MODULE: {"AutoRegressiveSpeculator": FakeSpeculator},
+        C.V2_SAMPLER_MODULE: {"Sampler": FakeSampler},
+        C.V2_REJECTION_MODULE: {"RejectionSampler": FakeRejectionSampler},
+        C.V2_ASYNC_MODULE: {"AsyncOutput": FakeAsyncOutput}}
+
+
+def _classes():
+    return RV.v2_classes({m: types.SimpleNamespace(**c) for m, c in MODS.items()})
+
+
+@pytest.fixture
+def clean(monkeypatch):
+    """The plugin's process state and class attributes restored after each test."""
+    saved = {n: dict(c.__dict__) for n, c in _classes().items()}
+    monkeypatch.setattr(step_timer, "_REC", [None, None])
+    for key in ("runner", "v2_patched", "v2_disabled_reason", "hybrid", "hybrid_error", "hybrid_now",
+                "hybrid_installed"):
+        monkeypatch.setitem(_state, key, {"v2_patched": False, "hybrid_installed": False}.get(key))
+    monkeypatch.setitem(RV._V2, "classes", {})
+    monkeypatch.setitem(RV._V2, "orig", {})
+    yield
+    for n, cls in _classes().items():
+        for meth, fn in saved[n].items():
+            if callable(fn) and cls.__dict__.get(meth) is not fn:
+                setattr(cls, meth, fn)
+
+
+# ---- the contract ----------------------------------------------------------------------------------------------
+def test_contract_lists_exactly_what_the_patches_wrap():
+    con = C.load()
+    assert con["vllm"] == "0.25.0"
+    keys = [f"{m}:{q}" for m, q in C.V2_WRAPPED]
+    assert list(con["wrapped"]) == keys
+    assert set(RV.TIMER_WRAPPED) | set(HV.HYBRID_WRAPPED) == set(keys)
+    assert {k.split(":")[1] for k in RV.TIMER_WRAPPED} == set(RV._WRAPPERS)
+    for key, e in con["wrapped"].items():
+        assert e["module"] + ":" + e["qualname"] == key and e["params"][0] == "self"
+        assert e["file"] == e["module"].replace(".", "/") + ".py" and e["line"] > 0
+
+
+def test_stand_ins_match_the_contract_and_a_changed_signature_is_refused(clean):
+    """The stand-ins carry vLLM 0.25.0's parameters (the contract check passes on them); a class whose method
+    differs makes install() wrap nothing and say why in one line."""
+    classes = _classes()
+    assert C.check(classes) == []
+
+    class OtherSampler:
+        def __call__(self, logits, batch):      # a different vLLM: renamed parameter
+            return None
+
+    bad = {**classes, f"{C.V2_SAMPLER_MODULE}:Sampler": OtherSampler}
+    before = dict(FakeRunner.__dict__)
+    assert RV.install(bad) is False
+    assert "Sampler.__call__" in _state["v2_disabled_reason"] and "differs" in _state["v2_disabled_reason"]
+    assert dict(FakeRunner.__dict__) == before and _state["v2_patched"] is False
+    missing = {k: v for k, v in classes.items() if "AsyncOutput" not in k}
+    assert any("AsyncOutput.get_output is missing" in p for p in C.check(missing, names=RV.TIMER_WRAPPED))
+
+
+# ---- the step timer on V2 ---------------------------------------------------------------------------------------
+class _Ev:
+    clock = [0.0]
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = self.clock[0]
+
+    def query(self):
+        return self.t is not None
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _batch(req_ids, slots, n_draft, ub):
+    return types.SimpleNamespace(req_ids=list(req_ids), num_reqs=len(req_ids),
+                                 idx_mapping=torch.tensor(slots, dtype=torch.int32), num_draft_tokens=n_draft,
+                                 seq_lens_cpu_upper_bound=torch.tensor(ub, dtype=torch.int32))
+
+
+def _so(req_ids, k, first=False):
+    n = {r: (4 if first else 1 + k) for r in req_ids}
+    return types.SimpleNamespace(
+        scheduled_new_reqs=[types.SimpleNamespace(req_id=r, prompt_token_ids=[1, 2, 3, 4], num_computed_tokens=0)
+                            for r in req_ids] if first else [],
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=[] if first else list(req_ids),
+                                                    num_computed_tokens=[4] * (0 if first else len(req_ids)),
+                                                    num_output_tokens=[1] * (0 if first else len(req_ids))),
+        num_scheduled_tokens=n, total_num_scheduled_tokens=sum(n.values()),
+        scheduled_spec_decode_tokens={} if first else {r: [-1] * k for r in req_ids}, finished_req_ids=set())
+
+
+def _step(run, so, batch, new):
+    run.step_input = (batch, new)
+    assert run.execute_model(so) is None
+    return run.sample_tokens(None)
+
+
+def test_v2_timer_rows_and_instrument_off_restores_vllms_methods(clean, tmp_path):
+    rec = step_timer.StepRecorder(str(tmp_path / "steps.jsonl"))
+    rec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Ev, current_stream=lambda: "s"))
+    rec._rank_ok = True
+    step_timer._REC[:] = [os.getpid(), rec]
+    classes = _classes()
+    origs = {k: classes[k.rsplit(".", 1)[0]].__dict__[k.rsplit(".", 1)[1]] for k in RV.TIMER_WRAPPED}
+    assert RV.install(classes) is True and _state["v2_patched"]
+    run = FakeRunner(None, "cpu")
+    prev = None
+    for i in range(3):
+        _Ev.clock[0] = float(i)
+        so = _so(["a", "b"], K, first=i == 0)
+        out = _step(run, so, _batch(["a", "b"], [7, 6], 0 if i == 0 else 2 * K, [5, 5]),
+                    [[1], [2]] if i == 0 else [[1, 2, 3], [4]])
+        if prev is not None:         # async scheduling: step t's output is read after step t + 1 was sampled
+            prev.get_output()
+        prev = out
+    prev.get_output()
+    assert _state["runner"] == "v2"
+    rec.flush()
+    rows = [json.loads(x) for x in open(tmp_path / "steps.jsonl")]
+    assert len(rows) == 3 and [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["phase"] == "prefill" and rows[1]["phase"] == "decode"
+    assert rows[1]["num_draft_tokens"] == 2 * K and rows[1]["accepted_per_req"] == {"a": 2, "b": 0}
+    for r in rows:
+        assert r["outputs_known"] and abs(r["t_verify"] + r["t_reject"] + r["t_draft"] + r["t_other"]
+                                          - r["t_total"]) < 1e-9
+    validate_steps(__import__("pandas").DataFrame(rows))
+    # op="instrument", on=False: every wrapped method is vLLM's own again, and on=True wraps them again
+    assert RV.instrument_v2(False) is False
+    for k, fn in origs.items():
+        assert classes[k.rsplit(".", 1)[0]].__dict__[k.rsplit(".", 1)[1]] is fn
+    assert RV.instrument_v2(True) is True
+    assert classes[f"{C.V2_RUNNER_MODULE}:GPUModelRunner"].__dict__["execute_model"] is not origs[RV.TIMER_WRAPPED[0]]
+
+
+def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
+    """fwd0 after prepare_attn, fwd1 + samp0 at the sampler's entry (logits in verification, as on V1), draft0/1
+    around the speculator's propose; a dummy run begins no step."""
+    marks = []
+    rec = types.SimpleNamespace(cur=None, ctx={"record": True})
+
+    def begin(runner, so):
+        rec.cur = types.SimpleNamespace(marks=[], in_forward=False)
+        marks.append("start")
+
+    def mark(name):
+        rec.cur.marks.append((name, None))
+        marks.append(name)
+
+    rec.begin, rec.mark, rec.drain = begin, mark, lambda: marks.append("drain")
+    rec.end = lambda out: (marks.append("end"), setattr(rec, "cur", None))
+    step_timer._REC[:] = [os.getpid(), rec]
+    RV.install(_classes())
+    run = FakeRunner(None, "cpu")
+    _step(run, _so(["a"], K), _batch(["a"], [3], K, [5]), [[1, 2]])
+    assert marks == ["start", "fwd0", "fwd1", "samp0", "samp1", "drain", "draft0", "draft1", "end"]
+    marks.clear()
+    run.step_input = (_batch(["a"], [3], 0, [5]), [[1]])
+    run.execute_model(_so(["a"], K), None, True)         # dummy_run positionally
+    assert marks == [] and rec.cur is None
+
+
+# ---- the hybrid's merge on V2's tensors ------------------------------------------------------------------------
+def test_lookup_width_bounds_every_context_without_a_sync():
+    ub = torch.tensor([10, 300, 7], dtype=torch.int32)
+    assert HV.lookup_width(ub, 3, 4096) == 512 and HV.lookup_width(ub, 1, 4096) == 256
+    assert HV.lookup_width(ub, 2, 400) == 400 and HV.lookup_width(ub[:0], 0, 64) == 64
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_v2_merge_is_pr24344_on_v2s_buffers(seed):
+    """A decode on V2's buffers: request slots taken from free_indices as RequestState does (pop from the end),
+    the batch in V2's order (decode first: sorted by scheduled tokens), each step's accepted + bonus tokens
+    appended at total_len (post_update), EAGLE's [num_reqs, k] int64 drafts. The merge must be the package's
+    n-gram lookup where it matched (EAGLE's after its continuation), EAGLE's row elsewhere, and agree with the
+    host-side hybrid (LiveHybrid, pr24344) on every request; the skip flag is 'no request needs EAGLE'."""
+    rng = np.random.default_rng(seed)
+    max_reqs, max_len, k, V = 6, 160, 4, 4
+    tok = torch.zeros(max_reqs, max_len, dtype=torch.int32)      # all_token_ids (UVA on a GPU)
+    total = torch.zeros(max_reqs, dtype=torch.int32)             # total_len
+    free = list(range(max_reqs))
+    slot, truth = {}, {}
+    live = H.LiveHybrid(H.HybridPolicy("pr24344", k))
+    skipper = H.LiveHybrid(H.HybridPolicy("pr24344-skip", k))
+    prompts = {}
+    hits = 0
+    for step in range(30):
+        if step in (0, 10):                     # requests arrive (add_request: the prompt staged at its slot)
+            for j in range(3):
+                r = f"s{step}-{j}"
+                p = rng.integers(0, V, size=int(rng.integers(4, 20))).tolist()
+                slot[r], truth[r], prompts[r] = free.pop(), list(p), list(p)
+                tok[slot[r], :len(p)] = torch.tensor(p, dtype=torch.int32)
+                total[slot[r]] = len(p)
+        if step == 20:                          # a request finishes: its slot is freed, not cleared
+            gone = sorted(slot)[0]
+            free.append(slot.pop(gone))
+            live.forget([gone])
+            skipper.forget([gone])
+        ids = sorted(slot, key=lambda r: (int(rng.integers(0, 3)), r))
+        idx = torch.tensor([slot[r] for r in ids], dtype=torch.int32)
+        new = []
+        for r in ids:
+            n = int(rng.integers(1, k + 2))
+            toks = rng.integers(0, V, size=n).tolist()
+            s, t0 = slot[r], int(total[slot[r]])
+            tok[s, t0:t0 + n] = torch.tensor(toks, dtype=torch.int32)
+            total[s] = t0 + n
+            truth[r] += toks
+            new.append(toks)
+        ub = torch.tensor([len(truth[r]) - 1 + int(rng.integers(0, 3)) for r in ids], dtype=torch.int32)
+        w = HV.lookup_width(ub, len(ids), max_len, bucket=32)
+        eagle = torch.tensor(rng.integers(10, 20, size=(len(ids), k)), dtype=torch.int64)
+        draft, chose, nv = HV.v2_merge(tok, total, idx, eagle, w)
+        assert draft.dtype == torch.int64 and draft.shape == (len(ids), k)
+        live.begin(ids, new, lambda r: prompts[r])
+        choices = live.finish(eagle)
+        need_skip = skipper.begin(ids, new, lambda r: prompts[r])
+        skipper.finish(eagle)
+        for b, r in enumerate(ids):
+            ref = ngram_lookup(truth[r], k)
+            want = ref + eagle[b, len(ref):].tolist() if ref else eagle[b].tolist()
+            assert draft[b].tolist() == want, (step, r)
+            assert bool(chose[b]) == bool(ref) == (not need_skip[b])
+            c = choices[b]
+            assert c.source == ("ngram" if ref else "eagle") and draft[b, :len(c.draft)].tolist() == c.draft
+            hits += bool(ref)
+        assert bool(chose.all()) == (not any(need_skip))
+        idle, none = HV.v2_merge(tok, total, idx, eagle, w, use_ngram=False)[:2]
+        assert torch.equal(idle, eagle) and not none.any()
+    assert 0 < hits < 30 * 3
+
+
+def _graph_like_capture(fn):
+    """CUDA-graph capture's semantics on the CPU: replay runs the same ops on the same static inputs and writes the
+    outputs captured at capture time in place."""
+    out = fn()
+
+    def replay():
+        for o, n in zip(out, fn()):
+            o.copy_(n)
+    return replay, out
+
+
+def _merges(step, seed=5, steps=24):
+    rng = np.random.default_rng(seed)
+    tok = torch.tensor(rng.integers(0, 3, size=(6, 96)), dtype=torch.int32)
+    total = torch.tensor(rng.integers(10, 60, size=6), dtype=torch.int32)
+    seen = []
+    for i in range(steps):
+        n = 3 if i < 12 else 2                               # two batch shapes
+        idx = torch.tensor(rng.permutation(6)[:n], dtype=torch.int32)
+        eagle = torch.tensor(rng.integers(5, 9, size=(n, K)), dtype=torch.int64)
+        total[int(idx[0])] += 1                              # the buffer moves on between steps
+        out = step(tok, total, idx, eagle, 64)
+        seen.append([o.tolist() for o in out])
+    return seen
+
+
+def test_merge_graph_replays_equal_the_eager_merge(capsys):
+    want = _merges(HV.MergeStep(True, graphs=False))
+    st = HV.MergeStep(True, graphs=True, capture=_graph_like_capture)
+    assert _merges(st) == want
+    assert st.off_reason is None and len(st._g) == 2 and st.replays == 24 - 2 * 2
+    assert HV.MergeStep(True).graphs is torch.cuda.is_available()
+
+    def wrong(fn):
+        replay, out = _graph_like_capture(fn)
+
+        def bad():
+            replay()
+            out[0].add_(1)
+        return bad, out
+
+    st = HV.MergeStep(True, graphs=True, capture=wrong)
+    assert _merges(st) == want and not st.graphs and "differed" in st.off_reason and st.replays == 0
+    assert capsys.readouterr().err.count("CUDA graphs OFF") == 1
+
+
+def test_skip_gate_uses_the_latest_flag_that_arrived():
+    done = []
+
+    class Ev:
+        def __init__(self):
+            self.ok = False
+            done.append(self)
+
+        def record(self):
+            pass
+
+        def query(self):
+            return self.ok
+
+    g = HV.SkipGate(event=Ev, pin=False)
+    assert g.decide() is False                          # nothing arrived: EAGLE drafts
+    g.push(torch.tensor(True))
+    assert g.decide() is False                          # its copy has not completed: not read, no wait
+    done[0].ok = True
+    assert g.decide() is True
+    g.push(torch.tensor(False))
+    g.push(torch.tensor(True))
+    done[2].ok = True                                   # out of order: the older one still pending blocks it
+    assert g.decide() is True and len(g.pending) == 2
+    done[1].ok = True
+    assert g.decide() is True and not g.pending         # False, then True: the latest
+
+
+def test_v2_hybrid_on_stand_ins_changes_only_drafts_and_skips_the_decode_steps(clean, monkeypatch):
+    """The installed hybrid on the stand-in classes: the runner's draft_tokens hold the merge (n-gram where the
+    context repeats), the speculator's own draft_tokens stay EAGLE's, gpu-pr24344-skip skips _multi_step_decode
+    once every request matched at an earlier step, and op=hybrid 'off' is EAGLE untouched."""
+    monkeypatch.setenv("SPEC_REPRO_HYBRID", "gpu-pr24344-skip")
+    assert HV.patch_hybrid_v2(_classes()) is True and _state["hybrid_installed"]
+    run = FakeRunner(None, "cpu")
+    sp = run.speculator
+    assert sp._spec_repro_req_states is run.req_states and _state["runner"] == "v2"
+    prompt = [1, 2, 3, 4, 1, 2, 3]                       # n-gram: [4, 1, 2, 3] continues it
+    run.req_states.all_token_ids.gpu[5, :7] = torch.tensor(prompt, dtype=torch.int32)
+    run.req_states.total_len.gpu[5] = 7
+    b = _batch(["a"], [5], 0, [7])
+    run.step_input = (b, [[4]])                          # context now 1 2 3 4 1 2 3 4: n-gram proposes 1 2 3
+    run.sample_tokens(None)
+    assert run.req_states.draft_tokens[5].tolist() == [1, 2, 3]
+    assert sp.draft_tokens[0].tolist() == [41, 51, 51] and sp.decode_calls == 1
+    run.step_input = (b, [[1]])                          # the flag of the last step has arrived: skip
+    run.sample_tokens(None)
+    assert sp.decode_calls == 1 and run.req_states.draft_tokens[5].tolist() == [2, 3, 4]
+    assert sp._spec_repro_hybrids["gpu-pr24344-skip"].skipped == 1
+    _state["hybrid_now"] = "off"
+    run.step_input = (b, [[2]])
+    run.sample_tokens(None)
+    assert sp.decode_calls == 2 and run.req_states.draft_tokens[5].tolist() == [43, 53, 53]
+
+
+def test_v2_hybrid_refuses_host_policies_and_probabilistic_drafts(clean, monkeypatch):
+    monkeypatch.setenv("SPEC_REPRO_HYBRID", "pr24344")
+    assert HV.patch_hybrid_v2(_classes()) is False and "V1 runner" in _state["hybrid_error"]
+    monkeypatch.setenv("SPEC_REPRO_HYBRID", "gpu-pr24344")
+    _state["hybrid_error"] = None
+    assert HV.patch_hybrid_v2(_classes()) is True
+    run = FakeRunner(None, "cpu")
+    run.speculator.draft_logits = torch.zeros(1)
+    run.step_input = (_batch(["a"], [0], 0, [3]), [[1]])
+    run.sample_tokens(None)                             # EAGLE's drafts go through, the reason is recorded
+    assert "probabilistic" in _state["hybrid_error"]
+    assert run.req_states.draft_tokens[0].tolist() == run.speculator.draft_tokens[0].tolist()
+
+
+# ---- engines, jobs and the plan --------------------------------------------------------------------------------
+def test_engine_and_specs_route_policies_to_their_runner():
+    from spec_repro.engines.vllm import engine as E
+    from spec_repro.engines.vllm import v2hybrid
+    from spec_repro.engines.vllm.hybrid_jobs import hybrid_specs
+
+    env = E.engine_env(E.VLLMConfig(model="m", method="eagle", draft="d", hybrid="gpu-pr24344-skip",
+                                    model_runner="v2"))
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1" and env["SPEC_REPRO_HYBRID"] == "gpu-pr24344-skip"
+    for kw, msg in [(dict(hybrid="gpu-pr24344-skip", model_runner="v1"), "V2 model runner only"),
+                    (dict(hybrid="pr24344", model_runner="v2"), "V1 model runner"),
+                    (dict(hybrid="gpu-pr24344", model_runner="v3"), "model_runner must be")]:
+        with pytest.raises(E.VLLMEngineError, match=msg):
+            E.engine_env(E.VLLMConfig(model="m", method="eagle", draft="d", **kw))
+    with pytest.raises(ValueError, match="V2 runner only"):
+        hybrid_specs("/h", model_dir="/m", methods=("gpu-pr24344-skip",))
+    for st in v2hybrid.STAGES:
+        for s in v2hybrid.stage_specs(st, "/h", model_dir="/m"):
+            assert s["name"].startswith(f"v2hybrid-{st}-") and s["config"]["model_runner"] == "v2"
+            E.engine_env(E.VLLMConfig(**s["config"], step_log="/tmp/x.jsonl"))      # every config is accepted
+    rot = v2hybrid.stage_specs("grid", "/h", model_dir="/m")[0]
+    assert rot["config"]["hybrid_rotate"] == list(v2hybrid.ROTATE) and rot["tasks"][0]["batch_sizes"] == [1, 8, 32, 64]
+
+
+def test_check_lossless_needs_every_output_equal():
+    from spec_repro.engines.vllm.v2hybrid import check_lossless
+
+    def run(cfg, outs):
+        return {"kind": "run", "task": "hybrid", "spec": "s", "workload": "w", "batch_size": 1, "keys": ["x", "y"],
+                "outputs": outs, "config": cfg}
+
+    none = {"method": "none"}
+    hyb = {"method": "eagle", "hybrid": "gpu-pr24344"}
+    assert check_lossless([run(none, [[1, 2], [3]]), run(hyb, [[1, 2], [3]])])[0] is True
+    assert check_lossless([run(none, [[1, 2], [3]]), run(hyb, [[1, 5], [3]])])[0] is False
+    assert check_lossless([run(none, [[1, 2], [3]])])[0] is False        # nothing compared: not a pass
+
+
+def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
+    from pathlib import Path
+
+    from spec_repro.engines.vllm import v2hybrid
+
+    plan = json.loads((Path(__file__).resolve().parents[1] / "gpu/plans/v2hybrid.json").read_text())
+    names = [s["stage"] for s in plan["stages"]]
+    assert names.index("lossless") < names.index("overhead") < names.index("grid")
+    for st in v2hybrid.STAGES:
+        want = sum(v2hybrid.estimate(s) for s in v2hybrid.stage_specs(st, "/h", model_dir="/m"))
+        have = next(s["seconds"] for s in plan["stages"] if s["stage"] == st)
+        assert want <= have <= 1.3 * want + 60, (st, want, have)
+    sh = (Path(__file__).resolve().parents[1] / "gpu/live_job.sh").read_text()
+    assert "v2hybrid run --stage $st" in sh and "v2hybrid check-lossless" in sh
