@@ -33,14 +33,16 @@ Causal signals (exactly what a decision at position j reads; nothing else from t
    (accepted + a0 * pool_w) / (accepted + rejected + pool_w), the prior a0 the population's estimate: the same
    rate over the undecayed counts of every outcome revealed in the requests served before this one (the walk
    serves requests one after another, in the order of their ids, as the duplicated batch would; under ``mixed``
-   batching an approximation), itself with prior_a worth prior_w tokens. A model proposer's rate is then lowered by ``lcb``
-   standard errors, sqrt(a (1 - a) / (its observed tokens + pool_w)): the rule drafts the k whose estimate is
-   highest, and an estimate picked for being high is too high on average. ``last`` = the last revealed v;
+   batching an approximation), itself with prior_a worth prior_w tokens. A model proposer's rate is then lowered
+   by ``lcb`` standard errors, sqrt(a (1 - a) / (its observed tokens + pool_w)): the rule drafts the k whose
+   estimate is highest, and an estimate picked for being high is too high on average. ``last`` = the last revealed v;
    ``since`` = steps since the proposer was last verified.
 
 A test (tests/test_adaptive.py) perturbs every value a decision may not see (all acc at positions >= j and n-gram's
 draft_len after j, acc at earlier positions where a model proposer did not run, the part of revealed values above
-their cap, the output length) and checks that no decision of that request, nor of the requests before it, changes.
+their cap, the output length) and checks that no decision of that request, nor of the requests before it, changes;
+another perturbs what a request never reveals and checks that no decision of any request, later ones included,
+changes (the population's counts hold revealed outcomes only).
 
 Policies
 --------
