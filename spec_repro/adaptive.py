@@ -119,7 +119,8 @@ class RuleParams:
 
     copy_run: int = 2        # ng_run at or above this: n-gram is in a copy region (its "copy" estimate applies)
     decay: float = 0.9       # weight of older revealed outcomes per new one
-    prior_a: float = 0.8     # prior per-token acceptance (optimistic: a proposer is tried before it is judged) ...
+    prior_a: float = 0.8     # prior per-token acceptance of the population's estimate (optimistic: a proposer is
+                             # tried before it is judged; with pool_w = 0 the request's own prior) ...
     prior_w: float = 1.0     # ... worth this many observed tokens
     probe: int = 16          # verify a model proposer after this many steps without it
     pool_w: float = 10.0     # the population's estimate (earlier requests) is the request's prior, worth this many
