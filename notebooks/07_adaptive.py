@@ -73,7 +73,7 @@ if out_of_sample:
         prm, _ = A.tune_rule(other, A.cost_model_for(other, cost_model)[0], proposer_sets=proposer_sets)
         oos = {m: prm for m in trace.models}
         tuned = pd.DataFrame([dict(model=m, tuned_on="committed traces (" + ", ".join(other.models) + ")",
-                                     copy_run=prm.copy_run, decay=prm.decay, prior_a=prm.prior_a) for m in oos])
+                                     copy_run=prm.copy_run, decay=prm.decay, lcb=prm.lcb) for m in oos])
 print("out-of-sample thresholds:"); print(tuned.to_string(index=False) if tuned is not None else "none (one model)")
 
 # %%

@@ -30,12 +30,19 @@ Causal signals (exactly what a decision at position j reads; nothing else from t
    kept apart for "copy" steps (``ng_run >= copy_run`` at q) and "cold" ones. From the counts: ``alpha1``, the
    estimated chance that the first proposed token is accepted, and ``alpha2``, that a later one is, given the
    previous one was (n-gram: each from its own counts; a model proposer: one pooled rate for both), each =
-   (accepted + prior_a * prior_w) / (accepted + rejected + prior_w); ``last`` = the last revealed v; ``since`` =
-   steps since the proposer was last verified.
+   (accepted + a0 * pool_w) / (accepted + rejected + pool_w), the prior a0 the population's estimate: the same
+   rate over the undecayed counts of every outcome revealed in the requests served before this one (the walk
+   serves requests one after another, in the order of their ids, as the duplicated batch would; under ``mixed``
+   batching an approximation), itself with prior_a worth prior_w tokens. A model proposer's rate is then lowered
+   by ``lcb`` standard errors, sqrt(a (1 - a) / (its observed tokens + pool_w)): the rule drafts the k whose
+   estimate is highest, and an estimate picked for being high is too high on average. ``last`` = the last revealed v;
+   ``since`` = steps since the proposer was last verified.
 
 A test (tests/test_adaptive.py) perturbs every value a decision may not see (all acc at positions >= j and n-gram's
 draft_len after j, acc at earlier positions where a model proposer did not run, the part of revealed values above
-their cap, the output length) and checks that no decision changes.
+their cap, the output length) and checks that no decision of that request, nor of the requests before it, changes;
+another perturbs what a request never reveals and checks that no decision of any request, later ones included,
+changes (the population's counts hold revealed outcomes only).
 
 Policies
 --------
@@ -48,7 +55,7 @@ tokens, the n-gram lookup, the overhead: the duplicated batch's step, an approxi
 k = 0 (no speculation) competes too. The best (q, k) is verified and only
 q (and the n-gram lookup) runs: a step that verifies n-gram skips the model drafters' cost. A model proposer not
 verified for ``probe`` steps is verified once at its best k so its estimate does not go stale. The rule's
-per-decision pieces (``_reveal``, ``_alphas``, ``_rule_choice``, ``_advance``) are also what the live vLLM hybrid
+per-decision pieces (``_reveal``, ``_estimates``, ``_rule_choice``, ``_advance``) are also what the live vLLM hybrid
 (:mod:`spec_repro.engines.vllm.hybrid`) calls at each engine step, so the simulated and the live rule are one code.
 
 Ragged batches: with a cost model that has a ragged forward (``CostModel.ragged_target``), the rule's step cost and
@@ -71,7 +78,10 @@ model).
 
 Parameters (``RuleParams``): the rule's thresholds (copy_run, decay, prior, probe) and the tree's size (depth 3, 30
 states per leaf) were chosen on the committed traces (small grids, judged by the worst ratio to the best fixed k
-over all committed workloads): in-sample choices, whereas each tree's fit is cross-validated.
+over all committed workloads): in-sample choices, whereas each tree's fit is cross-validated. pool_w = 10 and
+lcb = 0.25 were chosen on the committed traces alone (``grids.tune_rule`` over pool_w 5 / 10 / 20 x lcb 0.25 / 0.5
+/ 1, llama3.1-8b-h100-per-token, bs 1 / 16 / 64), so the study's published traces are out of sample for them.
+``RuleParams(pool_w=0, lcb=0)`` is the rule on the request's own counts alone (no population, no lower bound).
 
 Drafting charged (``draft_cost``): adaptive rows are always ``ran``: every proposer the policy ran at a step pays
 its rule with its proposal (n-gram: its fraction of F where it found a match; a linear drafter every step it ran;
@@ -109,16 +119,21 @@ class RuleParams:
 
     copy_run: int = 2        # ng_run at or above this: n-gram is in a copy region (its "copy" estimate applies)
     decay: float = 0.9       # weight of older revealed outcomes per new one
-    prior_a: float = 0.8     # prior per-token acceptance (optimistic: a proposer is tried before it is judged) ...
+    prior_a: float = 0.8     # prior per-token acceptance of the population's estimate (optimistic: a proposer is
+                             # tried before it is judged; with pool_w = 0 the request's own prior) ...
     prior_w: float = 1.0     # ... worth this many observed tokens
     probe: int = 16          # verify a model proposer after this many steps without it
+    pool_w: float = 10.0     # the population's estimate (earlier requests) is the request's prior, worth this many
+                             # observed tokens (0: the request's own counts with prior_a, prior_w alone)
+    lcb: float = 0.25        # a model proposer's estimate lowered by this many standard errors (winner's curse)
     folds: int = 5           # adaptive-learned: request-level cross-validation folds
     max_depth: int = 3       # adaptive-learned: tree depth
     min_leaf: int = 30       # adaptive-learned: samples per leaf
     max_train: int = 6000    # adaptive-learned: training states per fold (a seeded subsample beyond this)
 
     def array(self) -> np.ndarray:
-        return np.array([self.copy_run, self.decay, self.prior_a, self.prior_w, self.probe], np.float64)
+        return np.array([self.copy_run, self.decay, self.prior_a, self.prior_w, self.probe, self.pool_w, self.lcb],
+                        np.float64)
 
 
 # ---- the step walk ---------------------------------------------------------------------------------------------
@@ -174,6 +189,33 @@ def _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2):
             acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
             alpha1[q] = (acc_n + prior_a * prior_w) / (acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + prior_w)
             alpha2[q] = alpha1[q]
+
+
+@njit(cache=True)
+def _estimates(cnt, pool, ng, bucket, prior_a, prior_w, pool_w, lcb, alpha1, alpha2, pa1, pa2):
+    """alpha1 / alpha2 of every proposer as ``adaptive-rule`` reads them: the population's estimate (``_alphas`` of
+    ``pool``, the undecayed counts of the requests served before this one, with prior_a, prior_w) is the prior of
+    the request's own counts ``cnt``, worth ``pool_w`` tokens; a model proposer's estimate is then lowered by
+    ``lcb`` standard errors (sqrt(a (1 - a) / n), n its observed tokens + pool_w), because the k chosen is the
+    one whose estimate is highest and an estimate picked for being high is, on average, too high. pool_w = 0:
+    ``_alphas`` of the request's counts alone (the lower bound with n + prior_w)."""
+    if pool_w <= 0.0:
+        _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2)
+        w = prior_w
+    else:
+        _alphas(pool, ng, bucket, prior_a, prior_w, pa1, pa2)
+        w = pool_w
+    for q in range(cnt.shape[0]):
+        if q == ng:
+            if pool_w > 0.0:
+                alpha1[q] = (cnt[q, bucket, 0] + pa1[q] * w) / (cnt[q, bucket, 0] + cnt[q, bucket, 1] + w)
+                alpha2[q] = (cnt[q, bucket, 2] + pa2[q] * w) / (cnt[q, bucket, 2] + cnt[q, bucket, 3] + w)
+            continue
+        acc_n = cnt[q, 0, 0] + cnt[q, 0, 2]
+        n = acc_n + cnt[q, 0, 1] + cnt[q, 0, 3] + w
+        a = (acc_n + pa1[q] * w) / n if pool_w > 0.0 else alpha1[q]
+        alpha1[q] = max(0.0, a - lcb * np.sqrt(a * (1.0 - a) / n))
+        alpha2[q] = alpha1[q]
 
 
 @njit(cache=True)
@@ -248,15 +290,16 @@ def _advance(v, k, ng, ng_dl, since, prev_ran, prev_d):
 
 @njit(cache=True)
 def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep, creq, cup, prm, mode,
-          t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record):
-    """Walk every request under the policy (mode 0: rule, 1: tree). Returns per step: request, p before the step,
+          t_feat, t_thr, t_left, t_right, t_act, tree_of_req, act_q, act_k, record, order):
+    """Walk every request under the policy (mode 0: rule, 1: tree), one after another in ``order``. Returns per
+    step (in walk order): request, p before the step,
     array index, input length, tokens produced, verified proposer (-1: none), ran (Q, S), proposal (Q, S), and the
     signal vectors (S, 4 + 3Q) when ``record``."""
     Q = acc.shape[0]
     n = len(P)
     total = off[n]
     nfeat = 4 + 4 * Q
-    copy_run, decay, prior_a, prior_w, probe = prm[0], prm[1], prm[2], prm[3], prm[4]
+    copy_run, decay, prior_a, prior_w, probe, pool_w, lcb = prm[0], prm[1], prm[2], prm[3], prm[4], prm[5], prm[6]
     req = np.empty(total, np.int64)
     pb = np.empty(total, np.int64)
     idx = np.empty(total, np.int64)
@@ -274,11 +317,18 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
     prev_d = np.zeros(Q, np.int64)
     alpha1 = np.zeros(Q, np.float64)
     alpha2 = np.zeros(Q, np.float64)
+    pool = np.zeros((Q, 2, 4), np.float64)   # every revealed outcome so far, undecayed (the population)
+    pool0 = np.zeros((Q, 2, 4), np.float64)  # ... as it stood when the request started: its prior
+    plast = np.zeros(Q, np.float64)
+    pa1 = np.zeros(Q, np.float64)
+    pa2 = np.zeros(Q, np.float64)
     s = 0
-    for r in range(n):
+    for ri in range(n):
+        r = order[ri]
         o = off[r]
         L = off[r + 1] - o
         cnt[:, :, :] = 0.0
+        pool0[:, :, :] = pool
         last[:] = 0.0
         since[:] = 0
         prev_ran[:] = False
@@ -295,6 +345,8 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
                     if prev_ran[q] and prev_d[q] > 0:
                         _reveal(cnt, last, q, prev_bucket if q == ng else 0, acc[q, o + prev_j],
                                 min(prev_d[q] + 1, cap), decay)
+                        _reveal(pool, plast, q, prev_bucket if q == ng else 0, acc[q, o + prev_j],
+                                min(prev_d[q] + 1, cap), 1.0)
             # 2. n-gram signals from the tokens
             ng_dl = 0
             ng_run = 0
@@ -306,7 +358,7 @@ def _walk(acc, ngdl, ng, P, off, kmax, B, tcost, dkind, dk, dt, d0, frac, cstep,
                         ng_run = m
                         break
             bucket = 1 if ng_run >= copy_run else 0
-            _alphas(cnt, ng, bucket, prior_a, prior_w, alpha1, alpha2)
+            _estimates(cnt, pool0, ng, bucket, prior_a, prior_w, pool_w, lcb, alpha1, alpha2, pa1, pa2)
             x[0] = ng_dl
             x[1] = ng_run
             x[2] = np.log2(P[r] + 1.0)
@@ -434,11 +486,17 @@ _NO_TREE = (np.zeros((1, 1), np.int64), np.zeros((1, 1), np.float64), np.full((1
 
 def _run(reqs, inp: _Inputs, B: int, prm: RuleParams, mode: int, trees=_NO_TREE, tree_of_req=None,
          record=False):
+    """The walk, requests served in the order of their ids (so a trace's file order does not change the population's
+    counts), its steps returned grouped by request in the order of ``reqs``."""
     tor = np.zeros(len(reqs.L), np.int64) if tree_of_req is None else tree_of_req
     ng = inp.ng
-    return _walk(inp.acc, inp.ngdl, ng, reqs.P.astype(np.int64), reqs.off, inp.kmax, int(B), inp.tcost,
-                 inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, inp.cstep, inp.creq, inp.cup, prm.array(), mode,
-                 *trees, tor, inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record)
+    order = np.argsort(np.asarray([str(i) for i in reqs.ids], dtype=object), kind="stable").astype(np.int64)
+    out = _walk(inp.acc, inp.ngdl, ng, reqs.P.astype(np.int64), reqs.off, inp.kmax, int(B), inp.tcost,
+                inp.dkind, inp.dk, inp.dt, inp.d0, inp.frac, inp.cstep, inp.creq, inp.cup, prm.array(), mode,
+                *trees, tor, inp.acts[:, 0].copy(), inp.acts[:, 1].copy(), record, order)
+    perm = np.argsort(out[0], kind="stable")
+    return tuple(a[..., perm] if a.ndim == 2 and i in (6, 7) else a[perm] if (i < 8 or record) else a
+                 for i, a in enumerate(out))
 
 
 # ---- adaptive-learned -------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ SWITCH_KN = (4, 8, 12, 16, 20)
 SWITCH_KE = (1, 2, 3, 4, 6)
 LEARNED_SEEDS = (42, 43, 44, 45, 46)
 #: candidate thresholds for out-of-sample tuning (``tune_rule``): around the defaults
-RULE_GRID = tuple(dict(copy_run=c, decay=d, prior_a=a) for c in (1, 2) for d in (0.8, 0.95) for a in (0.6, 0.8))
+RULE_GRID = tuple(dict(copy_run=c, decay=d, lcb=b) for c in (1, 2) for d in (0.8, 0.95) for b in (0.0, 0.5))
 #: a spread (max - min over seeds) of adaptive-learned above this share of its mean is reported as unstable
 UNSTABLE = 0.05
 
@@ -198,7 +198,7 @@ def tune_rule(trace: Trace, cost_model, *, proposer_sets=None, batch_sizes: Sequ
                              batch_sizes=tuple(batch_sizes), adaptive_params=prm, progress=False)
                 logs.append(np.log(d["speedup"].to_numpy()))
         rows.append(dict(copy_run=prm.copy_run, decay=prm.decay, prior_a=prm.prior_a, prior_w=prm.prior_w,
-                         probe=prm.probe, score=float(np.mean(np.concatenate(logs)))))
+                         probe=prm.probe, pool_w=prm.pool_w, lcb=prm.lcb, score=float(np.mean(np.concatenate(logs)))))
     table = pd.DataFrame(rows)
     return cands[int(table["score"].idxmax())], table
 
@@ -209,13 +209,13 @@ def out_of_sample_params(trace: Trace, cost_model, **kw) -> tuple[dict, pd.DataF
     out, rows = {}, []
     models = list(trace.models)
     if len(models) < 2:
-        return out, pd.DataFrame(columns=["model", "tuned_on", "copy_run", "decay", "prior_a"])
+        return out, pd.DataFrame(columns=["model", "tuned_on", "copy_run", "decay", "lcb"])
     for mdl in models:
         others = [m for m in models if m != mdl]
         prm, _ = tune_rule(Trace.concat(trace.select(model=m) for m in others), cost_model, **kw)
         out[mdl] = prm
         rows.append(dict(model=mdl, tuned_on=", ".join(others), copy_run=prm.copy_run, decay=prm.decay,
-                         prior_a=prm.prior_a))
+                         lcb=prm.lcb))
     return out, pd.DataFrame(rows)
 
 

@@ -49,9 +49,9 @@ def structured_trace(seed, n=12, k_max=KMAX, proposers=("ngram", "eagle", "draft
         per = {"ngram": a_ng.tolist()}
         for q, h in (("eagle", 0.7), ("draft", 0.8)):
             per[q] = _acc_from_hits(rng.random(L) < h, k_max).tolist()
-        arrays[f"r{r}"] = {q: per[q] for q in proposers}
-        prompts[f"r{r}"] = int(rng.integers(10, 400))
-        dls[f"r{r}"] = {"ngram": np.minimum(dl, k_max).tolist()}
+        arrays[f"r{r:02d}"] = {q: per[q] for q in proposers}
+        prompts[f"r{r:02d}"] = int(rng.integers(10, 400))
+        dls[f"r{r:02d}"] = {"ngram": np.minimum(dl, k_max).tolist()}
     return Trace.from_arrays(arrays, prompt_lens=prompts, dataset="code-edit", model="m", k_max=k_max,
                              draft_lens=dls)
 
@@ -71,12 +71,26 @@ def one_request(reqs, r, acc=None, dlen=None):
                      acc=acc, dlen=dlen)
 
 
-def decisions_of(reqs, inp, B, prm, mode, trees, fold):
+def first_requests(reqs, r, acc=None, dlen=None):
+    """Requests 0..r of the group (request r's arrays replaced by ``acc``/``dlen`` where given)."""
+    accs = [reqs.acc[:, reqs.off[i]:reqs.off[i + 1]] for i in range(r)]
+    dls = [reqs.dlen[:, reqs.off[i]:reqs.off[i + 1]] for i in range(r)]
+    one = one_request(reqs, r, acc, dlen)
+    L = np.array([a.shape[1] for a in accs] + [one.acc.shape[1]])
+    return _Requests(ids=list(reqs.ids[:r + 1]), P=reqs.P[:r + 1].copy(), L=L, off=np.r_[0, np.cumsum(L)],
+                     acc=np.concatenate(accs + [one.acc], axis=1), dlen=np.concatenate(dls + [one.dlen], axis=1))
+
+
+def decisions_of(reqs, inp, B, prm, mode, trees, folds):
+    """Per request of ``reqs``: its decisions (position, verified, k, ran, proposal) in the walk."""
     st = AD._run(reqs, dataclasses.replace(inp, acc=np.ascontiguousarray(reqs.acc, dtype=np.int64),
                                            ngdl=reqs.dlen[inp.ng].copy() if inp.ng >= 0 else inp.ngdl),
-                 B, prm, mode, trees=trees, tree_of_req=np.array([fold]))
+                 B, prm, mode, trees=trees, tree_of_req=folds[:len(reqs.L)])
     req, p, idx, i, g, ver, ran, prop = st[:8]
-    return [(int(p[s]) - 1, int(ver[s]), int(i[s]) - 1, tuple(ran[:, s]), tuple(prop[:, s])) for s in range(len(p))]
+    out = [[] for _ in range(len(reqs.L))]
+    for s in range(len(p)):
+        out[int(req[s])].append((int(p[s]) - 1, int(ver[s]), int(i[s]) - 1, tuple(ran[:, s]), tuple(prop[:, s])))
+    return out
 
 
 def perturb_invisible(acc, dlen, ng, j, steps, rng, k_max):
@@ -107,9 +121,11 @@ def perturb_invisible(acc, dlen, ng, j, steps, rng, k_max):
 @pytest.mark.parametrize("policy", ["adaptive-rule", "adaptive-learned"])
 @pytest.mark.parametrize("B", [1, 64])
 def test_no_decision_sees_what_it_may_not(cm, policy, B):
-    """Perturb everything each decision may not see; no decision up to it changes (every step of every request).
+    """Perturb everything each decision may not see; no decision up to it changes, nor any decision of the requests
+    walked before (they feed the population's counts the request reads), at every step of every request.
     Checked to fail, in all four cases, with a deliberate leak in spec_repro.adaptive: reading n-gram's acc at the
-    decision's own position, or revealing one token more than the tokens emitted since a step start."""
+    decision's own position, or revealing one token more than the tokens emitted since a step start; and with the
+    rule's population counts taking the decision's own outcome before it decides."""
     trace = structured_trace(3)
     props = ["ngram", "eagle", "draft"]
     reqs, requests = group(trace, props)
@@ -127,18 +143,46 @@ def test_no_decision_sees_what_it_may_not(cm, policy, B):
     checked = 0
     for r in range(len(reqs.L)):
         one = one_request(reqs, r)
-        base = decisions_of(one, inp, B, prm, mode, trees, folds[r])
-        # the group run takes the same decisions as the request run alone
+        before = decisions_of(first_requests(reqs, r), inp, B, prm, mode, trees, folds)
+        base = before[r]
+        # the walk of requests 0..r takes the group's decisions
         assert [d[:3] for d in base] == [(int(pp) - 1, int(v), int(i) - 1) for pp, v, i in
                                          zip(full.p[full.req == r], full.verified[full.req == r],
                                              full.inp[full.req == r])]
         for s, (j, *_rest) in enumerate(base):
             for _ in range(2):
                 A, D = perturb_invisible(one.acc, one.dlen, inp.ng, j, base[:s], rng, KMAX)
-                got = decisions_of(one_request(one, 0, A, D), inp, B, prm, mode, trees, folds[r])
-                assert got[:s + 1] == base[:s + 1], (r, s, j)
+                got = decisions_of(first_requests(reqs, r, A, D), inp, B, prm, mode, trees, folds)
+                assert got[:r] == before[:r] and got[r][:s + 1] == base[:s + 1], (r, s, j)
                 checked += 1
     assert checked > 200
+
+
+@pytest.mark.parametrize("B", [1, 64])
+def test_later_requests_read_only_what_was_revealed(cm, B):
+    """The population's counts carry only revealed outcomes: perturbing what a request never reveals (acc above its
+    caps once the request is done, a model proposer's acc where it did not run) changes no decision of any request,
+    those walked after it included. Checked to fail with the counts fed the uncapped acc."""
+    trace = structured_trace(5)
+    props = ["ngram", "eagle", "draft"]
+    reqs, requests = group(trace, props)
+    prm = AD.RuleParams()
+    inp = AD._inputs(reqs, requests, props, cm, KMAX)
+    folds = np.zeros(len(reqs.L), np.int64)
+    base = decisions_of(reqs, inp, B, prm, 0, AD._NO_TREE, folds)
+    rng = np.random.default_rng(11)
+    changed_acc = 0
+    for r in range(len(reqs.L) - 1):
+        one = one_request(reqs, r)
+        L = one.acc.shape[1]
+        A, D = perturb_invisible(one.acc, one.dlen, inp.ng, L - 1, base[r], rng, KMAX)
+        A, D = A[:, :L], D[:, :L]
+        changed_acc += int((A != one.acc).sum())
+        acc, dlen = reqs.acc.copy(), reqs.dlen.copy()
+        acc[:, reqs.off[r]:reqs.off[r + 1]], dlen[:, reqs.off[r]:reqs.off[r + 1]] = A, D
+        pert = _Requests(ids=reqs.ids, P=reqs.P, L=reqs.L, off=reqs.off, acc=acc, dlen=dlen)
+        assert decisions_of(pert, inp, B, prm, 0, AD._NO_TREE, folds) == base, r
+    assert changed_acc > 100
 
 
 @pytest.mark.parametrize("max_train", [6000, 100])

@@ -373,6 +373,11 @@ PINNED = {
 }
 
 
+#: the adaptive rows were pinned with the rule's estimate from the request's own counts alone: RuleParams(pool_w=0,
+#: lcb=0) gives them to the bit (the defaults' population prior and lower bound change them by design)
+_OLD_RULE = {"adaptive-rule": dict(adaptive_params=AD.RuleParams(pool_w=0, lcb=0))}
+
+
 def _pinned_runs():
     """(key, thunk): every policy kind, both batchings, the committed Qwen trace (recorded draft_len) and a
     published-format fixture (n-gram's seeded random match), the presets without a ragged forward."""
@@ -386,7 +391,7 @@ def _pinned_runs():
                             ("ngram,eagle", ["adaptive-rule"])):
             yield (f"{preset}|qwen|{props}|{','.join(pols)}",
                    lambda p=preset, q=props, k=pols: simulate(qwen, p, q, k, accts, Bs, modes, sample=60,
-                                                              progress=False))
+                                                              progress=False, **_OLD_RULE.get(k[0], {})))
         yield (f"{preset}|qwen|ngram|dynamic-k",
                lambda p=preset: simulate(qwen, p, "ngram", "dynamic-k", "ngram-only", Bs, "duplicate", sample=60,
                                          progress=False, dynamic_k={1: 5, 32: 2}))
@@ -396,7 +401,7 @@ def _pinned_runs():
                lambda p=preset: simulate(fix, p, "ngram,eagle", "oracle-combine", accts, Bs, modes, progress=False))
     yield ("llama3.1-8b-h100|qwen|ngram,eagle|adaptive-learned",
            lambda: simulate(qwen, "llama3.1-8b-h100", "ngram,eagle", "adaptive-learned", "ran", [1, 32], modes,
-                            sample=60, progress=False))
+                            sample=60, progress=False, **_OLD_RULE["adaptive-rule"]))
 
 
 def test_models_without_a_ragged_forward_give_the_pinned_rows():

@@ -158,15 +158,18 @@ def test_pr24344_picks_ngram_exactly_where_the_lookup_matches(qwen, cm):
                                                ("qwen", "test", 16, 8),
                                                ("qwen", "llama3.1-8b-h100-per-token", 16, 1)])
 def test_adaptive_rule_live_equals_the_simulator(trace, cost, kmax, B, cm, request):
-    """adaptive-rule, driven step by step from the token ids with a batch of requests, takes exactly the
-    decisions of adaptive.adaptive_steps (verified proposer, k, tokens produced, per step) for every request of a
-    committed trace: the live policy and the simulator agree."""
+    """adaptive-rule, driven step by step from the token ids (told batch size B), takes exactly the decisions of
+    adaptive.adaptive_steps (verified proposer, k, tokens produced, per step) for every request of a committed
+    trace, the requests served one after another in the simulator's order (their ids), so the population's counts
+    each request starts from are the same: the live policy and the simulator agree."""
     reqs, requests, toks = request.getfixturevalue(trace)
     model = cm if cost == "test" else load_cost_model(cost)
     sim = AD.adaptive_steps(reqs, requests, PROPS, "adaptive-rule", B, model, kmax)
     pol = H.HybridPolicy("adaptive-rule", kmax, model)
     rows = list(range(len(reqs.L)))
-    _e, live = replay(pol, reqs, toks, rows, B=B)
+    live = {}
+    for r in sorted(rows, key=lambda r: str(reqs.ids[r])):
+        live.update(replay(pol, reqs, toks, [r], B=B)[1])
     code = {"": -1, "ngram": 0, "eagle": 1}
     for r in rows:
         m = sim.req == r

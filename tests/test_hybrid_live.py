@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))
 
 from test_hybrid import eagle_proposal, qwen, smol  # noqa: F401  (the committed traces, as module fixtures)
 
+from spec_repro import adaptive as AD
 from spec_repro.costmodel import Drafter, load_cost_model
 from spec_repro.engines.vllm import hybrid as H
 from spec_repro.proposers.ngram import ngram_lookup
@@ -37,7 +38,8 @@ def engine(policy, reqs, toks, rows, *, async_form, max_batch=8, prefill_steps=2
     test_padding_makes_every_step_uniform_and_stays_lossless)."""
     rng = np.random.default_rng(seed)
     kmax = policy.kmax
-    ref_pol = H.HybridPolicy(policy.name, kmax, getattr(policy, "cost_model", None))
+    ref_pol = H.HybridPolicy(policy.name, kmax, getattr(policy, "cost_model", None),
+                             params=getattr(policy, "params", None))
     live = H.LiveHybrid(policy, pad=pad)
     L = {r: int(reqs.L[r]) for r in rows}
     ids = {r: f"req-{r}" for r in rows}
@@ -252,8 +254,10 @@ def test_padding_makes_every_step_uniform_and_stays_lossless(name, async_form, m
     kmax = 8
     rows = list(range(len(reqs.L)))
     log = []
-    emitted, got, want = engine(H.HybridPolicy(name, kmax, cm), reqs, toks, rows, async_form=async_form, pad=True,
-                                mask=mask, log=log)
+    # adaptive-rule: with a lower bound of 2 standard errors, so that it declines to speculate at some steps here
+    params = AD.RuleParams(lcb=2.0) if name == "adaptive-rule" else None
+    emitted, got, want = engine(H.HybridPolicy(name, kmax, cm, params=params), reqs, toks, rows,
+                                async_form=async_form, pad=True, mask=mask, log=log)
     assert got == want
     for r in rows:                                                          # (b)
         L = int(reqs.L[r])

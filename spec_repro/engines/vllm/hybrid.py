@@ -46,9 +46,12 @@ Policies
 ``adaptive-rule``  the simulator's best causal policy, :mod:`spec_repro.adaptive`'s rule on the same signals
                    (``ng_dl``, ``ng_run``, decayed acceptance counts, ``since``) with the same cost-based choice of
                    (proposer, k), through the per-decision functions the simulator's walk uses
-                   (``adaptive._reveal``, ``_alphas``, ``_rule_choice``, ``_advance``), so given the same inputs
-                   and cost model both take the same decisions (tests/test_hybrid.py checks it step by step on
-                   committed traces). The decision is made before EAGLE drafts: EAGLE is needed only where the
+                   (``adaptive._reveal``, ``_estimates``, ``_rule_choice``, ``_advance``), so given the same
+                   inputs and cost model both take the same decisions (tests/test_hybrid.py checks it step by step
+                   on committed traces, requests served one after another as the simulator walks them). The
+                   population's counts (every revealed outcome of every request, the prior of a request's own
+                   estimate) live on the policy; a request reads them as they stood when its state was made
+                   (``new_state``). The decision is made before EAGLE drafts: EAGLE is needed only where the
                    rule verifies it, and, as in the simulator, an EAGLE proposal that is not verified is not read
                    (EAGLE "did not run" there, its catch-up is charged when it comes back). Where the simulator
                    reads a trace's acc_len, the live policy matches proposals against the tokens emitted since:
@@ -157,6 +160,7 @@ class RequestState:
         self.alpha1 = np.zeros(2, np.float64)
         self.alpha2 = np.zeros(2, np.float64)
         self.prev_bucket = 0
+        self.pool = np.zeros((2, 2, 4), np.float64)   # the population's counts when the request started
 
 
 def _prefix(a: Sequence[int], b: np.ndarray) -> int:
@@ -195,10 +199,15 @@ class HybridPolicy:
                 raise HybridError(str(e)) from None
             self.params = params or AD.RuleParams()
             self._prm = self.params.array()
+            self._pool = np.zeros((2, 2, 4), np.float64)   # every revealed outcome of every request so far
             self._ad = AD
 
     def new_state(self, prompt_len: int) -> RequestState:
-        return RequestState(prompt_len)
+        """A request's state; adaptive-rule's starts from the population's counts as they stand now."""
+        st = RequestState(prompt_len)
+        if self.name == "adaptive-rule":
+            st.pool[:] = self._pool
+        return st
 
     # ---- per request -------------------------------------------------------------------------------------------
     def needs_eagle(self, st: RequestState, tokens: np.ndarray, ngram: Sequence[int], batch_size: int) -> bool:
@@ -277,13 +286,14 @@ class HybridPolicy:
             raise HybridError(f"batch_size must be >= 1, got {batch_size!r}")
         new = self._observe(st, tokens)
         AD, prm, kmax, P = self._ad, self._prm, self.kmax, st.prompt_len
-        copy_run, decay, prior_a, prior_w, probe = prm
+        copy_run, decay, prior_a, prior_w, probe, pool_w, lcb = prm
         # 1. what the tokens emitted since the previous step start reveal about the proposals made there: the
         #    matched prefix m (<= len(new)) gives min(acc, lim) and whether acc < lim exactly as acc would
         for q in (NG, EA):
             if st.n_prev >= 0 and st.prev_ran[q] and st.prev_d[q] > 0:
-                AD._reveal(st.cnt, st.last, q, st.prev_bucket if q == NG else 0, 1 + _prefix(st.proposed[q], new),
-                           min(int(st.prev_d[q]) + 1, len(new) + 1), decay)
+                a, lim = 1 + _prefix(st.proposed[q], new), min(int(st.prev_d[q]) + 1, len(new) + 1)
+                AD._reveal(st.cnt, st.last, q, st.prev_bucket if q == NG else 0, a, lim, decay)
+                AD._reveal(self._pool, np.zeros(2), q, st.prev_bucket if q == NG else 0, a, lim, 1.0)
         # 2. n-gram signals from the tokens
         st.ngram_at[n] = ngram
         for c in [c for c in st.ngram_at if c < n - kmax]:
@@ -299,7 +309,8 @@ class HybridPolicy:
                 ng_run = m
                 break
         bucket = 1 if ng_run >= copy_run else 0
-        AD._alphas(st.cnt, NG, bucket, prior_a, prior_w, st.alpha1, st.alpha2)
+        AD._estimates(st.cnt, st.pool, NG, bucket, prior_a, prior_w, pool_w, lcb, st.alpha1, st.alpha2, np.zeros(2),
+                      np.zeros(2))
         # 3. decide
         B = int(batch_size)
         c = self._costs

@@ -161,11 +161,22 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
     return m
 
 
-def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[list[tuple[int, int, bool]]]:
+def rule_as_run():
+    """adaptive-rule's parameters in the committed V1-runner runs (data/gpu/v1-runner/adaptive-rule): each request's
+    estimate from its own counts alone, no population prior and no lower bound (``RuleParams(pool_w=0, lcb=0)``).
+    The hybrid runner's policy takes ``RuleParams()``: predict a run made with it with ``params=RuleParams()``."""
+    from ... import adaptive as AD
+
+    return AD.RuleParams(pool_w=0, lcb=0)
+
+
+def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None,
+               params=None) -> list[list[tuple[int, int, bool]]]:
     """adaptive-rule's steps over profiled requests (``load_profiles`` records) at batch size ``B``, as the
     simulator takes them (``adaptive.adaptive_steps``, the decisions the live policy takes step for step:
     tests/test_hybrid.py): per request, per step, (draft tokens verified, tokens accepted, EAGLE drafted).
-    ``cost_model``: the rule's (default: the one the live runs priced proposals with, ``hybrid_jobs.ADAPTIVE_COST``)."""
+    ``cost_model``: the rule's (default: the one the live runs priced proposals with, ``hybrid_jobs.ADAPTIVE_COST``);
+    ``params``: the rule's ``RuleParams`` (default ``rule_as_run()``, those of the committed runs)."""
     from ... import adaptive as AD
     from ...costmodel import load_cost_model
     from ...simcore import group_arrays
@@ -179,7 +190,7 @@ def rule_steps(reqs: list[dict], B: int, k: int = K, cost_model=None) -> list[li
     ids = [r["key"] for r in reqs]
     g = group_arrays(t.acc, t.requests, props, ids)
     cm = load_cost_model(cost_model or ADAPTIVE_COST)
-    st = AD.adaptive_steps(g, t.requests, props, "adaptive-rule", int(B), cm, int(k))
+    st = AD.adaptive_steps(g, t.requests, props, "adaptive-rule", int(B), cm, int(k), params or rule_as_run())
     out: list[list] = [[] for _ in reqs]
     for i, p, inp, gen, v, ea in zip(st.req.tolist(), st.p.tolist(), st.inp.tolist(), st.gen.tolist(),
                                      st.verified.tolist(), st.ran[props.index("eagle")].tolist()):
