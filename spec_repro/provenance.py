@@ -186,9 +186,11 @@ def manifest_line(folder: Path, files: Sequence[Path]) -> str:
         return f"files {', '.join(f.name for f in files)} (no manifest.json)"
     data = check_manifest(man)
     names = {f.name for f in files} | {f.stem for f in files}
-    hits = [v for k, v in data.items() if isinstance(v, dict) and (k in names or Path(k).name in names
-                                                                 or any(n in json.dumps(v) for n in names))]
-    hits = hits or [v for v in data.values() if isinstance(v, dict)]
+    entries = [(k, v) for k, v in data.items() if isinstance(v, dict)]
+    # the files' own entries first, then entries that mention them (e.g. a fit made from them), then any
+    hits = ([v for k, v in entries if k in names or Path(k).name in names]
+            or [v for k, v in entries if any(n in json.dumps(v) for n in names)]
+            or [v for _, v in entries])
     bits = []
     for v in hits[:1]:
         if not (v.get("machine") or v.get("gpu") or v.get("versions")) and isinstance(data.get("engines"), list):
