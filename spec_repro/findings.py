@@ -621,11 +621,11 @@ def adaptive_rows(summary: pd.DataFrame, *, source: str,
                 parts += [f"{short(r.skip_conf_config)} {r.skip_conf_x_rule:.3f}x",
                           f"{r.conf_stop_config} (EAGLE alone) {r.conf_stop_x_rule:.3f}x"]
             else:
-                parts += ["no confidence in the trace: no stop policy"]
-            parts += [f"ceiling {short(r.ceiling_config)} (a perfect stop) {r.ceiling_x_rule:.3f}x"]
+                parts += ["no stop policy (no confidence in the trace)"]
+            parts += [f"ceiling (a perfect stop) {r.ceiling_x_rule:.3f}x"]
             value = float(r.skip_conf_x_rule if np.isfinite(r.skip_conf) else r.adaptive_rule_x_rule)
             rows.append(SummaryRow("6b adaptive selector", f"{r.dataset} ({r.model}), bs {int(r.batch_size)}: x the "
-                                   f"tuned rule ({short(r.rule_config)} {_x(r.rule)}, tuned on other workloads)",
+                                   f"rule tuned on other workloads ({short(r.rule_config)} {_x(r.rule)})",
                                    "n/a", "; ".join(parts), source, value,
                                    "beyond the study: " + ("a confidence stop beats the tuned rule"
                                                            if value >= 1.05 else "none beats the tuned rule")))

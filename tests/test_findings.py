@@ -373,11 +373,11 @@ def test_adaptive_rows_state_the_confidence_policies_x_the_tuned_rule():
     conf = pd.DataFrame([row("code-edit", "s", 4.01), row("code-edit", "q", np.nan), row("sharegpt", "s", 2.3)])
     summary = pd.DataFrame(columns=["dataset", "model", "set"])
     rows = F.adaptive_rows(summary, source="src", confidence=conf)
-    assert [r.quantity for r in rows] == [f"code-edit ({m}), bs 1: x the tuned rule (skip-16-2 4.00x, tuned on "
-                                        f"other workloads)" for m in ("s", "q")]
+    assert [r.quantity for r in rows] == [f"code-edit ({m}), bs 1: x the rule tuned on other workloads (skip-16-2 "
+                                        f"4.00x)" for m in ("s", "q")]
     assert rows[0].this_run == ("adaptive-rule 0.995x; skip-conf-16-0.1-4 1.002x; conf-stop-0.1-4 (EAGLE alone) "
-                                "0.360x; ceiling skip-conf-16-oracle-16 (a perfect stop) 1.063x")
+                                "0.360x; ceiling (a perfect stop) 1.063x")
     assert rows[0].value == pytest.approx(1.0025) and rows[0].verdict == "beyond the study: none beats the tuned rule"
-    assert "no confidence in the trace" in rows[1].this_run and rows[1].value == pytest.approx(0.995)
+    assert "no stop policy (no confidence in the trace)" in rows[1].this_run and rows[1].value == pytest.approx(0.995)
     md = F.summary_markdown(F.write_summary(rows, None))
     assert max(len(line) for line in md.splitlines()) <= F.MAX_LINE
