@@ -14,7 +14,8 @@ def test_live_job_parses_and_names_its_stages():
     assert subprocess.run(["bash", "-n", "gpu/live_job.sh"], cwd=ROOT).returncode == 0
     r = subprocess.run(["bash", "gpu/live_job.sh", "nothing"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stdout.split()[1:] == ["vllm", "piece", "setup", "start", "run", "stop", "status", "pack", "send"]
+    assert r.stdout.split()[1:] == ["vllm", "piece", "setup", "start", "run", "v2start", "v2run", "stop", "status",
+                                    "pack", "send"]
 
 
 def test_agreement_prompts_are_the_workloads_first_requests():
