@@ -164,8 +164,6 @@ def test_the_hybrid_is_predicted_out_of_sample_from_the_v2_steps(grid):
 
 
 def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
-    from spec_repro.engines.vllm.steps import overhead_table  # noqa: F401  (the table the V2 one extends)
-
     ov = pd.DataFrame({"engine_config": "v2-forced", "spec": "v2hybrid-overhead-none", "config": "none",
                        "batch_size": [1, 8, 32, 64], "overhead": [0.01, 0.02, 0.0, 0.03]})
     ov["within_limit"] = ov["overhead"] <= 0.03
