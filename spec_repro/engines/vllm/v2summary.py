@@ -49,7 +49,9 @@ FILE_DOCS = {
     "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
                   "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
                   "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
-                  "n-gram V1 engine's and the faster of the two (separate engines: means over repeats); lossless",
+                  "n-gram V1 engine's and the faster of the two (separate engines: means over repeats); lossless "
+                  "(the lossless stage's comparison where it ran the shape), equal / compared requests and EAGLE "
+                  "alone's",
     "predicted.csv": "each configuration's measured tok/s beside its prediction over the profile of the no-SD "
                      "outputs (hybrid_trace*.jsonl): the step model fitted on this run's no SD and EAGLE-alone V2 "
                      "steps, the hybrids' own term on gpu-eagle-only's (the hybrids out of sample); ratio_per_bs = "
@@ -113,14 +115,24 @@ def overhead_table(runs):
 
 
 def _lossless(out: Path) -> dict:
-    """(workload, config, batch size) -> every compared output equal to no SD's, from ``out``'s lossless.csv."""
+    """(workload, config, batch size) -> (every compared output equal to no SD's, equal, total) from ``out``'s
+    lossless.csv: the ``lossless`` stage's rows where that stage ran the shape (the job's gate: one engine per
+    configuration beside no SD, greedy, the same requests), else every stage's. Between separately started engines
+    bf16 numerics alone can part outputs (data/gpu/v1-runner/rotated-code-edit: EAGLE alone equal to no SD on 28
+    of 32 requests at bs 1, 175 of 256 at bs 64), so ratio_table gives EAGLE alone's counts beside each policy's."""
     import pandas as pd
 
     f = out / "lossless.csv"
     if not f.exists():
         return {}
     ll = pd.read_csv(f)
-    return {k: bool((g["equal"] == g["total"]).all()) for k, g in ll.groupby(["workload", "config", "batch_size"])}
+    ll["stage"] = ll["spec"].map(stage_of)
+    res = {}
+    for k, g in ll.groupby(["workload", "config", "batch_size"]):
+        gate = g[g["stage"] == "lossless"]
+        g = gate if len(gate) else g
+        res[k] = (bool((g["equal"] == g["total"]).all()), int(g["equal"].sum()), int(g["total"].sum()))
+    return res
 
 
 def ratio_table(out: str | Path):
@@ -128,7 +140,8 @@ def ratio_table(out: str | Path):
     a repeat's tokens over its wall time, mean over repeats) with its runner and engine_config; ``vs_eagle_*``
     (``live_tables.paired_ratios``: over EAGLE alone in the same rotated V2 engine, repeat by repeat); ``vs_none``
     (over the no-SD V2 engine), ``vs_ngram`` (over vLLM's n-gram on V1), ``vs_best_other`` (over the faster of
-    those two), each a ratio of means across engines; ``lossless`` (``lossless.csv``; empty: not compared)."""
+    those two), each a ratio of means across engines; ``lossless`` with ``equal`` / ``compared`` requests and EAGLE
+    alone's ``eagle_equal`` / ``eagle_compared`` at the same shape (``_lossless``; empty: not compared)."""
     import pandas as pd
 
     from .live_tables import paired_ratios
@@ -157,7 +170,10 @@ def ratio_table(out: str | Path):
         pr = paired_ratios(out, base="eagle", workload=wl, select=SELECT).rename(columns=lambda c: c.replace(
             "paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
         t = t.merge(pr, on=["config", "batch_size"], how="left")
-        t["lossless"] = [ll.get((wl, c, b)) for c, b in zip(t["config"], t["batch_size"])]
+        got = [ll.get((wl, c, b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
+        eag = [ll.get((wl, "eagle", b), (None, None, None)) for b in t["batch_size"]]
+        t["lossless"], t["equal"], t["compared"] = zip(*got) if got else ((), (), ())
+        t["eagle_equal"], t["eagle_compared"] = [e[1] for e in eag], [e[2] for e in eag]
         parts.append(t)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 

@@ -64,7 +64,18 @@ def bs1_line(out: Path) -> tuple[bool, str]:
     return bool(ok), (f"{head}: {b['config']} {b['vs_eagle_median']:.3f}x EAGLE (paired, {int(b['vs_eagle_pairs'])} "
                       f"repeats, {b['vs_eagle_min']:.3f}-{b['vs_eagle_max']:.3f}), {b['vs_best_other']:.3f}x best "
                       f"other (no SD {b['vs_none']:.3f}x, n-gram {b['vs_ngram']:.3f}x), lossless "
-                      f"{'yes' if lossless else 'no' if ll == 'False' else 'not compared'}")
+                      f"{'yes' if lossless else 'no' if ll == 'False' else 'not compared'}{_counts(b)}")
+
+
+def _counts(b) -> str:
+    """`` (n/m equal; EAGLE alone n/m)`` where counted."""
+    import math
+
+    num = lambda v: v is not None and not (isinstance(v, float) and math.isnan(v))     # noqa: E731
+    if not all(num(b.get(c)) for c in ("equal", "compared")):
+        return ""
+    e = f"; EAGLE alone {int(b['eagle_equal'])}/{int(b['eagle_compared'])}" if num(b.get("eagle_equal")) else ""
+    return f" ({int(b['equal'])}/{int(b['compared'])} equal{e})"
 
 
 def _cost(out: Path, config: str, bs: int) -> str:
