@@ -73,7 +73,10 @@ def gpu_steps(files=None, run_kind: str | None = "study", job: str | None = None
             parts.append(read_steps(f))
     df = _keep_job(pd.concat(parts, ignore_index=True), job).reset_index(drop=True)
     engines = ", ".join(sorted(df["engine"].astype(str).unique()))
-    return df, f"measured ({engines} step logs{f', job {job}' if job else ''}): {_provenance(folder, found)}"
+    specs = set(df["spec"].astype(str)) if "spec" in df.columns else \
+        {f.stem[len("steps_"):] for f in found if f.stem.startswith("steps_")} or None
+    return df, _labelled(f"measured ({engines} step logs{f', job {job}' if job else ''}): {_provenance(folder, found)}",
+                         _engine_labels(found, specs=specs))
 
 
 def cpu_steps(files=None) -> tuple[pd.DataFrame | None, str]:
@@ -121,6 +124,37 @@ def _provenance(folder: Path, found: Sequence[Path]) -> str:
     names = ", ".join(f.name for f in list(found)[:4]) + (" ..." if len(found) > 4 else "")
     bits = [b for b in bits if b]
     return f"{names} ({'; '.join(bits)})" if bits else f"{names} (no engine record beside them)"
+
+
+def _engine_labels(found: Sequence[Path], specs=None, models=None, methods=None) -> str:
+    """``rowlabels.label_text`` of the vLLM engines behind the files read: the engine records of their
+    ``results.jsonl`` (the file itself, or the one beside it), those of ``specs`` (or of ``models`` x ``methods``),
+    each labelled from its resolved vLLM config where recorded, else its config (``labels.run_labels``); weights
+    ``dummy`` where the config loaded dummy weights. Empty when no engine record is found."""
+    from .engines.vllm.labels import run_labels
+    from .rowlabels import label_text
+
+    res = {f if f.name.startswith("results") and f.suffix == ".jsonl" else f.parent / "results.jsonl" for f in found}
+    rows = []
+    for f in sorted(res):
+        if not f.exists():
+            continue
+        for line in open(f):
+            e = json.loads(line) if line.strip() else {}
+            cfg = e.get("config") or {}
+            if e.get("kind") != "engine" or (specs is not None and e.get("spec") not in set(specs)):
+                continue
+            if models is not None and cfg.get("name") not in set(models):
+                continue
+            if methods is not None and (cfg.get("method") or "none") not in set(methods):
+                continue
+            rows.append({"method": cfg.get("method") or "none", **run_labels(cfg, e),
+                         "weights": "dummy" if cfg.get("load_format") == "dummy" else "real"})
+    return label_text(rows)
+
+
+def _labelled(source: str, labels: str) -> str:
+    return f"{source} {labels}" if labels else source
 
 
 def _gpu_runs(files) -> tuple[pd.DataFrame, list[Path]]:
@@ -197,7 +231,9 @@ def gpu_speedups(files=None, task: str = "batches", job: str | None = None) -> t
         out = flag_stalled_points(out, stalls, stall_runs)
     else:
         out = out.assign(stalled=False, stall_reason="")
-    return out, f"measured vLLM throughput{f' (job {job})' if job else ''}: {_provenance(folder, found)}"
+    labels = _engine_labels(found, specs=set(d["spec"].astype(str))) if "spec" in d.columns else ""
+    return out, _labelled(f"measured vLLM throughput{f' (job {job})' if job else ''}: {_provenance(folder, found)}",
+                          labels)
 
 
 def stalled_runs(steps: pd.DataFrame, runs: pd.DataFrame | None = None, *, jit_factor: float = 10.0,
@@ -304,7 +340,9 @@ def acceptance_agreement(path=None) -> tuple[dict | None, str]:
     p = Path(path) if path is not None else data_dir() / "gpu" / "smollm2_agreement.json"
     if not p.exists():
         return None, f"no engine-agreement record at {p}"
-    return json.loads(verify_recorded(p).read_text()), f"measured (vLLM on GPU vs spec_repro torch traces): {manifest_line(p.parent, [p])}"
+    rec = json.loads(verify_recorded(p).read_text())
+    return rec, _labelled(f"measured (vLLM on GPU vs spec_repro torch traces): {manifest_line(p.parent, [p])}",
+                          _engine_labels([p], models={"smollm2-135m"}))
 
 
 
@@ -321,7 +359,8 @@ def gpu_verify_limits(path=None) -> tuple[pd.DataFrame | None, str]:
         columns={"t_verify_ms": "base_ms"})
     df = df.merge(base, on=["model", "batch_size"], how="left")
     df["vs_no_sd"] = df["t_verify_ms"] / df["base_ms"]
-    return df.drop(columns="base_ms"), f"measured (vLLM step logs): {manifest_line(p.parent, [p])}"
+    labels = _engine_labels([p], models=set(df["model"].astype(str)), methods=set(df["method"].astype(str)))
+    return df.drop(columns="base_ms"), _labelled(f"measured (vLLM step logs): {manifest_line(p.parent, [p])}", labels)
 
 
 def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from .findings import KEY_PREFIXES, MAX_LINE, read_summaries, summary_markdown
 from .paths import repo_root
+from .rowlabels import label_rows
 
 __all__ = ["NOTEBOOKS", "PROFILES", "NotebookResult", "reproduce", "notebooks_dir", "parse_parameters",
            "check_injectable", "check_declared", "ParameterError", "RUNNER_PARAMETERS", "clean_executed",
@@ -481,7 +482,9 @@ def reproduce(profile: str = "embedded", out_dir: str | Path = "out/reproduce", 
     kept = [out / "summary" / f"{n}.json" for n in NOTEBOOKS
             if n not in ran and not (with_traces and n in TRACE_FREE)
             and writerule.mergeable(out / "summary" / f"{n}.json", made_by, publish)]
-    table = read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept))
+    # every row names what ran: its runner, weights and engine configuration (rowlabels: from the measured
+    # sources' engine records, else from what the source says)
+    table = label_rows(read_summaries(sorted([r.summary for r in results if r.summary is not None] + kept)))
     head = f"Profile `{profile}`"
     if parameters:
         head += "; parameters " + ", ".join(

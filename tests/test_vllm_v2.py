@@ -470,10 +470,18 @@ def test_engine_and_specs_route_policies_to_their_runner():
         hybrid_specs("/h", model_dir="/m", methods=("gpu-pr24344-skip",))
     for st in v2hybrid.STAGES:
         for s in v2hybrid.stage_specs(st, "/h", model_dir="/m"):
-            assert s["name"].startswith(f"v2hybrid-{st}-") and s["config"]["model_runner"] == "v2"
+            # vLLM's n-gram runs on V1 only: the grid's n-gram engine is the one V1 engine
+            want = "v1" if s["config"]["method"] == "ngram" else "v2"
+            assert s["name"].startswith(f"v2hybrid-{st}-") and s["config"]["model_runner"] == want
             E.engine_env(E.VLLMConfig(**s["config"], step_log="/tmp/x.jsonl"))      # every config is accepted
-    rot = v2hybrid.stage_specs("grid", "/h", model_dir="/m")[0]
+    rot, none, ngram = v2hybrid.stage_specs("grid", "/h", model_dir="/m")
     assert rot["config"]["hybrid_rotate"] == list(v2hybrid.ROTATE) and rot["tasks"][0]["batch_sizes"] == [1, 8, 32, 64]
+    # the comparison's single proposers in the same stage: no SD on V2 with the same prompts and shapes, n-gram on V1
+    assert none["config"]["method"] == "none" and none["engine_config"] == "v2-forced"
+    assert {k: v for k, v in none["tasks"][0].items() if k != "repeats"} == \
+        {k: v for k, v in rot["tasks"][0].items() if k != "repeats"} and none["tasks"][0]["repeats"] == 3
+    assert ngram["engine_config"] == "v1-forced" and ngram["config"]["k"] == v2hybrid.NGRAM_K
+    assert ngram["tasks"][0]["batch_sizes"] == [1, 8, 32, 64] and ngram["tasks"][0]["workloads"] == ["code-edit"]
 
 
 def test_check_lossless_needs_every_output_equal():

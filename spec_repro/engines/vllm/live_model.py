@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .live_runs import COMMITTED, QWEN, TIMED, read_runs
+from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows
 
 FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
 LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
@@ -60,7 +60,8 @@ def host_index(steps, phase: str = "t_other"):
 
 
 def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
-                   per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit") -> dict:
+                   per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit",
+                   select: dict | None = None) -> dict:
     """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, in ``out``), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
@@ -81,17 +82,21 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
     ``host_index`` first, so the host terms are those of the engine's typical host at each batch size, to be
     scaled back by the index of the run predicted (``_walk``'s ``host``, ``predict_runs``; the index of every run
     of the workload is kept as ``host_index``); the hybrid's own term is then its drafting beyond the
-    per-batch-size EAGLE drafting (not beyond the line, which would fold the line's miss at that size into it)."""
+    per-batch-size EAGLE drafting (not beyond the line, which would fold the line's miss at that size into it).
+    ``select``: the steps and runs fitted (``live_runs.select_rows``; default ``{"engine_config": "v1-forced"}``,
+    the forced V1 runner the committed runs timed; the V2 job's ``v2summary.SELECT``: its V2 grid stage). On the
+    V2 runner every decode batch is uniform (EAGLE and the device-side hybrid draft [B, k] each step), so its fits
+    take ``ragged=False``; its async overlap is what ``wall_over_steps`` measures, per path and batch size."""
     import numpy as np
     import pandas as pd
 
+    select = {"engine_config": TIMED} if select is None else select
     s = pd.read_parquet(Path(out) / "steps.parquet")
-    s = s[s["run_id"].str.startswith(workload) & (s["engine_config"] == TIMED)]
+    s = select_rows(s[s["run_id"].str.startswith(workload)], select)
     missing = [c for c in configs if not (s["config"] == c).any()]
     if missing:
-        raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} on the forced V1 runner "
-                         f"(v1-forced) in {Path(out) / 'steps.parquet'} (the fit needs every configuration of "
-                         f"{list(configs)})")
+        raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} where {select} in "
+                         f"{Path(out) / 'steps.parquet'} (the fit needs every configuration of {list(configs)})")
     m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
         per_bs = True
@@ -121,7 +126,7 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
             m[f"overhead_{name}"] = _lin(np.column_stack([np.ones(len(g)), g["num_reqs"]]), g["t_other"] + g["t_reject"],
                                          grp(g))
     runs = read_runs(out)
-    runs = runs[(runs["task"] == "hybrid") & (runs["engine_config"] == TIMED)]
+    runs = select_rows(runs[runs["task"] == "hybrid"], select)
     ratio = (runs.set_index(["config", "run_id"])["wall_s"] / s.groupby(["config", "run_id"])["t_total"].sum()).dropna()
     m["wall_over_steps"] = {c: float(ratio.loc[c].median()) for c in ("none", "eagle", "ngram") if c in configs}
     hy = dec[dec["config"].isin(hybrid_configs)]

@@ -23,10 +23,24 @@ ENGINE_NOTES = {
     "default": "vLLM chose everything: its runner (V2 for EAGLE and no SD, V1 for n-gram) and async scheduling; "
                "timed only where vLLM ran V1 (the plugin's hooks are the V1 runner's). Labelled `vllm-default` in "
                "older specs",
+    "v2-forced": "the V2 runner forced (VLLM_USE_V2_MODEL_RUNNER=1: the plugin's V2 hooks, runner_v2_patches), vLLM's "
+                 "own scheduling (async for EAGLE and no SD); EAGLE drafts a uniform [B, k] block every step",
 }
 
 
 TIMED = "v1-forced"      # the configuration the plugin timed the live runs on (the V1 runner, forced)
+
+
+def select_rows(df, select: dict | None):
+    """The rows of ``df`` whose columns equal ``select``'s values (e.g. ``{"engine_config": "v2-forced", "stage":
+    "grid"}``); None: all. A column ``df`` lacks selects nothing (no row)."""
+    if not select:
+        return df
+    mask = None
+    for col, val in select.items():
+        m = (df[col] == val) if col in df.columns else (df.index != df.index)
+        mask = m if mask is None else mask & m
+    return df[mask]
 
 
 def read_runs(out: str | Path = COMMITTED):
@@ -88,6 +102,8 @@ def load(raw: str | Path):
         row = {k: v for k, v in d.items() if k not in ("outputs", "keys", "config", "kind")}
         row.pop("engine_config", None)       # the spec's own label: replaced by what its forced settings make
         row.update(_cfg_fields(d.get("config") or e.get("config") or {}, e))   # a rotated engine's run: its policy's
+        if "instrumented" in d:          # the run's own (an overhead task turns the timer off for half its runs)
+            row["instrumented"] = bool(d["instrumented"])
         for c in ("per_position_rate", "accepted_per_pos"):
             row[c] = json.dumps(row.get(c))
         runs.append(row)

@@ -58,13 +58,14 @@ FILE_DOCS = {
 }
 
 
-def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict:
+def summarize(raw: str | Path, out: str | Path = OUT, command: str = "", *, inner=None) -> dict:
     """Write ``out``'s files (FILE_DOCS) from the raw folder; MANIFEST.json records each with its sha256. The files
     are written into a stage folder (``io.staged_dir``) and replace ``out``'s only once every one of them,
     MANIFEST.json included, was written: a failure leaves ``out`` as it was. The profiles already in ``out``
     (``hybrid_trace*.jsonl``: made by ``live profile`` or copied from the raw folder), which the predictions read,
     are read from copies in the stage; ``out``'s own stay as they are. ``out`` may not overlap the raw folder
-    (``summary.check_raw_out``)."""
+    (``summary.check_raw_out``). ``inner(raw, stage, out, command)``: the writer (default: this module's; the V2
+    job's summary passes its own through the same staging)."""
     from ...io import staged_dir
     from .summary import check_raw_out
 
@@ -72,7 +73,7 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
     check_raw_out([raw], out)       # the raw folder is searched recursively: out may not overlap it
     inputs = sorted(p.name for p in out.glob("hybrid_trace*.jsonl") if p.is_file())
     with staged_dir(out, seed=("MANIFEST.json", *inputs)) as stage:
-        res = _summarize(raw, stage, out, command)
+        res = (inner or _summarize)(raw, stage, out, command)
         for name in inputs:        # read in the stage, not written: out's own files stay (and any line appended)
             (stage / name).unlink()
         return res
@@ -80,28 +81,16 @@ def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict
 
 def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
     """``summarize`` writing into ``out`` (the stage) the files that will replace ``final``'s."""
-    import datetime as dt
-
-    import pandas as pd
-
-    from ...provenance import machine_info, package_versions, record, sha256_file
     from .agreement import agreement_report
-    from .jobs import lossless_report
 
     runs, steps, engines = load(raw)
-    write_via(runs.to_csv, out / "runs.csv", index=False)
-    keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
-    write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
-    ll, agree = [], {}
-    for qres in sorted(raw.rglob("qwen*/results.jsonl")):     # every Qwen results folder: qwen, qwen2, ...
-        recs = [json.loads(x) for x in open(qres) if x.strip()]
-        ll += lossless_report(recs)
-        if any(d.get("task") == "prompts" for d in recs):       # the agreement engines
-            agree.update(agreement_report(qres.parent))
-    if ll:
-        ll = pd.DataFrame(ll)
-        ll["first_difference"] = ll["first_difference"].map(lambda v: json.dumps(v) if v else "")
-        write_via(ll.to_csv, out / "lossless.csv", index=False)
+    write_runs_steps(runs, steps, out)
+    agree = {}
+    qres = sorted(raw.rglob("qwen*/results.jsonl"))             # every Qwen results folder: qwen, qwen2, ...
+    write_lossless(qres, out)
+    for f in qres:
+        if any(json.loads(x).get("task") == "prompts" for x in open(f) if x.strip()):   # the agreement engines
+            agree.update(agreement_report(f.parent))
     if agree:
         (out / "qwen_agreement.json").write_text(json.dumps(agree, indent=1, default=float) + "\n")
     if (out / "hybrid_trace.jsonl").exists():     # made on the CPU by `profile` (the predictor's input)
@@ -111,6 +100,41 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
     for name, wl in TABLES.items():   # where a workload's profile is here (copied from the raw folder: the GPU's)
         if device_trace(out, wl) is not None:
             _write_table(out, name, wl, ta)
+    write_manifest(raw, out, final, command, engines, FILE_DOCS)
+    return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
+
+
+def write_runs_steps(runs, steps, out: Path) -> None:
+    """``runs.csv`` and ``steps.parquet`` (per-request detail left out)."""
+    write_via(runs.to_csv, out / "runs.csv", index=False)
+    keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
+    write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
+
+
+def write_lossless(results_files, out: Path) -> None:
+    """``lossless.csv`` (``jobs.lossless_report`` of each results file on its own: a folder's runs against the
+    no-SD engine of the same folder), when any run was compared."""
+    import pandas as pd
+
+    from .jobs import lossless_report
+
+    ll = []
+    for f in results_files:
+        ll += lossless_report([json.loads(x) for x in open(f) if x.strip()])
+    if ll:
+        ll = pd.DataFrame(ll)
+        ll["first_difference"] = ll["first_difference"].map(lambda v: json.dumps(v) if v else "")
+        write_via(ll.to_csv, out / "lossless.csv", index=False)
+
+
+def write_manifest(raw: Path, out: Path, final: Path, command: str, engines: list[dict], file_docs: dict) -> None:
+    """MANIFEST.json in the stage ``out``: ``_device_runs`` (where, when and how the raw folder's runs were made:
+    device, versions, every engine's configuration and labels) and one entry per file of ``out`` and ``final``
+    (the stage's win) with its ``file_docs`` description and sha256."""
+    import datetime as dt
+
+    from ...provenance import machine_info, package_versions, record, sha256_file
+
     env = engines[0].get("env", {}) if engines else {}
     when = max((f.stat().st_mtime for f in raw.rglob("results*.jsonl")), default=None)
     # where the numbers were measured (the device), not where this summary ran (summarized_on)
@@ -136,9 +160,8 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
         cpu = name.startswith("hybrid_trace") and _profiled_on(files[name]) != "cuda"    # `live profile` here
         kind = ("computed on the CPU from the H200's no-SD outputs (torch float32)" if cpu else
                 "measured on the lent H200 (see _device_runs), or computed from those measurements")
-        record(out / "MANIFEST.json", name, file=name, description=FILE_DOCS.get(name, ""),
+        record(out / "MANIFEST.json", name, file=name, description=file_docs.get(name, ""),
                sha256=sha256_file(files[name]), kind=kind, **({} if cpu else dev))
-    return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
 
 
 def _profiled_on(path: Path) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ...io import write_via
 from .live_model import FIT_CONFIGS, fit_step_model, predict, predict_runs
 from .live_profile import load_profiles
-from .live_runs import COMMITTED, QWEN, TIMED, read_runs
+from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows
 from .live_throughput import throughput
 
 
@@ -42,7 +42,7 @@ def measured_vs_predicted(out: str | Path = COMMITTED, profiles_path=None):
 
 def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
                      hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False,
-                     workload: str = "code-edit"):
+                     workload: str = "code-edit", select: dict | None = None):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs,
     data/gpu/v1-runner/agreement's):
@@ -56,15 +56,16 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
     idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/v1-runner/adaptive-rule's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
-    host-side policy, none for the device-side one (its idle counterpart did not run there)."""
+    host-side policy, none for the device-side one (its idle counterpart did not run there). ``select``: the runs
+    and steps measured and fitted (default: every run measured, the forced V1 runner's fitted)."""
     prof = load_profiles(profiles_path)
-    t = throughput(out=out, workload=workload)
+    t = throughput(out=out, workload=workload, select=select)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
     # which idle configuration's hybrid term prices each hybrid (None: none, the EAGLE path's terms alone)
     idle_of = dict(idle) if isinstance(idle, dict) else {h: idle for h in hybrids}
     idles = sorted({i for i in idle_of.values() if i})
     # each model fitted once; per_bs only adds its ``by_bs`` terms, which the line prediction leaves out
-    kw = dict(configs=("none", "eagle"), ragged=False, workload=workload)
+    kw = dict(configs=("none", "eagle"), ragged=False, workload=workload, select=select)
     fits = {None: fit_step_model(out, per_bs=per_bs, **kw)}
     fits.update({i: fit_step_model(out, hybrid_configs=(i,), per_bs=per_bs, **kw) for i in idles})
     model_of = {"none": None, "eagle": None, **{i: i for i in idles}, **{h: idle_of.get(h) for h in hybrids}}
@@ -86,8 +87,9 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         hfits = {None: fit_step_model(out, host_scaled=True, **kw)}
         hfits.update({i: fit_step_model(out, hybrid_configs=(i,), host_scaled=True, **kw) for i in idles})
         runs = read_runs(out)
-        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["engine_config"] == TIMED)
-                    & (runs["model"] == QWEN) & runs["config"].isin(res["config"])]
+        runs = select_rows(runs, {"engine_config": TIMED} if select is None else select)
+        runs = runs[(runs["task"] == "hybrid") & (runs["workload"] == workload) & (runs["model"] == QWEN)
+                    & runs["config"].isin(res["config"])]
         q = predict_runs(prof, {c: hfits[model_of.get(c)] for c in res["config"]}, runs,
                          hfits[None]["host_index"])      # every run of the workload: alike in every fit
         res = res.merge(q, on=["config", "batch_size"])
@@ -110,15 +112,16 @@ def device_trace(out: str | Path, workload: str = "code-edit") -> Path | None:
     return found[-1][1] if found else None     # the highest N (s10 after s9)
 
 
-def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit"):
+def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit", select: dict | None = None):
     """A rotated engine's policies against ``base`` (EAGLE alone: ``off``) REPEAT BY REPEAT: each repeat ran every
     policy back to back in one engine (a Latin-square order), so ``tok_s(policy, r) / tok_s(base, r)`` compares
     runs minutes apart on one process. Per configuration and batch size: the median and the min / max of those
-    ratios over the repeats. Only the configurations of rotated runs (run ids ``...@policy-rN``)."""
+    ratios over the repeats. Only the configurations of rotated runs (run ids ``...@policy-rN``); ``select``: of the
+    runs it selects (``live_runs.select_rows``)."""
     import pandas as pd
 
     none = pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
-    r = read_runs(out)
+    r = select_rows(read_runs(out), select)
     r = r[(r["task"] == "hybrid") & (r["workload"] == workload) & r["run_id"].str.contains("@", regex=False)]
     if not (r["config"] == base).any():          # no rotated engine, or none with the base among its policies
         return none

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...paths import data_dir
-from .live_runs import COMMITTED, read_runs
+from .live_runs import COMMITTED, read_runs, select_rows
 
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
 
@@ -26,16 +26,16 @@ def step_floor_s(model: str, batch: int, context: float) -> float:
     return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
 
 
-def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edit"):
+def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edit", select: dict | None = None):
     """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time),
     mean / min / max over repeats, vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the
     step floor at the run's mean context: its first prompt's length plus half the tokens each request
     generates) beside it. ``workload``: the hybrid runs of that workload (the Llama batches have none: always
-    kept)."""
+    kept); ``select``: only the runs it selects (``live_runs.select_rows``)."""
     import pandas as pd
 
     runs = read_runs(out) if runs is None else runs
-    runs = runs[runs["task"].isin(["hybrid", "batches"])].copy()
+    runs = select_rows(runs[runs["task"].isin(["hybrid", "batches"])], select).copy()
     if "workload" in runs:
         runs = runs[runs["workload"].isna() | (runs["workload"] == workload)]
     runs["repeat"] = runs["repeat"].fillna(runs["run_id"].str.extract(r"-r(\d+)$")[0].astype(float))

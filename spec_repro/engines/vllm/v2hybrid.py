@@ -10,14 +10,22 @@
               prompts, 256 tokens (``jobs`` task ``overhead``).
 ``grid``      one EAGLE engine rotating ``off``, ``gpu-eagle-only``, ``gpu-pr24344``, ``gpu-pr24344-skip`` shape by
               shape (a Latin square: ``hybrid_jobs.rotated_order``), code-edit then sharegpt, bs 1 / 8 / 32 / 64, 4
-              repeats, every step timed on V2.
+              repeats, every step timed on V2; then a no-SD V2 engine (the same prompts and shapes, 3 repeats: the
+              step model's no-SD term and the hybrids' no-SD reference) and vLLM's n-gram on the V1 runner (its
+              only runner in vLLM 0.25; ``v1-forced``, timed by the V1 hooks) at k = ``NGRAM_K``, code-edit only,
+              3 repeats (the bs-1 comparison's other single proposer; sharegpt's would not fit the lease).
 
-Every engine forces the V2 runner (``engine_config`` ``v2-forced``: ``VLLM_USE_V2_MODEL_RUNNER=1``) and vLLM's own
-scheduling (async for EAGLE), Qwen2.5-Coder-1.5B-Instruct (real weights) and the package's EAGLE head at k = 5.
+Every engine but the n-gram one forces the V2 runner (``engine_config`` ``v2-forced``: ``VLLM_USE_V2_MODEL_RUNNER=1``)
+and vLLM's own scheduling (async for EAGLE), Qwen2.5-Coder-1.5B-Instruct (real weights) and the package's EAGLE head
+at k = 5. ``estimate`` prices a spec from the V2 grid's measured engine starts and seconds per run
+(``gpu/plans/v2hybrid.json``'s ``engine_seconds``). ``summarize`` writes the raw folder's tables
+(``v2summary``), ``verdict`` prints what they show (``v2verdict``).
 
     python -m spec_repro.engines.vllm.v2hybrid plan [--stage S]                # CPU: specs and estimated seconds
     python -m spec_repro.engines.vllm.v2hybrid run --stage S --head DIR --out DIR [--deadline S]
     python -m spec_repro.engines.vllm.v2hybrid check-lossless --out DIR          # rc 1 unless lossless
+    python -m spec_repro.engines.vllm.v2hybrid summarize --raw DIR [--out data/gpu/live]
+    python -m spec_repro.engines.vllm.v2hybrid verdict [--out data/gpu/live]     # rc 1 unless every line passes
 """
 from __future__ import annotations
 
@@ -26,10 +34,17 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[3]
+PLAN = ROOT / "gpu" / "plans" / "v2hybrid.json"
 STAGES = ("lossless", "overhead", "grid")
 ROTATE = ("off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip")
 ENGINE_CONFIG = "v2-forced"
 K = 5
+# vLLM's n-gram at k = 5: every committed n-gram run (data/gpu/v1-runner, the V1 runner; data/gpu/v2grid) ran k = 5,
+# so the grid's is comparable to them; the live step model fitted on data/gpu/v1-runner/rotated-code-edit, walked
+# over its profile (hybrid_trace_s5.jsonl) at k = 1..7, prices k = 5 within 3% of the fastest k (k = 7: +3% at
+# bs 1, +1-2% at bs 8-64) and 25% above k = 1 at bs 1: no k is measurably better
+NGRAM_K = 5
 OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 256, "batch_sizes": [1, 8, 32, 64],
                  "repeats": 4, "order": "abba", "vocab_size": 151936}
 
@@ -52,23 +67,54 @@ def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[
             s["tasks"] = [dict(OVERHEAD_TASK)]
         names = ("none", "eagle")
     else:
-        specs = [rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw)]
-        names = ("rotate",)
+        specs = [rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw),
+                 hybrid_specs(head, methods=("none",), repeats=3, **kw)[0],
+                 hybrid_specs(head, methods=("ngram",), repeats=3, workloads=("code-edit",), model_dir=model_dir,
+                              k=NGRAM_K, engine_config="v1-forced")[0]]
+        names = ("rotate", "none", "ngram")
     for s, n in zip(specs, names):
         s["name"] = f"v2hybrid-{stage}-{n}"
-        assert s["config"]["model_runner"] == "v2" and s.get("instrumented", True), s
+        # the n-gram engine runs V1 (vLLM 0.25's V2 runner does not take it); every engine is timed
+        assert s["config"]["model_runner"] == ("v1" if n == "ngram" else "v2") and s.get("instrumented", True), s
     return specs
 
 
-def estimate(spec: dict) -> float:
-    """A spec's seconds: ``hybrid_jobs.estimate_seconds`` for hybrid tasks; an overhead task as 2 runs (on, off) of
-    ``max_tokens`` steps per batch size and repeat, ~6 ms a step at bs 64 (a 1.5B target on an H200)."""
-    from .hybrid_jobs import estimate_seconds
+def load_plan(path: str | Path = PLAN) -> dict:
+    return json.loads(Path(path).read_text())
 
-    t = estimate_seconds(spec, start_s=75.0)
+
+def _run_s(es: dict, method: str, workload: str, b: int, max_tokens: int) -> float:
+    """Seconds of one timed run of ``b`` requests (``es["run_s"]``: measured at 256 tokens; scaled to
+    ``max_tokens``); the hybrid policies take EAGLE's."""
+    per = es["run_s"]["eagle" if method not in es["run_s"] else method]
+    return per[workload if workload in per else next(iter(per))][str(b)] * max_tokens / 256
+
+
+def estimate(spec: dict, plan: dict | None = None) -> float:
+    """A spec's seconds from the V2 grid's measurements (the plan's ``engine_seconds``: engine start, seconds per
+    run per method, workload and batch size at 256 tokens, per workload the prompts' loading): per workload and
+    batch size, chunks x (repeats + 1 warm-up pass) x the run's seconds, times the policies a rotated engine
+    switches between. An overhead task: 2 runs (timer on, off) per batch size and repeat of 256 steps each (a
+    random prompt: EAGLE's drafts are rejected, one token a step), priced by the V2 cost model fitted on the same
+    grid (``v2fit.step_time``, preset ``qwen2.5-coder-1.5b-h200-v2``)."""
+    from ...costmodel import load_cost_model
+    from .v2fit import NAME, step_time
+
+    es = (plan or load_plan())["engine_seconds"]
+    t = es["start_s"]
+    method = spec["config"]["method"]
+    pols = len(spec["config"].get("hybrid_rotate") or ()) or 1
     for task in spec["tasks"]:
-        if task["type"] == "overhead":
-            t += sum(2 * task["repeats"] * task["max_tokens"] * (0.004 + b * 3e-5) for b in task["batch_sizes"])
+        if task["type"] == "hybrid":
+            for w in task["workloads"]:
+                t += es["per_workload_s"]
+                for b in task["batch_sizes"]:
+                    chunks = -(-max(b, task["prompts_per_bs"]) // b)
+                    t += pols * (task["repeats"] + 1) * chunks * _run_s(es, method, w, b, task["max_tokens"])
+        elif task["type"] == "overhead":
+            cm = load_cost_model(NAME)
+            k = spec["config"]["k"] if method == "eagle" else 0
+            t += sum(2 * task["repeats"] * task["max_tokens"] * float(step_time(cm, b, k)) for b in task["batch_sizes"])
     return t
 
 
@@ -94,7 +140,14 @@ def main(argv=None) -> int:
             p.add_argument("--deadline", type=float, help="seconds from now for the whole stage")
     c = sub.add_parser("check-lossless")
     c.add_argument("--out", required=True, help="the lossless stage's folder (its results.jsonl)")
+    sm = sub.add_parser("summarize", help="the raw folder's tables into --out (v2summary), swapped in whole")
+    sm.add_argument("--raw", required=True, help="the job's results folder (v2hybrid/: one folder per stage)")
+    sm.add_argument("--out", default=None, help="default: data/gpu/live")
+    v = sub.add_parser("verdict", help="each line the V2 run must show, PASS / FAIL (v2verdict)")
+    v.add_argument("--out", default=None, help="a summarized folder (default: data/gpu/live)")
     a = ap.parse_args(argv)
+    if a.cmd in ("summarize", "verdict"):
+        return _summary_cmd(a)
     if a.cmd == "check-lossless":
         res = Path(a.out) / "results.jsonl"
         if not res.is_file():
@@ -120,6 +173,35 @@ def main(argv=None) -> int:
 
     return run_specs(stage_specs(a.stage, a.head, model_dir=model_dir), Path(a.out), a.timeout, False, None,
                      a.deadline)
+
+
+def _summary_cmd(a) -> int:
+    """``summarize`` / ``verdict``: bad input (no folder, --out overlapping --raw) is one line on stderr, rc 2."""
+    from ...io import OutputError
+    from .live_runs import OUT
+
+    out = Path(a.out) if a.out else OUT
+    if a.cmd == "verdict":
+        if not out.is_dir():
+            print(f"v2hybrid verdict: no folder {out}", file=sys.stderr)
+            return 2
+        from .v2verdict import verdict
+
+        ok, lines = verdict(out)
+        print("\n".join(lines))
+        return 0 if ok else 1
+    if not Path(a.raw).is_dir():
+        print(f"v2hybrid summarize: no folder {a.raw}", file=sys.stderr)
+        return 2
+    from .v2summary import summarize
+
+    try:
+        print(json.dumps(summarize(a.raw, out, command=" ".join(["python -m spec_repro.engines.vllm.v2hybrid",
+                                                                 *sys.argv[1:]]))))
+    except OutputError as e:          # --out overlapping --raw
+        print(f"v2hybrid summarize: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,216 @@
+"""The V2 hybrid job's raw folder (``v2hybrid`` stages ``lossless`` / ``overhead`` / ``grid``: one
+``results.jsonl`` and the plugin's ``steps_*.jsonl`` per stage folder) -> a folder of compact files (``FILE_DOCS``;
+``data/gpu/live`` by default) and MANIFEST.json, written through the V1 summary's staging and manifest
+(``live_summary.summarize``: a failure leaves the folder as it was).
+
+The V2 rows have the V1 rows' format (``runner_v2_patches`` logs the step timer's columns), so the V1 readers serve:
+``live_runs.load`` (every run labelled from its engine's resolved vLLM config: ``labels.run_labels``),
+``live_model.fit_step_model`` / ``live_tables.predicted_padded`` (the out-of-sample predictor) and
+``live_tables.paired_ratios``, each restricted to the grid stage's V2 engines (``SELECT``). Where V2 differs:
+
+- every decode batch is uniform: EAGLE and the device-side hybrid draft a [B, k] block each step (a request the
+  n-gram serves gets its k tokens in EAGLE's slots), so the fits take one target forward (``ragged=False``); the
+  V1 runner's second, ragged forward has no V2 counterpart;
+- async scheduling overlaps a share of each step with the next one's host work on both no SD and EAGLE: the
+  predictor's wall-over-summed-steps ratio is measured per path and batch size on this run (``per_bs``), the
+  hybrids' from their idle counterpart ``gpu-eagle-only``.
+
+Files: ``runs.csv`` (every run with ``stage``), ``steps.parquet``, ``lossless.csv`` (each stage folder's runs
+against the no-SD engine of the same folder), ``overhead.csv`` (``overhead_table``), ``ratios.csv``
+(``ratio_table``), ``predicted.csv`` (``predicted_table``: once a profile ``hybrid_trace*.jsonl`` is in the
+folder). ``v2verdict`` reads them back.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...io import write_via
+from .live_runs import OUT, load, read_runs, select_rows
+from .live_summary import summarize as _staged, write_lossless, write_manifest, write_runs_steps
+
+SELECT = {"engine_config": "v2-forced", "stage": "grid"}      # the runs and steps the V2 tables read
+HYBRIDS = ("gpu-pr24344", "gpu-pr24344-skip")                 # predicted out of sample, held against EAGLE alone
+IDLE = "gpu-eagle-only"        # the device-side machinery with every request on EAGLE: the hybrids' own term
+OVERHEAD_LIMIT = 0.03          # the V2 timer may cost at most this share of throughput
+WORKLOADS = ("code-edit", "sharegpt")
+
+FILE_DOCS = {
+    "runs.csv": "one row per timed run: stage (lossless / overhead / grid), engine spec, configuration (method or "
+                "hybrid policy), workload, batch size, repeat, tok/s, wall s, vLLM's spec-decode counters, weights; "
+                "what ran, read from each engine's resolved vLLM config: runner (v1/v2) beside runner_forced, "
+                "async_scheduling beside async_scheduling_forced, instrumented, engine_config",
+    "steps.parquet": "every step the plugin timed (the V1 and V2 timers' columns, stage, spec, engine_config, "
+                     "uniform, hybrid counts), per-request detail left out",
+    "lossless.csv": "per run: requests whose greedy output equals the no-SD engine's of the same stage at the "
+                    "same batch size (equal / total, the first difference)",
+    "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE) and batch size: tok/s with the timer "
+                    "installed (on) and removed (off), interleaved repeats; overhead = 1 - mean over repeats of "
+                    "on / off (overhead_paired), within_limit: overhead <= 3%",
+    "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
+                  "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
+                  "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
+                  "n-gram V1 engine's and the faster of the two (separate engines: means over repeats); lossless "
+                  "(the lossless stage's comparison where it ran the shape), equal / compared requests and EAGLE "
+                  "alone's",
+    "predicted.csv": "each configuration's measured tok/s beside its prediction over the profile of the no-SD "
+                     "outputs (hybrid_trace*.jsonl): the step model fitted on this run's no SD and EAGLE-alone V2 "
+                     "steps, the hybrids' own term on gpu-eagle-only's (the hybrids out of sample); ratio_per_bs = "
+                     "measured / predicted with per-batch-size host terms, ratio_host each run at its host speed",
+}
+
+
+def stage_of(spec) -> str | None:
+    """The stage an engine spec ran in (``v2hybrid-<stage>-<what>``), or None."""
+    parts = str(spec).split("-")
+    return parts[1] if len(parts) > 2 and parts[0] == "v2hybrid" else None
+
+
+def load_v2(raw: str | Path):
+    """``live_runs.load`` with each run's and step's ``stage``."""
+    runs, steps, engines = load(raw)
+    for df in (runs, steps):
+        if len(df):
+            df["stage"] = df["spec"].map(stage_of)
+    return runs, steps, engines
+
+
+def summarize(raw: str | Path, out: str | Path = OUT, command: str = "") -> dict:
+    """Write ``out``'s files (``FILE_DOCS``) from the V2 job's raw folder through ``live_summary.summarize``'s
+    staging: written into a stage folder, swapped in only once MANIFEST.json is written; ``out`` may not overlap
+    ``raw`` (``summary.check_raw_out``)."""
+    return _staged(raw, out, command, inner=_summarize)
+
+
+def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
+    runs, steps, engines = load_v2(raw)
+    write_runs_steps(runs, steps, out)
+    write_lossless(sorted(raw.rglob("results.jsonl")), out)
+    if len(runs) and (runs["task"] == "overhead").any():
+        write_via(overhead_table(runs).to_csv, out / "overhead.csv", index=False, float_format="%.6g")
+    rt = ratio_table(out)
+    if len(rt):
+        write_via(rt.to_csv, out / "ratios.csv", index=False, float_format="%.6g")
+    pt = predicted_table(out)
+    if pt is not None:
+        write_via(pt.to_csv, out / "predicted.csv", index=False, float_format="%.6g")
+    write_manifest(raw, out, final, command, engines, FILE_DOCS)
+    return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
+
+
+def overhead_table(runs):
+    """The timer's cost per engine and batch size (``steps.overhead_table`` of the ``overhead`` runs: on / off
+    interleaved in one engine, ``overhead_paired`` = 1 - mean over repeats of on / off), with the engine's
+    ``config``, ``runner`` and ``engine_config``, ``overhead`` (the paired estimate; the ratio of means where
+    fewer than two pairs ran) and ``within_limit`` (overhead <= 3%)."""
+    from .steps import overhead_table as table
+
+    r = runs[runs["task"] == "overhead"]
+    ov = table(r.assign(session=r["engine_config"])).rename(columns={"session": "engine_config"})
+    first = r.groupby("spec")[["config", "runner"]].first()
+    ov.insert(1, "config", ov["spec"].map(first["config"]))
+    ov.insert(2, "runner", ov["spec"].map(first["runner"]))
+    ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
+    ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
+    return ov
+
+
+def _lossless(out: Path) -> dict:
+    """(workload, config, batch size) -> (every compared output equal to no SD's, equal, total) from ``out``'s
+    lossless.csv: the ``lossless`` stage's rows where that stage ran the shape (the job's gate: one engine per
+    configuration beside no SD, greedy, the same requests), else every stage's. Between separately started engines
+    bf16 numerics alone can part outputs (data/gpu/v1-runner/rotated-code-edit: EAGLE alone equal to no SD on 28
+    of 32 requests at bs 1, 175 of 256 at bs 64), so ratio_table gives EAGLE alone's counts beside each policy's."""
+    import pandas as pd
+
+    f = out / "lossless.csv"
+    if not f.exists():
+        return {}
+    ll = pd.read_csv(f)
+    ll["stage"] = ll["spec"].map(stage_of)
+    res = {}
+    for k, g in ll.groupby(["workload", "config", "batch_size"]):
+        gate = g[g["stage"] == "lossless"]
+        g = gate if len(gate) else g
+        res[k] = (bool((g["equal"] == g["total"]).all()), int(g["equal"].sum()), int(g["total"].sum()))
+    return res
+
+
+def ratio_table(out: str | Path):
+    """Per workload, configuration and batch size of the grid stage: ``tok_s`` (``live_throughput.throughput``:
+    a repeat's tokens over its wall time, mean over repeats) with its runner and engine_config; ``vs_eagle_*``
+    (``live_tables.paired_ratios``: over EAGLE alone in the same rotated V2 engine, repeat by repeat); ``vs_none``
+    (over the no-SD V2 engine), ``vs_ngram`` (over vLLM's n-gram on V1), ``vs_best_other`` (over the faster of
+    those two), each a ratio of means across engines; ``lossless`` with ``equal`` / ``compared`` requests and EAGLE
+    alone's ``eagle_equal`` / ``eagle_compared`` at the same shape (``_lossless``; empty: not compared)."""
+    import pandas as pd
+
+    from .live_tables import paired_ratios
+    from .live_throughput import throughput
+
+    out = Path(out)
+    if not (out / "runs.csv").exists():
+        return pd.DataFrame()
+    runs = select_rows(read_runs(out), {"stage": "grid"})
+    ll = _lossless(out)
+    parts = []
+    for wl in WORKLOADS:
+        r = runs[(runs["task"] == "hybrid") & (runs["workload"] == wl)]
+        if not len(r):
+            continue
+        t = throughput(r, workload=wl)
+        lab = r.groupby("config")[["runner", "engine_config"]].first()
+        t = t[["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "repeats", "acceptance_length"]].copy()
+        t.insert(0, "workload", wl)
+        t.insert(2, "runner", t["config"].map(lab["runner"]))
+        t.insert(3, "engine_config", t["config"].map(lab["engine_config"]))
+        tok = t.set_index(["config", "batch_size"])["tok_s"]
+        per = lambda c: t["batch_size"].map(tok[c] if c in tok.index.get_level_values(0) else {})   # noqa: E731
+        t["vs_none"], t["vs_ngram"] = t["tok_s"] / per("none"), t["tok_s"] / per("ngram")
+        t["vs_best_other"] = t["tok_s"] / pd.concat([per("none"), per("ngram")], axis=1).max(axis=1)
+        pr = paired_ratios(out, base="eagle", workload=wl, select=SELECT).rename(columns=lambda c: c.replace(
+            "paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
+        t = t.merge(pr, on=["config", "batch_size"], how="left")
+        got = [ll.get((wl, c, b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
+        eag = [ll.get((wl, "eagle", b), (None, None, None)) for b in t["batch_size"]]
+        t["lossless"], t["equal"], t["compared"] = zip(*got) if got else ((), (), ())
+        t["eagle_equal"], t["eagle_compared"] = [e[1] for e in eag], [e[2] for e in eag]
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def profile_for(out: Path, workload: str) -> Path | None:
+    """The profile of ``workload``'s no-SD outputs in ``out``: ``hybrid_trace.jsonl`` (code-edit, ``live
+    profile``'s default name) or the highest ``hybrid_trace[_<workload>]_sN.jsonl`` (``live_tables.device_trace``)."""
+    from .live_tables import device_trace
+
+    if workload == "code-edit" and (out / "hybrid_trace.jsonl").exists():
+        return out / "hybrid_trace.jsonl"
+    return device_trace(out, workload)
+
+
+def predicted_table(out: str | Path):
+    """Per workload with a profile in ``out``: ``live_tables.predicted_padded`` on the grid stage's V2 runs
+    (``SELECT``): the step model fitted on no SD and EAGLE alone, the hybrids' own per-step term on ``IDLE``, so
+    ``HYBRIDS`` are predicted out of sample; per-batch-size host terms (``ratio_per_bs``) and each run at its own
+    host speed (``ratio_host``: the rotated engine shares one host index). None: no profile or no such runs."""
+    import pandas as pd
+
+    from .live_tables import predicted_padded
+
+    out = Path(out)
+    if not (out / "steps.parquet").exists():
+        return None
+    runs = select_rows(read_runs(out), SELECT)
+    parts = []
+    for wl in WORKLOADS:
+        prof = profile_for(out, wl)
+        have = set(runs.loc[runs["workload"] == wl, "config"])
+        if prof is None or not {"none", "eagle", IDLE} <= have:
+            continue
+        hyb = tuple(h for h in HYBRIDS if h in have)
+        p = predicted_padded(out, prof, idle=IDLE, hybrids=hyb, per_bs=True, host_scaled=True, workload=wl,
+                             select=SELECT)
+        p.insert(0, "workload", wl)
+        p["profile"] = prof.name
+        parts.append(p)
+    return pd.concat(parts, ignore_index=True) if parts else None

@@ -1,0 +1,148 @@
+"""The V2 hybrid job's verdict on one screen: each line the study's V2 run must show, its numbers from the summarized
+folder (``v2summary``'s ``overhead.csv``, ``ratios.csv``, ``predicted.csv``, ``runs.csv``, ``steps.parquet``) and
+PASS or FAIL. A missing file fails its line.
+
+1. the V2 step timer costs at most 3% of throughput at every batch size, no SD and EAGLE (``overhead``: 1 - the
+   mean over interleaved repeats of timer-on / timer-off tok/s, one engine each);
+2. code-edit, bs 1: the best V2 hybrid runs at least 1.05x EAGLE alone on V2 (median over repeats of the paired
+   ratio in one rotated engine), at least the faster of no SD (V2) and n-gram (V1), and its outputs equal no SD's;
+3. code-edit, every batch size: the best V2 hybrid runs at least 0.98x EAGLE alone, or the line names the cost it
+   pays (its median decode step's drafting and other host time beyond EAGLE alone's, from the step log);
+4. each hybrid's measured tok/s within 10% of its out-of-sample prediction (``ratio_per_bs``);
+5. every run row names its runner, weights and configuration (``runner``, ``weights``, ``engine_config``,
+   ``config``), read from the engine's resolved vLLM config.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .v2summary import HYBRIDS, OVERHEAD_LIMIT
+
+BS1_MIN, EVERY_BS_MIN, PRED_TOL = 1.05, 0.98, 0.10
+LABELS = ("runner", "weights", "engine_config", "config")
+
+
+def _mark(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def _read(out: Path, name: str):
+    import pandas as pd
+
+    return pd.read_csv(out / name) if (out / name).exists() else None
+
+
+def overhead_line(out: Path) -> tuple[bool, str]:
+    ov = _read(out, "overhead.csv")
+    head = f"V2 timer overhead <= {OVERHEAD_LIMIT:.0%} at every batch size"
+    if ov is None or not len(ov):
+        return False, f"{head}: no overhead.csv"
+    parts, ok = [], True
+    for c, g in ov.groupby("config"):
+        g = g.sort_values("batch_size")
+        parts.append(f"{c}: " + ", ".join(f"bs {b} {o:+.1%}" for b, o in zip(g["batch_size"], g["overhead"])))
+        ok &= bool(g["within_limit"].all())
+    ok &= {"none", "eagle"} <= set(ov["config"])
+    return ok, f"{head}: " + "; ".join(parts)
+
+
+def _best(rt, bs: int):
+    h = rt[(rt["workload"] == "code-edit") & (rt["batch_size"] == bs) & rt["config"].isin(HYBRIDS)]
+    h = h.dropna(subset=["vs_eagle_median"])
+    return None if not len(h) else h.loc[h["vs_eagle_median"].idxmax()]
+
+
+def bs1_line(out: Path) -> tuple[bool, str]:
+    rt = _read(out, "ratios.csv")
+    head = f"code-edit bs 1: best V2 hybrid >= {BS1_MIN}x EAGLE (V2), >= best of n-gram / no SD, lossless"
+    b = None if rt is None else _best(rt, 1)
+    if b is None:
+        return False, f"{head}: no paired hybrid runs in ratios.csv"
+    ll = str(b["lossless"])          # True / False / nan (not compared)
+    lossless = ll == "True"
+    ok = b["vs_eagle_median"] >= BS1_MIN and b["vs_best_other"] >= 1.0 and lossless
+    return bool(ok), (f"{head}: {b['config']} {b['vs_eagle_median']:.3f}x EAGLE (paired, {int(b['vs_eagle_pairs'])} "
+                      f"repeats, {b['vs_eagle_min']:.3f}-{b['vs_eagle_max']:.3f}), {b['vs_best_other']:.3f}x best "
+                      f"other (no SD {b['vs_none']:.3f}x, n-gram {b['vs_ngram']:.3f}x), lossless "
+                      f"{'yes' if lossless else 'no' if ll == 'False' else 'not compared'}{_counts(b)}")
+
+
+def _counts(b) -> str:
+    """`` (n/m equal; EAGLE alone n/m)`` where counted."""
+    import math
+
+    num = lambda v: v is not None and not (isinstance(v, float) and math.isnan(v))     # noqa: E731
+    if not all(num(b.get(c)) for c in ("equal", "compared")):
+        return ""
+    e = f"; EAGLE alone {int(b['eagle_equal'])}/{int(b['eagle_compared'])}" if num(b.get("eagle_equal")) else ""
+    return f" ({int(b['equal'])}/{int(b['compared'])} equal{e})"
+
+
+def _cost(out: Path, config: str, bs: int) -> str:
+    """The hybrid's median decode step beyond EAGLE alone's at ``bs`` (code-edit, grid stage): drafting, other."""
+    import pandas as pd
+
+    f = out / "steps.parquet"
+    if not f.exists():
+        return "no steps.parquet"
+    s = pd.read_parquet(f, columns=["config", "batch_size", "phase", "run_id", "t_draft", "t_other", "stage"])
+    s = s[(s["phase"] == "decode") & (s["batch_size"] == bs) & s["run_id"].str.startswith("code-edit")
+          & (s["stage"] == "grid")]
+    med = s.groupby("config")[["t_draft", "t_other"]].median()
+    if config not in med.index or "eagle" not in med.index:
+        return "no steps"
+    d = 1e3 * (med.loc[config] - med.loc["eagle"])
+    return f"pays {d['t_draft']:+.2f} ms drafting, {d['t_other']:+.2f} ms other a step"
+
+
+def every_bs_line(out: Path) -> tuple[bool, str]:
+    rt = _read(out, "ratios.csv")
+    head = f"code-edit every bs: best V2 hybrid >= {EVERY_BS_MIN}x EAGLE (V2)"
+    if rt is None:
+        return False, f"{head}: no ratios.csv"
+    parts, ok = [], True
+    for bs in (1, 8, 32, 64):
+        b = _best(rt, bs)
+        if b is None:
+            parts.append(f"bs {bs} not run")
+            ok = False
+            continue
+        good = b["vs_eagle_median"] >= EVERY_BS_MIN
+        ok &= bool(good)
+        parts.append(f"bs {bs} {b['config']} {b['vs_eagle_median']:.3f}x" +
+                     ("" if good else f" ({_cost(out, b['config'], bs)})"))
+    return ok, f"{head}: " + "; ".join(parts)
+
+
+def prediction_line(out: Path) -> tuple[bool, str]:
+    p = _read(out, "predicted.csv")
+    head = f"each hybrid within {PRED_TOL:.0%} of its out-of-sample prediction"
+    if p is None:
+        return False, f"{head}: no predicted.csv (profile the no-SD outputs: live profile)"
+    h = p[p["config"].isin(HYBRIDS)]
+    if not len(h):
+        return False, f"{head}: no hybrid predicted"
+    parts = [f"{w} {c}: {g['ratio_per_bs'].min():.3f}-{g['ratio_per_bs'].max():.3f}"
+             for (w, c), g in h.groupby(["workload", "config"])]
+    ok = bool(((h["ratio_per_bs"] - 1).abs() <= PRED_TOL).all())
+    return ok, f"{head} (measured / predicted over bs 1-64): " + "; ".join(parts)
+
+
+def labels_line(out: Path) -> tuple[bool, str]:
+    r = _read(out, "runs.csv")
+    head = "every run names runner, weights and configuration"
+    if r is None or not len(r):
+        return False, f"{head}: no runs.csv"
+    miss = [c for c in LABELS if c not in r.columns or r[c].isna().any() or (r[c].astype(str) == "").any()]
+    seen = ", ".join(sorted({f"{a}/{b}" for a, b in zip(r["runner"], r["engine_config"])})) if not miss else ""
+    return not miss, (f"{head}: {len(r)} rows, missing {', '.join(miss)}" if miss else
+                      f"{head}: {len(r)} rows ({seen}; weights {', '.join(sorted(set(r['weights'].astype(str))))})")
+
+
+LINES = (overhead_line, bs1_line, every_bs_line, prediction_line, labels_line)
+
+
+def verdict(out: str | Path) -> tuple[bool, list[str]]:
+    """(every line passes, the printed lines)."""
+    res = [f(Path(out)) for f in LINES]
+    return all(ok for ok, _ in res), [f"{_mark(ok)}  {text}" for ok, text in res]

@@ -1,0 +1,213 @@
+"""``v2hybrid summarize`` / ``verdict`` (``engines.vllm.v2summary``, ``v2verdict``) on recorded real device data.
+
+The V2 job's rows have the V1 rows' format, so the data here are committed real runs relabelled as the V2 job's
+stages (what each relabelling changes is said where it is made):
+
+- ``raw``: a raw folder of two stage folders. ``grid/``: data/gpu/v2grid's records (real weights, vLLM's own V2
+  runner for no SD and EAGLE, V1 for n-gram; outputs kept), spec names turned into ``v2hybrid-grid-<spec>``.
+  ``overhead/``: data/gpu/results.jsonl's timer on / off runs of ``llama8b-none-overhead3`` (the V1 timer,
+  Llama-8B dims, dummy weights, bs 1 and 64, interleaved repeats), spec ``v2hybrid-overhead-none``, its config
+  forcing V2 and leaving async scheduling to vLLM, and a ``resolved`` record that says V2 with async scheduling
+  off (vLLM's resolved config is what the labels read: the config alone would infer async on for no SD).
+- ``grid``: data/gpu/v1-runner/rotated-code-edit's summarized runs and steps (one engine rotating EAGLE alone,
+  gpu-eagle-only, gpu-pr24344 and the idle hybrid; no SD and n-gram in engines of their own; its profile
+  hybrid_trace_s5.jsonl and lossless.csv), every engine but n-gram's relabelled ``v2-forced`` / runner ``v2`` and
+  every row ``stage`` ``grid``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from spec_repro.engines.vllm import v2hybrid, v2summary, v2verdict
+from spec_repro.paths import data_dir, v1_runner_dir
+
+V2GRID = data_dir() / "gpu" / "v2grid" / "results.jsonl.gz"
+V1_RESULTS = data_dir() / "gpu" / "results.jsonl"
+OVERHEAD_SPEC = "llama8b-none-overhead3"
+ROTATED = v1_runner_dir("rotated-code-edit")
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _write(path: Path, recs) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+@pytest.fixture()
+def raw(tmp_path):
+    r = tmp_path / "raw"
+    grid = [json.loads(x) for x in gzip.open(V2GRID, "rt") if x.strip()]
+    for d in grid:
+        d["spec"] = f"v2hybrid-grid-{d['spec']}"
+    _write(r / "grid" / "results.jsonl", grid)
+    ov = [json.loads(x) for x in open(V1_RESULTS) if x.strip()]
+    ov = [d for d in ov if d.get("spec") == OVERHEAD_SPEC]
+    for d in ov:
+        d["spec"] = "v2hybrid-overhead-none"
+        if d.get("config"):          # the engine's config, which every run record carries: V2 forced, async vLLM's
+            d["config"].update(model_runner="v2", async_scheduling=None)
+        if d.get("kind") == "engine":
+            d["resolved"] = {"runner": "v2", "async_scheduling": False, "runner_source": "vllm_config"}
+    _write(r / "overhead" / "results.jsonl", ov)
+    return r
+
+
+@pytest.fixture()
+def grid(tmp_path):
+    out = tmp_path / "grid"
+    out.mkdir()
+    for f in ("lossless.csv", "hybrid_trace_s5.jsonl"):
+        shutil.copy(ROTATED / f, out / f)
+    runs, steps = pd.read_csv(ROTATED / "runs.csv"), pd.read_parquet(ROTATED / "steps.parquet")
+    for df in (runs, steps):
+        v2 = ~df["spec"].str.contains("-ngram")
+        df["stage"] = "grid"
+        df.loc[v2, "engine_config"] = "v2-forced"
+        if "runner" in df:
+            df.loc[v2, "runner"] = "v2"
+    runs.to_csv(out / "runs.csv", index=False)
+    steps.to_parquet(out / "steps.parquet", index=False)
+    v2summary.ratio_table(out).to_csv(out / "ratios.csv", index=False)
+    v2summary.predicted_table(out).to_csv(out / "predicted.csv", index=False)
+    return out
+
+
+def test_summarize_labels_every_run_from_the_resolved_config_and_computes_the_overhead(raw, tmp_path):
+    out = tmp_path / "live"
+    assert v2hybrid.main(["summarize", "--raw", str(raw), "--out", str(out)]) == 0
+    assert {"runs.csv", "steps.parquet", "lossless.csv", "overhead.csv", "ratios.csv", "MANIFEST.json"} <= \
+        {p.name for p in out.iterdir()}
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs["stage"]) == {"grid", "overhead"}
+    ov = runs[runs["stage"] == "overhead"]
+    # the resolved record, not the config: the config forced no async setting (vLLM's own: async for no SD)
+    assert (ov["runner"] == "v2").all() and (~ov["async_scheduling"].astype(bool)).all()
+    assert ov["async_scheduling_forced"].isna().all() and (ov["engine_config"] == "v2-forced").all()
+    g = runs[runs["stage"] == "grid"].set_index("config")
+    assert set(g.loc["ngram", "runner"]) == {"v1"} and set(g.loc["eagle", "runner"]) == {"v2"}
+    assert set(g.loc["eagle", "runner_source"]) == {"vllm_config"} and set(g["engine_config"]) == {"default"}
+    # each run keeps its own timer state (the overhead task turns the timer off for half its runs)
+    assert sorted(ov["instrumented"].value_counts().tolist()) == [12, 12]
+
+    # the overhead by hand: per batch size, 1 - the mean over repeats of on / off tok/s
+    recs = [json.loads(x) for x in open(raw / "overhead" / "results.jsonl") if x.strip()]
+    table = pd.read_csv(out / "overhead.csv").set_index("batch_size")
+    for b in (1, 64):
+        pairs = {}
+        for d in recs:
+            if d.get("kind") == "run" and d["batch_size"] == b:
+                pairs.setdefault(d["repeat"], {})[d["instrumented"]] = d["output_tok_per_s"]
+        want = 1 - statistics.mean(p[True] / p[False] for p in pairs.values())
+        assert table.loc[b, "overhead"] == pytest.approx(want, abs=1e-5)
+        assert table.loc[b, "within_limit"] == (want <= 0.03) and table.loc[b, "config"] == "none"
+    man = json.loads((out / "MANIFEST.json").read_text())
+    assert {"overhead.csv", "ratios.csv", "lossless.csv"} <= set(man)
+    assert "v2-forced" in man["_device_runs"]["engine_configs"]
+
+
+def test_a_failed_summarize_leaves_the_folder_byte_identical(raw, grid, monkeypatch):
+    before = snapshot(grid)
+
+    def failing(out):
+        raise RuntimeError("the prediction failed")
+
+    monkeypatch.setattr(v2summary, "predicted_table", failing)
+    with pytest.raises(RuntimeError, match="the prediction failed"):
+        v2summary.summarize(raw, grid)
+    assert snapshot(grid) == before and sorted(p.name for p in grid.iterdir()) == sorted(before)
+
+
+def test_out_overlapping_raw_is_one_line(raw, capsys):
+    assert v2hybrid.main(["summarize", "--raw", str(raw), "--out", str(raw / "grid")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "overlap" in err and "\n" not in err and "Traceback" not in err
+    assert v2hybrid.main(["verdict", "--out", str(raw / "nowhere")]) == 2
+
+
+def test_ratios_pair_each_policy_with_eagle_in_its_repeat(grid):
+    rt = pd.read_csv(grid / "ratios.csv")
+    runs = pd.read_csv(grid / "runs.csv")
+    runs = runs[(runs["workload"] == "code-edit") & (runs["task"] == "hybrid")]
+
+    def tok_s(config, b):      # per repeat: the repeat's tokens over its wall seconds
+        r = runs[(runs["config"] == config) & (runs["batch_size"] == b)]
+        return {rep: g["output_tokens"].sum() / g["wall_s"].sum() for rep, g in r.groupby("repeat")}
+
+    row = rt[(rt["workload"] == "code-edit") & (rt["config"] == "gpu-pr24344") & (rt["batch_size"] == 8)].iloc[0]
+    hy, ea, none = tok_s("gpu-pr24344", 8), tok_s("eagle", 8), tok_s("none", 8)
+    assert row["vs_eagle_median"] == pytest.approx(statistics.median(hy[r] / ea[r] for r in hy))
+    assert row["vs_eagle_pairs"] == len(hy) == 4
+    assert row["vs_none"] == pytest.approx(statistics.mean(hy.values()) / statistics.mean(none.values()))
+    assert row["runner"] == "v2" and row["engine_config"] == "v2-forced"
+    ng = rt[(rt["workload"] == "code-edit") & (rt["config"] == "ngram")]
+    assert set(ng["runner"]) == {"v1"} and ng["vs_eagle_median"].isna().all()
+
+
+def test_the_hybrid_is_predicted_out_of_sample_from_the_v2_steps(grid):
+    p = pd.read_csv(grid / "predicted.csv")
+    fit = dict(zip(p["config"], p["fitted_on"]))
+    assert fit["gpu-pr24344"] == "out of sample" and fit["none"] == fit["eagle"] == fit["gpu-eagle-only"] == "in sample"
+    assert set(p["profile"]) == {"hybrid_trace_s5.jsonl"}
+    h = p[p["config"] == "gpu-pr24344"].set_index("batch_size")
+    assert h.loc[8, "ratio_per_bs"] == pytest.approx(h.loc[8, "tok_s"] / h.loc[8, "predicted_per_bs_tok_s"])
+    assert 0.7 < h["ratio_per_bs"].min() and h["ratio_per_bs"].max() < 1.3
+
+
+def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
+    ov = pd.DataFrame({"engine_config": "v2-forced", "spec": "v2hybrid-overhead-none", "config": "none",
+                       "batch_size": [1, 8, 32, 64], "overhead": [0.01, 0.02, 0.0, 0.03]})
+    ov["within_limit"] = ov["overhead"] <= 0.03
+    pd.concat([ov, ov.assign(config="eagle")]).to_csv(grid / "overhead.csv", index=False)
+    line = lambda f: f(grid)       # noqa: E731
+    assert line(v2verdict.overhead_line)[0]
+    ov.loc[3, ["overhead", "within_limit"]] = [0.031, False]
+    pd.concat([ov, ov.assign(config="eagle")]).to_csv(grid / "overhead.csv", index=False)
+    ok, text = line(v2verdict.overhead_line)
+    assert not ok and "bs 64 +3.1%" in text
+
+    ok, text = line(v2verdict.every_bs_line)     # measured: gpu-pr24344 1.3-2.0x EAGLE at every batch size
+    assert ok and "bs 1 gpu-pr24344 2.022x" in text
+    rt = pd.read_csv(grid / "ratios.csv")
+    at = (rt["config"] == "gpu-pr24344") & (rt["batch_size"] == 32) & (rt["workload"] == "code-edit")
+    rt.loc[at, "vs_eagle_median"] = 0.97
+    rt.to_csv(grid / "ratios.csv", index=False)
+    ok, text = line(v2verdict.every_bs_line)
+    assert not ok and "bs 32 gpu-pr24344 0.970x (pays" in text and "ms drafting" in text
+
+    ok, text = line(v2verdict.bs1_line)          # 2.02x EAGLE, 1.009x no SD, but not every output equal
+    assert not ok and "lossless no (28/32 equal; EAGLE alone 28/32)" in text
+    # the lossless stage's comparison, where it ran the shape, is the one read (the grid's engines differ in bf16)
+    ll = pd.read_csv(grid / "lossless.csv")
+    gate = ll[(ll["config"] == "gpu-pr24344") & (ll["batch_size"] == 1)].head(1).assign(
+        spec="v2hybrid-lossless-rotate", equal=3, total=3, first_difference="")
+    pd.concat([ll, gate]).to_csv(grid / "lossless.csv", index=False)
+    rt = v2summary.ratio_table(grid)
+    b1 = (rt["config"] == "gpu-pr24344") & (rt["batch_size"] == 1) & (rt["workload"] == "code-edit")
+    assert rt.loc[b1, ["lossless", "equal", "compared"]].values.tolist() == [[True, 3, 3]]
+    rt.to_csv(grid / "ratios.csv", index=False)
+    assert line(v2verdict.bs1_line)[0]
+    rt.loc[b1, "vs_best_other"] = 0.99
+    rt.to_csv(grid / "ratios.csv", index=False)
+    assert not line(v2verdict.bs1_line)[0]
+
+    ok, text = line(v2verdict.prediction_line)   # measured: 1.199x its prediction at bs 1
+    assert not ok and "code-edit gpu-pr24344: 0.887-1.199" in text
+    assert line(v2verdict.labels_line)[0]
+    runs = pd.read_csv(grid / "runs.csv")
+    runs.loc[0, "weights"] = None
+    runs.to_csv(grid / "runs.csv", index=False)
+    ok, text = line(v2verdict.labels_line)
+    assert not ok and "missing weights" in text
+    assert v2hybrid.main(["verdict", "--out", str(grid)]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == len(v2verdict.LINES) and all(x[:4] in ("PASS", "FAIL") for x in printed)
