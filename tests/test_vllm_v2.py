@@ -498,6 +498,29 @@ def test_check_lossless_needs_every_output_equal():
     assert check_lossless([run(none, [[1, 2], [3]])])[0] is False        # nothing compared: not a pass
 
 
+def test_check_lossless_allows_what_vllms_own_eagle_shows():
+    """bf16 near-ties part EAGLE alone from no SD too: a hybrid may differ on as many requests as EAGLE alone
+    (less one), never more."""
+    from spec_repro.engines.vllm.v2hybrid import check_lossless
+
+    keys = list("abcdef")
+
+    def run(cfg, outs):
+        return {"kind": "run", "task": "hybrid", "spec": "s", "workload": "w", "batch_size": 1, "keys": keys,
+                "outputs": outs, "config": cfg}
+
+    ref = [[i, i + 1] for i in range(6)]
+    none, eagle = {"method": "none"}, {"method": "eagle"}
+    hyb = {"method": "eagle", "hybrid": "gpu-pr24344"}
+    two_off = ref[:4] + [[9, 9], [9, 9]]                     # 4 of 6 equal
+    three_off = ref[:3] + [[9, 9]] * 3                       # 3 of 6
+    one_off = ref[:5] + [[9, 9]]                             # 5 of 6
+    ok, rows = check_lossless([run(none, ref), run(eagle, two_off), run(hyb, three_off)])
+    assert ok is True and [r["gate"] for r in rows] == [True, True] and rows[1]["eagle_equal"] == 4
+    assert check_lossless([run(none, ref), run(eagle, one_off), run(hyb, three_off)])[0] is False   # 3 < 5 - 1
+    assert check_lossless([run(none, ref), run(hyb, one_off)])[0] is False   # no EAGLE alone to compare with
+
+
 def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
     from pathlib import Path
 
