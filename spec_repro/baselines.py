@@ -70,15 +70,24 @@ def switch_steps(reqs, proposers, ngdl: np.ndarray, kn: int, ke: int, skip: bool
     """Steps and charges of ``ngram-else-eagle[-skip]`` over ``reqs`` (a ``simcore.Requests`` with rows in the
     order of ``proposers``). Returns (req, p, idx, inp, gen, charges, verified_ngram)."""
     ng = next(i for i, q in enumerate(proposers) if is_ngram(q))
+    return _switch_walk(reqs, proposers, ng, ngdl, kn, ke, np.full(len(reqs.acc[ng]), ke, np.int64), skip, cm)
+
+
+def _switch_walk(reqs, proposers, ng: int, ngdl: np.ndarray, kn: int, model_k, model_paid: np.ndarray, skip: bool,
+                 cm):
+    """The switch's walk: n-gram's proposal (its match, at most ``kn``) where it matched, else the model
+    proposer's ``model_k`` (a number or one per position); the model proposer is charged ``model_paid[position]``
+    drafted tokens at every step (only where n-gram did not serve with ``skip``). Returns (req, p, idx, inp, gen,
+    charges, verified_ngram)."""
     mo = 1 - ng
     kmax_n = np.minimum(ngdl, kn)
     served = kmax_n > 0
     a = np.where(served, reqs.acc[ng], reqs.acc[mo])
-    prop = np.where(served, kmax_n, ke).astype(np.int64)
+    prop = np.where(served, kmax_n, model_k).astype(np.int64)
     req, p, idx, inp, gen = walk_compiled(a, prop, reqs.off, False)
     on = served[idx]
     charges = [(cm.drafter(proposers[ng]), None, ngdl[idx].astype(np.int64), False),
-               (cm.drafter(proposers[mo]), ~on if skip else None, np.full(len(idx), ke, np.int64), False)]
+               (cm.drafter(proposers[mo]), ~on if skip else None, model_paid[idx], False)]
     return req, p, idx, inp, gen, charges, on
 
 
@@ -160,13 +169,4 @@ def conf_steps(reqs, proposers, ngdl, conf, kn: int, T, K: int, cm, kind: str):
     if kind == "conf-stop":
         req, p, idx, inp, gen = walk_compiled(reqs.acc[mo], proposed, reqs.off, False)
         return req, p, idx, inp, gen, [(cm.drafter(proposers[mo]), None, computed[idx], False)]
-    ng = 1 - mo
-    kmax_n = np.minimum(ngdl, kn)
-    served = kmax_n > 0
-    a = np.where(served, reqs.acc[ng], reqs.acc[mo])
-    prop = np.where(served, kmax_n, proposed).astype(np.int64)
-    req, p, idx, inp, gen = walk_compiled(a, prop, reqs.off, False)
-    on = served[idx]
-    charges = [(cm.drafter(proposers[ng]), None, ngdl[idx].astype(np.int64), False),
-               (cm.drafter(proposers[mo]), ~on, computed[idx], False)]
-    return req, p, idx, inp, gen, charges
+    return _switch_walk(reqs, proposers, 1 - mo, ngdl, kn, proposed, computed, True, cm)[:6]
