@@ -478,9 +478,10 @@ def _add_train(sub):
                         "`train eagle` head) instead of a fresh head; with its TRAINING.json the held-out decodes "
                         "are prompts its run never decoded (recorded)")
     p.add_argument("--decodes", default=None, metavar="FILE",
-                   help="the target's decodes of the training prompts: read from FILE when it exists (no decode; "
-                        "its held-out decodes stay held out), else decoded and written there (a parquet file, or "
-                        "its .parts.json when committed in parts)")
+                   help="the target's decodes: when FILE exists they are the training data (no decode; the "
+                        "current split filters them: decodes now in an evaluation source, or whose prompt the "
+                        "workloads no longer build, are dropped and recorded; its held-out decodes stay held out), "
+                        "else decoded and written there (a parquet file, or its .parts.json when committed in parts)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialization seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

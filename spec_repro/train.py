@@ -41,7 +41,7 @@ from .io import atomic_path, atomic_write
 from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, load_head, new_head, save_head, \
     target_features
 
-__all__ = ["EVAL_SETS", "eval_requests", "split_by_source", "distill", "batched_features", "train_eagle",
+__all__ = ["EVAL_SETS", "eval_requests", "eval_filter", "split_by_source", "decodes_training", "distill", "batched_features", "train_eagle",
            "held_out_acceptance", "train_from_workloads"]
 
 
@@ -74,10 +74,8 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
 
     from . import workloads as wl
 
-    held = eval_requests(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed, max_prompt_tokens=max_prompt_tokens)
-    banned = {wl.source_key(r) for r in held}
-    texts = {r.prompt_text for r in held}
-    said = {_said(r) for r in held}
+    evaluated, n_banned = eval_filter(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed,
+                                      max_prompt_tokens=max_prompt_tokens)
     out, facts = {}, {}
     for w in workloads:
         cap = (train_n_for or {}).get(w, train_n)
@@ -85,7 +83,7 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
         Random(seed + 1).shuffle(reqs)
         keep, seen, dropped = [], set(), 0
         for r in reqs:
-            if wl.source_key(r) in banned or r.prompt_text in texts or _said(r) in said:
+            if evaluated(r):
                 dropped += 1
                 continue
             if r.prompt_text in seen:      # identical prompts (ShareGPT repeats some): once
@@ -101,8 +99,27 @@ def split_by_source(workloads: Sequence[str], *, train_n: int, tokenizer, seed: 
                     "sources": len({wl.source_key(r) for r in keep}), "cap": cap,
                     "workload_version": wl.version(w)}
     facts["eval_sets"] = dict(EVAL_SETS if eval_sets is None else eval_sets)
-    facts["eval_sources_excluded"] = len(banned)
+    facts["eval_sources_excluded"] = n_banned
     return out, facts
+
+
+def eval_filter(*, tokenizer, eval_sets=None, seed: int = 0, max_prompt_tokens: int | None = 1024):
+    """(``evaluated(request)``, number of evaluation sources): ``evaluated`` is True for a request that training
+    must not see: it shares a source (:func:`spec_repro.workloads.source_key`), its prompt text or its normalized
+    messages (:func:`_said`) with an evaluation request (:func:`eval_requests`), or its prompt ids are one's."""
+    from . import workloads as wl
+
+    held = eval_requests(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed, max_prompt_tokens=max_prompt_tokens)
+    banned = {wl.source_key(r) for r in held}
+    texts = {r.prompt_text for r in held}
+    said = {_said(r) for r in held}
+    ids = {_prompt_key(r.prompt_token_ids) for r in held}
+
+    def evaluated(r) -> bool:
+        return (wl.source_key(r) in banned or r.prompt_text in texts or _said(r) in said
+                or _prompt_key(r.prompt_token_ids) in ids)
+
+    return evaluated, len(banned)
 
 
 def _said(req) -> tuple:
@@ -633,9 +650,11 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     head's weights (:func:`train_eagle`); when its ``TRAINING.json`` records this recipe's split (same seed,
     evaluation sets and prompt length cap), the held-out decodes are drawn only from prompts its run never
     decoded (the split is prefix-stable: a workload's first ``train_requests`` are the ones it took).
-    ``decodes``: a file of the target's decodes of these prompts (:func:`read_decodes`): read when it exists
-    (no decode; the decodes it marks held out are held out again, whatever ``init_head`` says), else written
-    after the decode, so that a later run on the same prompts skips it."""
+    ``decodes``: a file of the target's decodes (:func:`write_decodes`): when it exists it is the training data
+    and the split only its filter (:func:`decodes_training`: decodes whose prompts the current workloads do not
+    rebuild, or that are now in an evaluation source, are dropped; ``train_n`` does not apply; the decodes it
+    marks held out are held out again; with ``init_head`` its record must name this file's decode), else it is
+    written after the decode, so that a later run on the same prompts skips it."""
     from . import models
     from .guard import check_device, check_float, check_int
 
@@ -678,31 +697,42 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     target, tok = models.load(target_name, device=device)
     if init_head is not None:                          # the head fits this target, before anything is decoded
         _start_from(new_head(target, kind, seed=seed), init_head)
-    split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
-                                   max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets, train_n_for=train_n_for)
-    facts["max_prompt_tokens"] = max_prompt_tokens
-    taken = _taken_by(init_head, split, seed=seed, eval_sets=facts["eval_sets"],
-                      max_prompt_tokens=max_prompt_tokens)
-    prompts = [list(r.prompt_token_ids) for w in workloads for r in split[w]]
-    fresh = [i >= taken.get(w, 0) for w in workloads for i in range(len(split[w]))]
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(prompts))
-    prompts = [prompts[i] for i in order]
-    fresh = [fresh[i] for i in order]
-    t_dec = time.time()
     dec_meta = {"target": target_name, "max_new_tokens": max_new_tokens, "seed": seed, "engine": engine,
                 "max_prompt_tokens": max_prompt_tokens}
-    kept = read_decodes(decodes, prompts, dec_meta) if decodes is not None and _decodes_exist(decodes) else None
-    if kept is not None:
-        outs, held, dstats = kept
-    elif engine == "vllm":
+    kept = None
+    if decodes is not None and _decodes_exist(decodes):   # the file is the data; the split only filters it
+        prompts, outs, held, dstats, facts = decodes_training(
+            decodes, workloads, dec_meta, tokenizer=tok, seed=seed, max_prompt_tokens=max_prompt_tokens,
+            eval_sets=eval_sets)
+        if not prompts:
+            raise ValueError(f"--decodes {decodes}: none of its {facts['rows']} decodes is a prompt of "
+                             f"{' '.join(workloads)} outside the evaluation sources: decode into a new file")
+        kept, taken = True, {}
+        unseen, held_note = _decodes_of_init(init_head, decodes, dstats)
+    else:
+        split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
+                                       max_prompt_tokens=max_prompt_tokens, eval_sets=eval_sets,
+                                       train_n_for=train_n_for)
+        taken = _taken_by(init_head, split, seed=seed, eval_sets=facts["eval_sets"],
+                          max_prompt_tokens=max_prompt_tokens)
+        unseen = bool(taken)
+        held_note = ("held-out decodes are prompts its run never decoded" if taken else
+                     "its TRAINING.json does not record this split: the held-out decodes may be in its data")
+        prompts = [list(r.prompt_token_ids) for w in workloads for r in split[w]]
+        fresh = [i >= taken.get(w, 0) for w in workloads for i in range(len(split[w]))]
+        order = np.random.default_rng(seed).permutation(len(prompts))
+        prompts = [prompts[i] for i in order]
+        fresh = [fresh[i] for i in order]
+    facts["max_prompt_tokens"] = max_prompt_tokens
+    t_dec = time.time()
+    if kept is None and engine == "vllm":
         from .engines.torch import eos_ids_of
         from .engines.vllm.decode import vllm_greedy
 
         outs, dstats = vllm_greedy(str(models.converted_dir(target_name)), prompts, max_new_tokens=max_new_tokens,
                                    eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed,
                                    gpu_memory_utilization=vllm_memory, max_num_seqs=vllm_max_seqs)
-    else:
+    elif kept is None:
         outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
         n_out = sum(map(len, outs))
         dstats = {"engine": "spec_repro.engines.torch", "output_tokens": n_out,
@@ -721,9 +751,18 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
             write_decodes(decodes, prompts, outs, held, {**dec_meta, "decode": dstats})
     val = [pr for j, pr in enumerate(pairs) if j in val_at]
     train = [pr for j, pr in enumerate(pairs) if j not in val_at]
+    dfile = None
+    if decodes is not None:
+        dfile = {"path": str(decodes), "read": kept is not None}
+        if kept is not None:                           # what the file held, what was trained on, what dropped
+            dfile.update({k: facts.pop(k) for k in ("rows", "kept", "kept_per_workload", "held_out", "dropped",
+                                                    "dropped_held_out", "why")})
+            facts = {**facts, **{w: {"train_requests": n, "workload_version": facts["workload_versions"][w],
+                                     "from_decodes_file": True} for w, n in dfile["kept_per_workload"].items()}}
+            facts.pop("workload_versions")
     log = {"data": {"workloads": facts, "held_out_val_sequences": len(val), "max_new_tokens": max_new_tokens,
                     "decode": {"greedy": True, **dstats}, "target": target_name,
-                    **({"decodes_file": {"path": str(decodes), "read": kept is not None}} if decodes else {}),
+                    **({"decodes_file": dfile} if dfile else {}),
                     "target_tokens": sum(len(p) + len(o) for p, o in pairs),
                     "output_tokens": sum(len(o) for _, o in pairs),
                     "decode_s": round(time.time() - t0, 1)}}
@@ -731,9 +770,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
         log["time_budget_s"] = time_budget_s
     if init_head is not None:
         log["init_head"] = {"prompts_its_run_decoded": dict(taken),
-                            "held_out_unseen_by_it": bool(taken),
-                            "held_out_note": "held-out decodes are prompts its run never decoded" if taken else
-                            "its TRAINING.json does not record this split: the held-out decodes may be in its data"}
+                            "held_out_unseen_by_it": unseen,
+                            "held_out_note": held_note}
     return train_eagle(target, train, val_pairs=val, out=out, kind=kind, seed=seed, log=log, started=t0,
                        deadline=None if time_budget_s is None else t0 + time_budget_s, init_head=init_head,
                        **train_kw)
@@ -774,6 +812,25 @@ def read_decodes(path, prompts, meta: dict):
     """(outputs, held-out flags, decode facts) for ``prompts`` from a decodes file (:func:`write_decodes`; a
     ``.parts.json`` or a file whose parts manifest lies beside it is joined and verified first). ValueError (one
     line) when it was decoded with other settings or lacks a prompt."""
+    keys, outs_all, held_all, theirs = _decodes_table(path, meta)
+    at = {k: i for i, k in enumerate(keys)}
+    want = [_prompt_key(x) for x in prompts]
+    missing = sum(k not in at for k in want)
+    if missing:
+        raise ValueError(f"--decodes {path} lacks {missing} of this run's {len(want)} prompts (other workloads, "
+                         f"--train-n or split): decode into a new file")
+    outs = [outs_all[at[k]] for k in want]
+    held = [bool(held_all[at[k]]) for k in want]
+    return outs, held, _decode_facts(path, theirs)
+
+
+def _decode_facts(path, theirs: dict) -> dict:
+    return {**(theirs.get("decode") or {}), "read_from": str(path), "decoded_by": theirs.get("engine")}
+
+
+def _decodes_table(path, meta: dict):
+    """(prompt keys, outputs, held-out flags, the file's metadata) of a decodes file, in its order; ValueError (one
+    line) when it is not one, its parts do not verify, or it was decoded with settings other than ``meta``'s."""
     import pyarrow.parquet as pq
 
     from .parts import PartsError, cached, manifest_of
@@ -786,25 +843,83 @@ def read_decodes(path, prompts, meta: dict):
             p = cached(manifest_of(p))
         tab = pq.read_table(p)
         theirs = json.loads((tab.schema.metadata or {}).get(b"spec_repro_decodes", b"{}"))
+        keys = tab.column("prompt_key").to_pylist()
+        outs, held = tab.column("output_ids").to_pylist(), tab.column("held_out").to_pylist()
     except PartsError as e:
         raise ValueError(f"--decodes: {e}") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"--decodes {path}: not a decodes file ({(str(e).splitlines() or [''])[0][:120]})") from None
     for k, v in meta.items():
         if k != "engine" and theirs.get(k) != v:
             raise ValueError(f"--decodes {path} was decoded with {k} {theirs.get(k)!r}, this run asks {v!r}")
-    at = {k: i for i, k in enumerate(tab.column("prompt_key").to_pylist())}
-    want = [_prompt_key(x) for x in prompts]
-    missing = sum(k not in at for k in want)
-    if missing:
-        raise ValueError(f"--decodes {path} lacks {missing} of this run's {len(want)} prompts (other workloads, "
-                         f"--train-n or split): decode into a new file")
-    outs_all = tab.column("output_ids").to_pylist()
-    held_all = tab.column("held_out").to_pylist()
-    outs = [outs_all[at[k]] for k in want]
-    held = [bool(held_all[at[k]]) for k in want]
-    dstats = {**(theirs.get("decode") or {}), "read_from": str(path), "decoded_by": theirs.get("engine")}
-    return outs, held, dstats
+    return keys, outs, held, theirs
+
+
+def decodes_training(path, workloads: Sequence[str], meta: dict, *, tokenizer, seed: int = 0,
+                     max_prompt_tokens: int | None = 1024, eval_sets=None):
+    """The training data of a run that reads a decodes file (:func:`write_decodes`): the file is the data, the
+    current split only filters it. The file keeps each prompt's key, not its ids: a decode's prompt is rebuilt
+    from the requests of ``workloads`` (all of them, no cap) whose prompt ids have that key. A decode is dropped
+    when no request rebuilds its prompt (its workload's builder makes other prompts now), when a request that
+    rebuilds it is an evaluation request's source, prompt or normalized messages (:func:`eval_filter`), or when
+    the prompt repeats an earlier row's. Held out: the file's held-out flags of the decodes kept (the decodes the
+    run that wrote the file never trained on). Nothing requires the file to hold every prompt of the split.
+
+    Returns (prompts, outputs, held-out flags, decode facts, facts): facts count the file's rows, the decodes kept
+    per workload and held out, and the ones dropped, by reason."""
+    from . import workloads as wl
+
+    keys, outs_all, held_all, theirs = _decodes_table(path, meta)
+    evaluated, n_banned = eval_filter(tokenizer=tokenizer, eval_sets=eval_sets, seed=seed,
+                                      max_prompt_tokens=max_prompt_tokens)
+    by_key: dict = {}
+    for w in workloads:
+        for r in wl.load(w, n=None, seed=seed, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens):
+            by_key.setdefault(_prompt_key(r.prompt_token_ids), []).append((w, r))
+    prompts, outs, held, seen = [], [], [], set()
+    kept = {w: 0 for w in workloads}
+    drop = {"prompt_not_rebuilt": 0, "evaluation_source": 0, "repeated_prompt": 0}
+    drop_held = dict.fromkeys(drop, 0)
+    for k, o, h in zip(keys, outs_all, held_all):
+        hits = by_key.get(k)
+        why = ("prompt_not_rebuilt" if not hits else "evaluation_source" if any(evaluated(r) for _, r in hits)
+               else "repeated_prompt" if k in seen else None)
+        if why:
+            drop[why] += 1
+            drop_held[why] += bool(h)
+            continue
+        seen.add(k)
+        w, r = hits[0]
+        kept[w] += 1
+        prompts.append(list(r.prompt_token_ids))
+        outs.append(o)
+        held.append(bool(h))
+    facts = {"rows": len(keys), "kept": len(prompts), "kept_per_workload": kept, "held_out": sum(held),
+             "dropped": drop, "dropped_held_out": drop_held, "eval_sources_excluded": n_banned,
+             "eval_sets": dict(EVAL_SETS if eval_sets is None else eval_sets),
+             "workload_versions": {w: wl.version(w) for w in workloads},
+             "why": "the file is the training data and the current split its filter: a decode whose prompt no "
+                    "current request rebuilds (the file keeps prompt keys, not ids), or whose request shares a "
+                    "source, prompt or normalized messages with an evaluation request, is not trained on"}
+    return prompts, outs, held, _decode_facts(path, theirs), facts
+
+
+def _decodes_of_init(init_head, decodes, dstats: dict) -> tuple[bool, str]:
+    """(whether the decodes file's held-out decodes are known unseen by ``init_head``, a note): they are when its
+    ``TRAINING.json`` records this file's decode (the run that wrote the file, or one that read it, held them out
+    and never trained on them). ValueError (one line) when that record names another decode: the file's held-out
+    prompts may be in the head's training data."""
+    if init_head is None:
+        return False, ""
+    rec = Path(init_head).expanduser() / "TRAINING.json"
+    theirs = ((json.loads(rec.read_text()).get("data") or {}).get("decode") or {}) if rec.is_file() else {}
+    mine = {k: v for k, v in dstats.items() if k not in ("read_from", "decoded_by")}
+    if not theirs:
+        return False, "its TRAINING.json does not record its decode: the file's held-out decodes may be in its data"
+    if any(theirs.get(k) != v for k, v in mine.items()):
+        raise ValueError(f"--decodes {decodes} is not the decode of --init-head {init_head}'s run (its TRAINING.json "
+                         f"records another): that head may have trained on the file's held-out decodes")
+    return True, "held-out decodes are the decodes file's held-out ones, which its run never trained on"
 
 
 def _hold_out(fresh: Sequence[bool], val_n: int) -> set:
@@ -817,8 +932,8 @@ def _taken_by(init_head, split: dict, *, seed: int, eval_sets: dict, max_prompt_
     from that head's ``TRAINING.json``; {} when there is no init head or its record does not say (a head trained
     elsewhere). The split is prefix-stable (a seeded order, capped), so with the same seed, evaluation sets and
     prompt length cap its run took exactly the first ``train_requests`` of each workload (every one of a workload
-    whose builder version differs from the recorded one); ValueError (one line) when the record names a different
-    split."""
+    whose builder version differs from the recorded one, or that its run read from a decodes file); ValueError
+    (one line) when the record names a different split."""
     if init_head is None:
         return {}
     rec = Path(init_head).expanduser() / "TRAINING.json"
@@ -837,6 +952,10 @@ def _taken_by(init_head, split: dict, *, seed: int, eval_sets: dict, max_prompt_
                              f"{mine[k]}: run with the same {k} (its held-out decodes must be prompts it never saw)")
     from . import workloads as wl
 
-    # a workload whose builder changed since (another version): its prompts are other ones, none counted fresh
-    return {w: int(facts[w]["train_requests"]) if facts[w].get("workload_version", 1) == wl.version(w)
-            else len(split[w]) for w in split if isinstance(facts.get(w), dict)}
+    # a workload whose builder changed since (another version), or whose prompts came from a decodes file (not a
+    # prefix of the split): every prompt of it counts as decoded, none fresh
+    def prefix(w: str) -> bool:
+        return facts[w].get("workload_version", 1) == wl.version(w) and not facts[w].get("from_decodes_file")
+
+    return {w: int(facts[w]["train_requests"]) if prefix(w) else len(split[w])
+            for w in split if isinstance(facts.get(w), dict)}
