@@ -177,9 +177,12 @@ class Trace:
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def _checked(cls, acc: pd.DataFrame, requests: pd.DataFrame, meta: dict) -> "Trace":
-        """A trace of tables that are in the schema's columns and dtypes and were checked already."""
+        """A trace of tables whose values were checked already: only put in the schema's columns and dtypes."""
+        keep = [c for c in requests.columns if c in REQ_OPTIONAL]
         t = cls.__new__(cls)
-        t.acc, t.requests, t.meta = acc, requests, meta
+        t.acc = _coerce(acc, ACC_COLUMNS, "acc", check=False)
+        t.requests = _coerce(requests, REQ_COLUMNS, "requests", extra=keep, check=False)
+        t.meta = meta
         return t
 
     @classmethod
@@ -451,9 +454,7 @@ class Trace:
         if ids:
             requests = _attach_ids(acc, requests, ids, path)
         if checked:
-            keep = [c for c in requests.columns if c in REQ_OPTIONAL]
-            return cls._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
-                                _coerce(requests, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
+            return cls._checked(acc, requests, meta)
         try:
             t = cls(acc, requests, meta)
         except TraceError as e:
@@ -502,9 +503,7 @@ class Trace:
         req = req.drop_duplicates(["dataset", "model", "request_id"])
         if CONF_COLUMN in acc.columns:   # parts with and without confidence: the column put in one form, checked
             return Trace(acc, req, meta)
-        keep = [c for c in req.columns if c in REQ_OPTIONAL]
-        return Trace._checked(_coerce(acc, ACC_COLUMNS, "acc", check=False),
-                              _coerce(req, REQ_COLUMNS, "requests", extra=keep, check=False), meta)
+        return Trace._checked(acc, req, meta)
 
 
 # ---- step timings ---------------------------------------------------------------------------------------
