@@ -885,16 +885,21 @@ def _as_list(v):
 _KEY = ["dataset", "model", "request_id"]
 
 
+def _request_first_rows(acc: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Each request's first row of ``acc``: its key (``_KEY`` columns) and the row numbers, in row order."""
+    ch = _changes(acc, _KEY)                            # every request's first row is one of them
+    heads = _where(acc, ch, _KEY)
+    first = ~heads.duplicated().to_numpy()
+    return heads[first], np.flatnonzero(ch)[first]
+
+
 def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     """A list<int32> column over ``acc``'s rows: the request's ids on its first row, null on the others."""
     import pyarrow as pa
 
-    ch = _changes(acc, _KEY)                            # every request's first row is one of them
-    heads = _where(acc, ch, _KEY)
-    first = ~heads.duplicated().to_numpy()
-    rows = np.flatnonzero(ch)[first]
+    heads, rows = _request_first_rows(acc)
     lookup = {tuple(str(x) for x in k): v for k, v in zip(req[_KEY].itertuples(index=False, name=None), req[col])}
-    keys = zip(*(heads.loc[first, c].astype(str).tolist() for c in _KEY))
+    keys = zip(*(heads[c].astype(str).tolist() for c in _KEY))
     lists = [lookup.get(k) for k in keys]
     lists = [None if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in lists]
     arrs = [np.asarray(v) for v in lists if v is not None]
@@ -922,11 +927,8 @@ def _text_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     """A string column over ``acc``'s rows: the request's ``col`` on its first row, null on the others."""
     import pyarrow as pa
 
-    ch = _changes(acc, _KEY)
-    heads = _where(acc, ch, _KEY)
-    first = ~heads.duplicated().to_numpy()
-    rows = np.flatnonzero(ch)[first]
-    got = heads[first].merge(req[_KEY + [col]], on=_KEY, how="left")[col]
+    heads, rows = _request_first_rows(acc)
+    got = heads.merge(req[_KEY + [col]], on=_KEY, how="left")[col]
     vals = pa.array([None if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA else str(v)
                      for v in got.tolist()], pa.large_string())
     idx = np.full(len(acc), -1, np.int64)
