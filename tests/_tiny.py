@@ -31,3 +31,14 @@ def hf_greedy(model, prompt, max_new_tokens):
     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                          max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def profile_all(target, proposers, *, k_max, max_new_tokens):
+    """Every request of ``prompts()`` profiled with ``proposers`` (batches of 2, no EOS), as one list."""
+    from spec_repro.profiler import profile_requests
+
+    out = []
+    for batch in profile_requests(target, prompts(), proposers, k_max=k_max, max_new_tokens=max_new_tokens,
+                                  batch_size=2, eos_token_ids=[]):
+        out.extend(batch)
+    return out

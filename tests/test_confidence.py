@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spec_repro.engines.torch import generate
-from spec_repro.profiler import RequestProfile, chain_confidence, profile_requests, profiles_to_trace
+from spec_repro.profiler import RequestProfile, chain_confidence, profiles_to_trace
 from spec_repro.proposers import make_proposer
 from spec_repro.proposers.eagle import EagleProposer, new_head, target_features
 from spec_repro.proposers.early_exit import early_exit_view
@@ -19,7 +19,7 @@ from spec_repro.tracefiles import read_trace
 from spec_repro.traces import (ACC_COLUMNS, CONF_COLUMN, Trace, TraceError, dequantize_confidence,
                                quantize_confidence)
 
-from _tiny import prompts, tiny_llama
+from _tiny import profile_all, prompts, tiny_llama
 
 N_NEW, K_MAX = 30, 6
 STEP = 0.5 / 254 + 1e-6          # the stored 8-bit code's largest error
@@ -53,11 +53,7 @@ def _make(name, target, drafter, head):
 @pytest.fixture(scope="module")
 def profiles(target, drafter, head):
     props = {n: _make(n, target, drafter, head) for n in ("ngram",) + MODEL_DRAFTERS}
-    out = []
-    for batch in profile_requests(target, prompts(), props, k_max=K_MAX, max_new_tokens=N_NEW, batch_size=2,
-                                  eos_token_ids=[]):
-        out.extend(batch)
-    return out
+    return profile_all(target, props, k_max=K_MAX, max_new_tokens=N_NEW)
 
 
 @pytest.fixture(scope="module")

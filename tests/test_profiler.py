@@ -11,7 +11,7 @@ from spec_repro.proposers.early_exit import early_exit_view
 from spec_repro.published import read_published_jsonl
 from spec_repro.tracefiles import read_trace
 
-from _tiny import prompts, tiny_llama
+from _tiny import profile_all, prompts, tiny_llama
 
 N_NEW, K_MAX = 40, 8
 
@@ -33,11 +33,7 @@ def _make(name, target, drafter):
 @pytest.fixture(scope="module")
 def profiles(target, drafter):
     props = {n: _make(n, target, drafter) for n in ("ngram", "early-exit", "draft")}
-    out = []
-    for batch in profile_requests(target, prompts(), props, k_max=K_MAX, max_new_tokens=N_NEW, batch_size=2,
-                                  eos_token_ids=[]):
-        out.extend(batch)
-    return out
+    return profile_all(target, props, k_max=K_MAX, max_new_tokens=N_NEW)
 
 
 def test_chain_acceptance_by_hand():
