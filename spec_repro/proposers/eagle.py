@@ -297,15 +297,21 @@ def target_features(target, ids, layers) -> torch.Tensor:
     return _features_from(out, layers)
 
 
-@torch.no_grad()
-def eagle_chain_argmax(head: EagleHead, prompt, output, k_max: int, feats=None) -> list[torch.Tensor]:
-    """Drafts of every chain over prompt + output: ``D[d-1][i]`` = draft number d of the chain whose first
-    draft comes from pair i-d+1 (pairs i = 0 .. N-2 of the N = P + L tokens)."""
+def _chain_outputs(head: EagleHead, prompt, output, k_max: int, feats=None):
+    """(ids [1, N] of prompt + output, :meth:`EagleHead.chain`'s k_max pre-norm outputs over them), the target's
+    features computed by one teacher-forced pass unless given."""
     dev = next(head.parameters()).device
     ids = torch.as_tensor([list(prompt) + list(output)], dtype=torch.long, device=dev)
     if feats is None:
         feats = target_features(head.target, ids[:, :-1], feature_layers(head))
-    outs = head.chain(ids[:, 1:], feats, k_max)
+    return ids, head.chain(ids[:, 1:], feats, k_max)
+
+
+@torch.no_grad()
+def eagle_chain_argmax(head: EagleHead, prompt, output, k_max: int, feats=None) -> list[torch.Tensor]:
+    """Drafts of every chain over prompt + output: ``D[d-1][i]`` = draft number d of the chain whose first
+    draft comes from pair i-d+1 (pairs i = 0 .. N-2 of the N = P + L tokens)."""
+    _, outs = _chain_outputs(head, prompt, output, k_max, feats)
     return [head.argmax(o)[0] for o in outs]
 
 
@@ -331,11 +337,7 @@ def eagle_chain_profile(head: EagleHead, prompt, output, k_max: int, feats=None,
     P, L = len(prompt), len(output)
     if L < 2:
         return np.ones(L, dtype=np.int64), (np.full((L, k_max), np.nan, np.float32) if confidence else None)
-    dev = next(head.parameters()).device
-    ids = torch.as_tensor([list(prompt) + list(output)], dtype=torch.long, device=dev)
-    if feats is None:
-        feats = target_features(head.target, ids[:, :-1], feature_layers(head))
-    outs = head.chain(ids[:, 1:], feats, k_max)
+    ids, outs = _chain_outputs(head, prompt, output, k_max, feats)
     D, Pr = [], []
     for o in outs:
         if confidence:
