@@ -252,12 +252,14 @@ def split_by_output_len(trace: Trace, min_len: int = MIN_OUTPUT_LEN) -> tuple[Tr
     refusal) are a handful of steps whose tokens per step say little, and are reported apart."""
     key = ["dataset", "model", "request_id"]
     req = trace.requests
-    long_ids = req.loc[req["output_len"] >= min_len, key]
+    long_req = req["output_len"] >= min_len
+    long_ids = req.loc[long_req, key]
+    long_acc = trace.acc[key].merge(long_ids.assign(_long=True), on=key, how="left")["_long"].fillna(False)
+    long_acc = long_acc.to_numpy(dtype=bool)
     out = []
     for want in (True, False):
-        r = req[(req["output_len"] >= min_len) == want].reset_index(drop=True)
-        m = trace.acc[key].merge(long_ids.assign(_long=True), on=key, how="left")["_long"].fillna(False)
-        acc = trace.acc[(m.to_numpy(dtype=bool) == want)].reset_index(drop=True)
+        r = req[long_req == want].reset_index(drop=True)
+        acc = trace.acc[long_acc == want].reset_index(drop=True)
         out.append(Trace(acc, r, dict(trace.meta)))
     return out[0], out[1]
 
