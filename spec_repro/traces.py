@@ -389,16 +389,17 @@ class Trace:
         acc = self.acc.drop(columns=[CONF_COLUMN]) if CONF_COLUMN in self.acc.columns else self.acc
         table = pa.Table.from_pandas(acc, preserve_index=False)
         req = self.requests
+        first = _request_first_rows(self.acc)   # each request's first row: where its per-request values go
         for col in REQ_FILE_COLUMNS:   # token ids (list<int32>) and texts (string), set on each request's first row
             if col in req.columns and req[col].notna().any():
-                table = table.append_column(col, _id_column(self.acc, req, col) if col in ID_COLUMNS
-                                            else _text_column(self.acc, req, col))
+                table = table.append_column(col, _id_column(self.acc, req, col, first) if col in ID_COLUMNS
+                                            else _text_column(self.acc, req, col, first))
         if CONF_COLUMN in self.acc.columns and self.acc[CONF_COLUMN].notna().any():
             # after the pandas part, so the pandas metadata does not name it: a reader that does not know the
             # column gets plain lists (and drops it), no Arrow-backed dtype to reconstruct
             table = table.append_column(CONF_COLUMN, self.acc[CONF_COLUMN].array.__arrow_array__().combine_chunks())
         md = dict(table.schema.metadata or {})
-        alone = _requests_without_rows(self.acc, req)
+        alone = _requests_without_rows(first[0], req)
         if len(alone):   # requests with no acceptance row (rare): their lengths only, as JSON in the footer
             md[REQ_ALONE_KEY] = alone[list(REQ_COLUMNS)].to_json(orient="records").encode()
         md[b"spec_repro.meta"] = json.dumps(self.meta, default=str).encode()
@@ -893,11 +894,12 @@ def _request_first_rows(acc: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return heads[first], np.flatnonzero(ch)[first]
 
 
-def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
-    """A list<int32> column over ``acc``'s rows: the request's ids on its first row, null on the others."""
+def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str, first: tuple[pd.DataFrame, np.ndarray]):
+    """A list<int32> column over ``acc``'s rows: the request's ids on its first row (``first``:
+    :func:`_request_first_rows`), null on the others."""
     import pyarrow as pa
 
-    heads, rows = _request_first_rows(acc)
+    heads, rows = first
     lookup = {tuple(str(x) for x in k): v for k, v in zip(req[_KEY].itertuples(index=False, name=None), req[col])}
     keys = zip(*(heads[c].astype(str).tolist() for c in _KEY))
     lists = [lookup.get(k) for k in keys]
@@ -923,11 +925,12 @@ def _id_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     return pa.array(vals, type=pa.list_(pa.int32()))
 
 
-def _text_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
-    """A string column over ``acc``'s rows: the request's ``col`` on its first row, null on the others."""
+def _text_column(acc: pd.DataFrame, req: pd.DataFrame, col: str, first: tuple[pd.DataFrame, np.ndarray]):
+    """A string column over ``acc``'s rows: the request's ``col`` on its first row (``first``:
+    :func:`_request_first_rows`), null on the others."""
     import pyarrow as pa
 
-    heads, rows = _request_first_rows(acc)
+    heads, rows = first
     got = heads.merge(req[_KEY + [col]], on=_KEY, how="left")[col]
     vals = pa.array([None if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA else str(v)
                      for v in got.tolist()], pa.large_string())
@@ -936,9 +939,9 @@ def _text_column(acc: pd.DataFrame, req: pd.DataFrame, col: str):
     return vals.take(pa.array(idx, mask=idx < 0))
 
 
-def _requests_without_rows(acc: pd.DataFrame, req: pd.DataFrame) -> pd.DataFrame:
-    """The requests of ``req`` that have no row in ``acc``."""
-    heads = _where(acc, _changes(acc, _KEY), _KEY).drop_duplicates()
+def _requests_without_rows(heads: pd.DataFrame, req: pd.DataFrame) -> pd.DataFrame:
+    """The requests of ``req`` that have no acceptance row (``heads``: the keys of the requests that have rows,
+    once each, :func:`_request_first_rows`)."""
     if len(heads) == len(req):   # every request has rows (_check_requests_match: each acc request is in req)
         return req.iloc[:0]
     m = req[_KEY].merge(heads.assign(_has=True), on=_KEY, how="left")["_has"].isna().to_numpy()
