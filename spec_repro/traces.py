@@ -356,7 +356,7 @@ class Trace:
             import pyarrow.compute as pc
 
             arr = d[CONF_COLUMN].array.__arrow_array__().combine_chunks()
-            lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            lens = _list_lengths(arr)
             flat = dequantize_confidence(pc.list_flatten(arr).to_numpy(zero_copy_only=False))
             rows = np.repeat(np.arange(len(d)), lens)
             cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
@@ -591,6 +591,13 @@ def dequantize_confidence(q) -> np.ndarray:
     return out
 
 
+def _list_lengths(arr) -> np.ndarray:
+    """The length of each list of an Arrow list array, 0 for a null, as int64."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def _conf_type():
     import pyarrow as pa
 
@@ -618,7 +625,7 @@ def _conf_series(arr, index) -> pd.Series:
             v = quantize_confidence(v)
         elif len(v) and (v.min() < 0 or v.max() > CONF_ABSENT):
             raise TraceError(f"acc: column {CONF_COLUMN!r} holds codes outside 0..{CONF_ABSENT}")
-        lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        lens = _list_lengths(arr)
         off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         arr = pa.ListArray.from_arrays(pa.array(off), pa.array(np.asarray(v, np.uint8)), type=_conf_type(),
                                        mask=arr.is_null())
@@ -649,7 +656,6 @@ def _check_confidence(acc: pd.DataFrame, where: str) -> pd.Series:
     """The ``confidence`` column as list<uint8> codes (Arrow-backed), checked: each non-null list holds k_max
     codes (its row's k_max). Plain Python lists or arrays of probabilities (NaN = none) are quantized."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     col = acc[CONF_COLUMN]
     if getattr(col.dtype, "pyarrow_dtype", None) is not None:
@@ -668,7 +674,7 @@ def _check_confidence(acc: pd.DataFrame, where: str) -> pd.Series:
     s = _conf_series(arr, col.index)
     a = s.array.__arrow_array__().combine_chunks() if len(s) else pa.array([], type=_conf_type())
     valid = a.is_valid().to_numpy(zero_copy_only=False)
-    lens = pc.fill_null(pc.list_value_length(a), 0).to_numpy(zero_copy_only=False)
+    lens = _list_lengths(a)
     k = acc["k_max"].to_numpy(np.int64)
     bad = valid & (lens != k)
     if bad.any():
