@@ -162,9 +162,9 @@ def _simulate(args):
 
 def _named_pair(policy: str) -> str:
     """A switch policy given without its k pair, shown with the pair it ran (e.g. ngram-else-eagle-skip-3-3)."""
-    from .baselines import parse_switch
+    from .baselines import SWITCH, parse_switch
 
-    sw = parse_switch(policy) if policy.strip().lower() in ("ngram-else-eagle", "ngram-else-eagle-skip") else None
+    sw = parse_switch(policy) if policy.strip().lower() in SWITCH else None
     return f"{sw[0]}-{sw[1]}-{sw[2]}" if sw else policy
 
 

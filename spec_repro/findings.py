@@ -221,8 +221,7 @@ def digest_lines(df: pd.DataFrame) -> list[str]:
     rows."""
     if "headline" not in df.columns:
         return []
-    h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
-    h = h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]    # as the README's table
+    h = _headline_rows(df)
     if not len(h):
         return []
     out = ["## In short", ""]
@@ -250,6 +249,13 @@ def _verdict_short(v: str) -> str:
     return re.sub(r"\s*\([^)]*\)", "", _cell(v)).strip()
 
 
+def _headline_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the README's results table shows (and the summary's digest): the ``headline`` ones, the embedded
+    SmolLM2's left out."""
+    h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
+    return h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]
+
+
 def headline_markdown(tables: Sequence[tuple]) -> str:
     """The README's results table: the ``headline`` rows of each (label, summary table[, key prefix]), in finding
     order, at most ``README_ROWS`` rows, each at most ``README_LINE`` characters in tests; the embedded SmolLM2's
@@ -263,8 +269,7 @@ def headline_markdown(tables: Sequence[tuple]) -> str:
         if df is None or not len(df) or "headline" not in df.columns:
             continue
         keys[i] = (label, _source_keys(df["source"], prefix))
-        h = df[df["headline"].astype(str).str.lower().isin(["true", "1"])]
-        h = h[~h["quantity"].astype(str).str.contains("smollm2", case=False)]
+        h = _headline_rows(df)
         parts += [(label, i, j, r) for j, (_, r) in enumerate(h.iterrows())]
     # a row two runs share (the measured vLLM tables every profile reads) is shown once, from the later table
     seen, kept = set(), []

@@ -349,11 +349,12 @@ def confidence_table(trace: Trace, cost_model, *, proposers: Sequence[str] = ("n
     ``CONF_KS``) and ``skip_conf`` (the skip rule with the stop, KN, T, K chosen out of sample); ``ceiling``: the
     skip rule with a perfect stop (``-KN-oracle-K``, the tuned rule's KN, K = k_max): what the confidence signal
     could give at best; ``x_rule`` columns: each over the tuned rule."""
-    from .baselines import conf_name
+    from .baselines import conf_name, parse_switch
+    from .simcore import is_ngram
     from .simulate import simulate
 
     props = list(proposers)
-    mo = next(q for q in props if q != "ngram")
+    mo = next(q for q in props if not is_ngram(q))
     kmax = int(trace.acc["k_max"].max())
     kn = sorted({min(k, kmax) for k in SWITCH_KN})
     ks = [k for k in CONF_KS if k <= kmax]
@@ -370,7 +371,7 @@ def confidence_table(trace: Trace, cost_model, *, proposers: Sequence[str] = ("n
     rows = []
     for ds, rule in rules.items():
         t = trace.select(dataset=ds, proposers=props)
-        a = int(rule.split("-")[-2])
+        a = parse_switch(rule)[1]
         pols = [rule, "adaptive-rule", conf_name("ngram-else-eagle-skip-conf", a, None, kmax)]
         if has_conf:
             pols += [skips[ds]]

@@ -280,9 +280,10 @@ def _affine_sums(st: _Steps, cm: CostModel, n: int, P_req: np.ndarray):
         else:
             m = active
             D1 += dr.c_kv * bc(prop * x, m) + dr.c_tok * bc(prop, m)
-            D0 += dr.c0 * bc(prop, m) + dr.c_step * bc((prop > 0).astype(float), m)
+            drafts = bc((prop > 0).astype(float), m)   # the steps where it drafts
+            D0 += dr.c0 * bc(prop, m) + dr.c_step * drafts
             if dr.c_step_req:                      # per request in the step (m = B copies) where it drafts
-                D1 += dr.c_step_req * bc((prop > 0).astype(float), m)
+                D1 += dr.c_step_req * drafts
     return V1, V0, D1, D0
 
 
