@@ -51,6 +51,7 @@ from collections import deque
 
 from . import v2_contract as C
 from .common import ENV_HYBRID, HYBRID_OFF
+from .hybrid_runner import _hybrid_off
 from .state import _state, logger
 
 HYBRID_WRAPPED = (
@@ -238,12 +239,6 @@ class V2Hybrid:
             self.gate.push(all_matched)
         self.steps += 1
         return draft, counts
-
-
-def _hybrid_off(why: str) -> None:
-    from .hybrid_runner import _hybrid_off as off
-
-    off(why)
 
 
 def patch_hybrid_v2(classes: dict) -> bool:
