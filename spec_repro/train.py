@@ -699,15 +699,15 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
         _start_from(new_head(target, kind, seed=seed), init_head)
     dec_meta = {"target": target_name, "max_new_tokens": max_new_tokens, "seed": seed, "engine": engine,
                 "max_prompt_tokens": max_prompt_tokens}
-    kept = None
-    if decodes is not None and _decodes_exist(decodes):   # the file is the data; the split only filters it
+    from_file = decodes is not None and _decodes_exist(decodes)
+    if from_file:                                      # the file is the data; the split only filters it
         prompts, outs, held, dstats, facts = decodes_training(
             decodes, workloads, dec_meta, tokenizer=tok, seed=seed, max_prompt_tokens=max_prompt_tokens,
             eval_sets=eval_sets)
         if not prompts:
             raise ValueError(f"--decodes {decodes}: none of its {facts['rows']} decodes is a prompt of "
                              f"{' '.join(workloads)} outside the evaluation sources: decode into a new file")
-        kept, taken = True, {}
+        taken = {}
         unseen, held_note = _decodes_of_init(init_head, decodes, dstats)
     else:
         split, facts = split_by_source(workloads, train_n=train_n, tokenizer=tok, seed=seed,
@@ -725,14 +725,14 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
         fresh = [fresh[i] for i in order]
     facts["max_prompt_tokens"] = max_prompt_tokens
     t_dec = time.time()
-    if kept is None and engine == "vllm":
+    if not from_file and engine == "vllm":
         from .engines.torch import eos_ids_of
         from .engines.vllm.decode import vllm_greedy
 
         outs, dstats = vllm_greedy(str(models.converted_dir(target_name)), prompts, max_new_tokens=max_new_tokens,
                                    eos_token_ids=sorted(eos_ids_of(target, tok)), seed=seed,
                                    gpu_memory_utilization=vllm_memory, max_num_seqs=vllm_max_seqs)
-    elif kept is None:
+    elif not from_file:
         outs = distill(target, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
         n_out = sum(map(len, outs))
         dstats = {"engine": "spec_repro.engines.torch", "output_tokens": n_out,
@@ -740,7 +740,7 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
                   "output_tokens_per_s": round(n_out / max(time.time() - t_dec, 1e-9), 1)}
     keep = [i for i, o in enumerate(outs) if len(o) > 1]
     pairs = [(prompts[i], outs[i]) for i in keep]
-    if kept is not None:                               # the decodes' own held-out set, never trained on
+    if from_file:                                      # the decodes' own held-out set, never trained on
         val_at = {j for j, i in enumerate(keep) if held[i]}
     else:
         val_at = _hold_out([fresh[i] for i in keep], val_n)
@@ -753,8 +753,8 @@ def train_from_workloads(target_name: str, out, *, workloads: Sequence[str] = ("
     train = [pr for j, pr in enumerate(pairs) if j not in val_at]
     dfile = None
     if decodes is not None:
-        dfile = {"path": str(decodes), "read": kept is not None}
-        if kept is not None:                           # what the file held, what was trained on, what dropped
+        dfile = {"path": str(decodes), "read": from_file}
+        if from_file:                                  # what the file held, what was trained on, what dropped
             dfile.update({k: facts.pop(k) for k in ("rows", "kept", "kept_per_workload", "held_out", "dropped",
                                                     "dropped_held_out", "why")})
             facts = {**facts, **{w: {"train_requests": n, "workload_version": facts["workload_versions"][w],
