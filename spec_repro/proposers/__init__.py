@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["Proposer", "make_proposer", "PROPOSERS", "top1_prob"]
+__all__ = ["Proposer", "make_proposer", "PROPOSERS"]
 
 PROPOSERS = ("ngram", "draft", "early-exit", "eagle", "eagle3")
 
