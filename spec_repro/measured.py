@@ -135,18 +135,21 @@ def _engine_labels(found: Sequence[Path], specs=None, models=None, methods=None)
     from .rowlabels import label_text
 
     res = {f if f.name.startswith("results") and f.suffix == ".jsonl" else f.parent / "results.jsonl" for f in found}
+    specs, models, methods = (None if x is None else set(x) for x in (specs, models, methods))
     rows = []
     for f in sorted(res):
         if not f.exists():
             continue
-        for line in open(f):
-            e = json.loads(line) if line.strip() else {}
+        for line in open(verify_recorded(f)):
+            if '"kind": "engine"' not in line:       # engine records only (as _provenance reads them)
+                continue
+            e = json.loads(line)
             cfg = e.get("config") or {}
-            if e.get("kind") != "engine" or (specs is not None and e.get("spec") not in set(specs)):
+            if e.get("kind") != "engine" or (specs is not None and e.get("spec") not in specs):
                 continue
-            if models is not None and cfg.get("name") not in set(models):
+            if models is not None and cfg.get("name") not in models:
                 continue
-            if methods is not None and (cfg.get("method") or "none") not in set(methods):
+            if methods is not None and (cfg.get("method") or "none") not in methods:
                 continue
             rows.append({"method": cfg.get("method") or "none", **run_labels(cfg, e),
                          "weights": "dummy" if cfg.get("load_format") == "dummy" else "real"})
