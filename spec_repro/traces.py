@@ -180,7 +180,7 @@ class Trace:
         """A trace of tables whose values were checked already: only put in the schema's columns and dtypes."""
         keep = [c for c in requests.columns if c in REQ_OPTIONAL]
         t = cls.__new__(cls)
-        t.acc = _coerce(acc, ACC_COLUMNS, "acc", check=False)
+        t.acc = _coerce(acc, ACC_COLUMNS, "acc", extra=[c for c in ACC_OPTIONAL if c in acc.columns], check=False)
         t.requests = _coerce(requests, REQ_COLUMNS, "requests", extra=keep, check=False)
         t.meta = meta
         return t

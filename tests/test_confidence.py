@@ -243,3 +243,13 @@ def test_committed_smollm2_traces_carry_confidence(path):
     assert np.isnan(np.concatenate(list(t.confidence("ngram").values()))).all()
     entry = json.loads((path.parent / "MANIFEST.json").read_text())[path.name]
     assert entry["confidence"]["proposers"] == ["eagle", "early-exit"]
+
+
+def test_checked_read_keeps_confidence(trace, tmp_path):
+    # the reader of verified copies (published.read_published_cached) skips the value checks, not the column
+    p = trace.to_parquet(tmp_path / "t.parquet")
+    fast = Trace.from_parquet(p, checked=True)
+    assert fast.confidence_proposers == trace.confidence_proposers == sorted(MODEL_DRAFTERS)
+    a, b = read_trace(p).acc, fast.acc
+    assert b[CONF_COLUMN].isna().tolist() == a[CONF_COLUMN].isna().tolist()
+    assert [list(x) for x in b[CONF_COLUMN].dropna()] == [list(x) for x in a[CONF_COLUMN].dropna()]
