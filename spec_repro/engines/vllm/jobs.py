@@ -118,6 +118,10 @@ def run_spec(spec: dict, out: Path) -> None:
 
     from .engine import VLLMConfig, VLLMEngine, study_prompt
 
+    if spec.get("members"):                    # engines resident together, runs rotated (cogrid)
+        from .cogrid import run_group
+
+        return run_group(spec, out, append=_append, environment=environment)
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.jsonl"
     # "instrumented": False (vLLM's own choice of runner, or an overhead reference): no step log, so the plugin
@@ -278,14 +282,14 @@ def run_specs(specs: list[dict], out: Path, timeout_s: float = 420, dry_run: boo
             print(json.dumps(spec))
             continue
         t0 = time.time()
-        limit = timeout_s
+        limit = spec.get("timeout_s") or timeout_s   # a spec of several engines (cogrid) carries its own
         if deadline_s is not None:
             left = deadline_s - (t0 - t_start)
             if left < min_spec_s:
                 print(f"[{spec['name']}] not started: {left:.0f}s left before the deadline", flush=True)
                 _append(res, {"kind": "spec_skipped", "spec": spec["name"], "seconds_left": left})
                 continue
-            limit = min(timeout_s, left)
+            limit = min(limit, left)
         cmd = [sys.executable, "-m", "spec_repro.engines.vllm.jobs", "spec", "--spec", json.dumps(spec), "--out", str(out)]
         rc = run_group(cmd, limit)
         if rc != 0:

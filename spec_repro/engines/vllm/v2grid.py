@@ -14,6 +14,7 @@ run) and what ran (runner, async scheduling, instrumented: ``labels``).
 
     python -m spec_repro.engines.vllm.v2grid plan                        # CPU: the specs, seconds, what is deferred
     python -m spec_repro.engines.vllm.v2grid run --head DIR --out $OUT --deadline 1000
+    python -m spec_repro.engines.vllm.v2grid run --co-resident ...     # no SD and EAGLE resident, runs rotated
     python -m spec_repro.engines.vllm.v2grid table --out $OUT            # per configuration, workload, batch size
 """
 from __future__ import annotations
@@ -269,6 +270,10 @@ def main(argv=None) -> int:
             p.add_argument("--out", required=True)
             p.add_argument("--timeout", type=float, default=600, help="seconds per engine spec")
             p.add_argument("--deadline", type=float, help="seconds from now for the whole job")
+            p.add_argument("--co-resident", action="store_true", help="no SD and EAGLE's engines resident together, "
+                           "runs rotated (cogrid); their specs again after, for a group that fails to start")
+            p.add_argument("--memory-each", type=float, default=0.15, help="each resident engine's "
+                           "gpu_memory_utilization")
     t = sub.add_parser("table")
     t.add_argument("--out", required=True, help="the job's folder (its results.jsonl)")
     sm = sub.add_parser("summarize")
@@ -310,6 +315,16 @@ def main(argv=None) -> int:
         return 0 if p["fits"] else 1
     from .jobs import run_specs
 
+    if a.co_resident:
+        from .cogrid import group_spec
+
+        co = [s for s in specs if s["config"]["method"] in ("none", "eagle")]
+        try:
+            group = {**group_spec(co, a.memory_each), "timeout_s": a.timeout * len(co)}
+        except ValueError as e:
+            print(f"v2grid run --co-resident: {e}", file=sys.stderr)
+            return 2
+        specs = [group] + specs            # members finished by the group are skipped (their done records)
     return run_specs(specs, Path(a.out), a.timeout, False, None, a.deadline)
 
 
