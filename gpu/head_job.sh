@@ -18,7 +18,8 @@
 # Knobs: INIT=DIR (continue that head: data/heads/qwen2.5-coder-1.5b-eagle, staged), DECODES=FILE (a decodes file: read
 # when it exists, e.g. data/heads/decodes/qwen2.5-coder-1.5b/decodes.parquet.parts.json once staged, else written),
 # LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170),
-# GRID=1 (the V2 grid in the time left), GRID_ONLY / GRID_FIRST (its specs: all of them / those run before the training).
+# GRID=1 (the V2 grid in the time left), GRID_ONLY / GRID_FIRST (its specs: all of them / those run before the training),
+# COGRID=1 (its no-SD and EAGLE engines resident together, runs rotated: v2grid run --co-resident).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -82,7 +83,7 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
     # (3) the V2 grid (spec_repro.engines.vllm.v2grid: vLLM's own runner, uninstrumented) in the time left
     if [ "${GRID:-0}" = 1 ]; then
       python3 -m spec_repro.engines.vllm.v2grid run --head $H --out $R/v2grid ${GRID_ONLY:+--only $GRID_ONLY} \
-        --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) >> $R/log_grid.txt 2>&1
+        ${COGRID:+--co-resident} --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) >> $R/log_grid.txt 2>&1
       echo "grid rc=$?" >> $R/log_grid.txt
       tar czf $BACK/v2grid.tgz -C $R v2grid log_grid.txt && listback
     fi
