@@ -41,8 +41,8 @@ from .io import atomic_path, atomic_write
 from .proposers.eagle import EagleHead, eagle_chain_acceptance, feature_layers, load_head, new_head, save_head, \
     target_features
 
-__all__ = ["EVAL_SETS", "eval_requests", "eval_filter", "split_by_source", "decodes_training", "distill", "batched_features", "train_eagle",
-           "held_out_acceptance", "train_from_workloads"]
+__all__ = ["EVAL_SETS", "eval_requests", "eval_filter", "split_by_source", "decodes_training", "distill",
+           "batched_features", "train_eagle", "held_out_acceptance", "train_from_workloads"]
 
 
 #: what ``spec-repro collect`` profiles (workload -> requests, seed 0): the evaluation requests whose sources

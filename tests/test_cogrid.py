@@ -145,3 +145,21 @@ def test_v2grid_run_co_resident_puts_the_group_first_then_every_spec(tmp_path, m
     assert {s["config"]["method"] for s in rest} >= {"ngram", "draft_model"}
     assert v2grid.main(["run", "--head", "HEAD", "--model-dir", "MODEL", "--out", str(tmp_path), "--co-resident",
                         "--memory-each", "0.5"]) == 2
+
+
+def test_task_shapes_chunks_the_first_requests_of_each_workload_in_runs_of_b():
+    from spec_repro.engines.vllm.hybrid_jobs import task_shapes
+
+    task = {"workloads": ["code-edit", "sharegpt"], "batch_sizes": [1, 8, 32], "prompts_per_bs": 8,
+            "max_tokens": 256}
+    asked = []
+
+    def load(w, n):
+        asked.append((w, n))
+        return [f"{w}/{i}" for i in range(n)]
+
+    shapes = list(task_shapes(task, "MODEL", 2048, load))
+    assert asked == [("code-edit", 32), ("sharegpt", 32)]       # each workload loaded once, in run order
+    assert [(w, b, len(ch), len(ch[0])) for w, b, ch in shapes] == [
+        (w, b, n, b) for w in task["workloads"] for b, n in ((1, 8), (8, 1), (32, 1))]
+    assert shapes[0][2][:2] == [["code-edit/0"], ["code-edit/1"]] and shapes[2][2][0][-1] == "code-edit/31"

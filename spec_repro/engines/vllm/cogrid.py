@@ -44,11 +44,11 @@ def group_spec(members: list[dict], memory_each: float = 0.15) -> dict:
 
 def run_group(group: dict, out: Path, *, append, environment, make_engine=None, load_requests=None) -> None:
     """Start every member's engine, then per workload and batch size: one untimed warm-up pass on each engine,
-    then ``repeats`` rounds in which every engine runs the shape's chunks, in rotated order. ``make_engine`` /
-    ``load_requests``: the vLLM engine and the workload loader (defaults: ``engine.VLLMEngine``, ``workloads.load``
-    with the target's tokenizer); ``append`` / ``environment``: the results writer and the environment record
-    (``jobs`` passes its own)."""
-    from .hybrid_jobs import rotated_order
+    then ``repeats`` rounds in which every engine runs the shape's chunks, in rotated order (the shapes:
+    ``hybrid_jobs.task_shapes``, ``load_requests`` its loader). ``make_engine``: the vLLM engine (default
+    ``engine.VLLMEngine``); ``append`` / ``environment``: the results writer and the environment record (``jobs``
+    passes its own)."""
+    from .hybrid_jobs import rotated_order, task_shapes
 
     if make_engine is None:
         from .engine import VLLMConfig, VLLMEngine
@@ -70,33 +70,20 @@ def run_group(group: dict, out: Path, *, append, environment, make_engine=None, 
                          "co_resident": [x["name"] for x in group["members"]], "env": environment()})
             print(f"[{group['name']}] {m['name']} up in {eng.start_s:.1f}s", flush=True)
         names = list(engines)
-        if load_requests is None:
-            from transformers import AutoTokenizer
-
-            from ... import workloads as W
-
-            first = engines[names[0]].cfg
-            tok = AutoTokenizer.from_pretrained(first.model)
-
-            def load_requests(w, n):
-                return W.load(w, n=n, seed=0, tokenizer=tok, max_prompt_tokens=first.max_model_len - task["max_tokens"])
-        for w in task["workloads"]:
-            reqs = load_requests(w, max(task["batch_sizes"] + [task["prompts_per_bs"]]))
-            for b in task["batch_sizes"]:
-                part = reqs[:max(b, task["prompts_per_bs"])]
-                chunks = [part[i:i + b] for i in range(0, len(part), b)]
-                for n in names:                   # this shape once on each engine, untimed
-                    engines[n].run_prompts([q.prompt_token_ids for q in chunks[0]], task["max_tokens"],
-                                           run_id=f"{w}-b{b}-c0@{n}-r-1", record=False, label="warmup")
-                for slot, (rep, n) in enumerate(rotated_order(names, task["repeats"])):
-                    for c, ch in enumerate(chunks):
-                        r = engines[n].run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
-                                                   run_id=f"{w}-b{b}-c{c}-r{rep}", keep_outputs=True, label="hybrid")
-                        r.batch_size = b
-                        append(res, {"kind": "run", **bases[n], **r.to_dict(with_outputs=True), "task": "hybrid",
-                                     "workload": w, "repeat": rep, "chunk": c, "keys": [q.id for q in ch],
-                                     "slot": slot % len(names), **({} if n == names[-1] else UNREAD)})
-                print(f"[{group['name']}] {w} bs {b}: {task['repeats']} rotated rounds", flush=True)
+        first = engines[names[0]].cfg
+        for w, b, chunks in task_shapes(task, first.model, first.max_model_len, load_requests):
+            for n in names:                   # this shape once on each engine, untimed
+                engines[n].run_prompts([q.prompt_token_ids for q in chunks[0]], task["max_tokens"],
+                                       run_id=f"{w}-b{b}-c0@{n}-r-1", record=False, label="warmup")
+            for slot, (rep, n) in enumerate(rotated_order(names, task["repeats"])):
+                for c, ch in enumerate(chunks):
+                    r = engines[n].run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
+                                               run_id=f"{w}-b{b}-c{c}-r{rep}", keep_outputs=True, label="hybrid")
+                    r.batch_size = b
+                    append(res, {"kind": "run", **bases[n], **r.to_dict(with_outputs=True), "task": "hybrid",
+                                 "workload": w, "repeat": rep, "chunk": c, "keys": [q.id for q in ch],
+                                 "slot": slot % len(names), **({} if n == names[-1] else UNREAD)})
+            print(f"[{group['name']}] {w} bs {b}: {task['repeats']} rotated rounds", flush=True)
     finally:
         for eng in engines.values():
             eng.close()

@@ -189,34 +189,45 @@ def rotated_run_config(cfg: dict, policy: str) -> dict:
             "rotated": list(cfg["hybrid_rotate"])}
 
 
+def task_shapes(task: dict, model: str, max_model_len: int, load=None):
+    """A hybrid task's shapes in run order: (workload, batch size B, chunks), the chunks the first max(B,
+    ``prompts_per_bs``) requests of the workload's seeded order in runs of B. ``load(workload, n)``: the requests
+    (default: ``workloads.load`` with ``model``'s tokenizer, prompts that leave ``max_tokens`` of
+    ``max_model_len``)."""
+    if load is None:
+        from transformers import AutoTokenizer
+
+        from ... import workloads as W
+
+        tok = AutoTokenizer.from_pretrained(model)
+
+        def load(w, n):
+            return W.load(w, n=n, seed=0, tokenizer=tok, max_prompt_tokens=max_model_len - task["max_tokens"])
+    for w in task["workloads"]:
+        reqs = load(w, max(task["batch_sizes"] + [task["prompts_per_bs"]]))
+        for b in task["batch_sizes"]:
+            part = reqs[:max(b, task["prompts_per_bs"])]
+            yield w, b, [part[i:i + b] for i in range(0, len(part), b)]
+
+
 def _hybrid_task(eng, task: dict, record) -> None:
     """Every workload x batch size x repeat on one engine (a warm-up pass per shape first, not recorded); a
     rotated engine (``cfg.hybrid_rotate``) runs each policy in turn (``rotated_order``; run ids
     ``<w>-b<B>-c<chunk>@<policy>-r<repeat>``), its warm-up one chunk per shape and policy."""
-    from transformers import AutoTokenizer
-
-    from ... import workloads as W
-
-    tok = AutoTokenizer.from_pretrained(eng.cfg.model)
     rot = list(eng.cfg.hybrid_rotate or ())
-    for w in task["workloads"]:
-        reqs = W.load(w, n=max(task["batch_sizes"] + [task["prompts_per_bs"]]), seed=0, tokenizer=tok,
-                      max_prompt_tokens=eng.cfg.max_model_len - task["max_tokens"])
-        for b in task["batch_sizes"]:
-            part = reqs[:max(b, task["prompts_per_bs"])]
-            chunks = [part[i:i + b] for i in range(0, len(part), b)]
-            if rot:
-                _rotated_runs(eng, task, record, w, b, chunks, rot)
-                continue
-            for rep in range(-1, task["repeats"]):
-                for c, ch in enumerate(chunks):
-                    r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
-                                        run_id=f"{w}-b{b}-c{c}-r{rep}", keep_outputs=True, record=rep >= 0,
-                                        label="hybrid" if rep >= 0 else "warmup")
-                    if rep >= 0:
-                        r.batch_size = b
-                        record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch],
-                               with_outputs=True)
+    for w, b, chunks in task_shapes(task, eng.cfg.model, eng.cfg.max_model_len):
+        if rot:
+            _rotated_runs(eng, task, record, w, b, chunks, rot)
+            continue
+        for rep in range(-1, task["repeats"]):
+            for c, ch in enumerate(chunks):
+                r = eng.run_prompts([q.prompt_token_ids for q in ch], task["max_tokens"],
+                                    run_id=f"{w}-b{b}-c{c}-r{rep}", keep_outputs=True, record=rep >= 0,
+                                    label="hybrid" if rep >= 0 else "warmup")
+                if rep >= 0:
+                    r.batch_size = b
+                    record(r, task="hybrid", workload=w, repeat=rep, chunk=c, keys=[q.id for q in ch],
+                           with_outputs=True)
 
 
 def _rotated_runs(eng, task, record, w, b, chunks, rot) -> None:
