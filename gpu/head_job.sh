@@ -8,7 +8,8 @@
 #   here:  bash ../shared/gpu/prepare.sh; WORKLOADS="sharegpt sharegpt-turns py-functions py-write code-edit \
 #            gsm-symbolic humaneval mt-bench" bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b; bash gpu/travel.sh light
 #   calls: bash gpu/head_job.sh vllm c1 .. c7        carry [".stage/cN"]   (c6 and c7 in one call)
-#          bash gpu/head_job.sh piece pNN            carry [".carry/pNN"]
+#          bash gpu/head_job.sh piece pNN            carry [".carry/pNN"]   (stage_cache.sh ... qwen2.5-coder-0.5b:
+#                                                      the grid's draft-model engine; converted in the run)
 #          bash gpu/head_job.sh setup                carry [".stage/run", ".carry/extra"]
 #          LEFT=<budget_left_s> bash gpu/head_job.sh start      (detached; the training stops LEFT - MARGIN s later)
 #          sleep S; bash gpu/head_job.sh status      (the logs; once the head is split, its record into $OUT)
@@ -41,6 +42,10 @@ case "$1" in
     setsid nohup env TRAIN_S=${TRAIN_S:-$E} bash gpu/head_job.sh run > $R/pipeline.log 2>&1 < /dev/null &
     sleep 2; echo "started: ends in $E s, training budget ${TRAIN_S:-$E} s" ;;
   run)
+    # the draft model's GGUF, where staged, converted beside the work before the grid (its draft-model engine)
+    D=qwen2.5-coder-0.5b
+    [ "${GRID:-0}" = 1 ] && [ -f $SPEC_REPRO_CACHE/models/$D/info.json ] && { python3 -c "
+from spec_repro import models; models.convert('$D')" > $R/log_convert_draft.txt 2>&1 & }
     # (0) GRID_FIRST="<spec> ...": grid engines that need no head (no SD) before the training, so that the grid's
     #     path has run once before the head's time is spent (the later grid skips what finished)
     if [ "${GRID:-0}" = 1 ] && [ -n "${GRID_FIRST:-}" ]; then
@@ -82,6 +87,7 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
     fi
     # (3) the V2 grid (spec_repro.engines.vllm.v2grid: vLLM's own runner, uninstrumented) in the time left
     if [ "${GRID:-0}" = 1 ]; then
+      wait      # the draft model's conversion
       python3 -m spec_repro.engines.vllm.v2grid run --head $H --out $R/v2grid ${GRID_ONLY:+--only $GRID_ONLY} \
         ${COGRID:+--co-resident} --deadline $(( $(cat $R/end_epoch) - $(date +%s) )) >> $R/log_grid.txt 2>&1
       echo "grid rc=$?" >> $R/log_grid.txt

@@ -15,8 +15,8 @@ def _specs(**kw):
 
 
 class _Run:
-    def __init__(self, run_id, n):
-        self.run_id, self.n, self.batch_size = run_id, n, None
+    def __init__(self, run_id, n, counters="registry"):
+        self.run_id, self.n, self.batch_size, self.counters = run_id, n, None, counters
 
     def to_dict(self, with_outputs=False):
         return {"run_id": self.run_id, "output_tokens": 4 * self.n, "wall_s": 1.0, "batch_size": self.batch_size,
@@ -27,30 +27,31 @@ class _Run:
 class _Engine:
     """Records what it was asked to run, in one shared log."""
 
-    def __init__(self, cfg, log, fail=False):
+    def __init__(self, cfg, log, fail=False, counters="registry"):
         if fail:
             raise RuntimeError("no memory left for this engine")
         self.cfg = SimpleNamespace(**cfg)
         self.name = f"{cfg['method']}-k{cfg['k']}"
         self.log, self.start_s, self.vllm_version, self.resolved = log, 1.0, "0.25.0", {"runner": "v2"}
         log.append(("start", self.name))
+        self.counters = counters
 
     def run_prompts(self, prompts, max_tokens, *, run_id, record=True, label="", keep_outputs=False):
         self.log.append((label, self.name, run_id))
-        return _Run(run_id, len(prompts))
+        return _Run(run_id, len(prompts), self.counters)
 
     def close(self):
         self.log.append(("close", self.name))
 
 
-def _run(tmp_path, members, repeats=3, fail_at=None):
+def _run(tmp_path, members, repeats=3, fail_at=None, counters="registry"):
     g = cogrid.group_spec(members)
     g["tasks"][0].update(workloads=["code-edit"], batch_sizes=[1, 8], prompts_per_bs=8, repeats=repeats)
     log, recs, made = [], [], []
 
     def make(cfg):
         made.append(cfg)
-        return _Engine(cfg, log, fail=len(made) == fail_at)
+        return _Engine(cfg, log, fail=len(made) == fail_at, counters=counters)
 
     reqs = [SimpleNamespace(id=f"q{i}", prompt_token_ids=[i, i + 1]) for i in range(8)]
     cogrid.run_group(g, tmp_path, make_engine=make, load_requests=lambda w, n: reqs[:n],
@@ -84,7 +85,7 @@ def test_records_read_as_separate_engines_and_finish_the_members(tmp_path):
     assert len(runs) == len(members) * 3 * (8 + 1)
     done = [r["spec"] for r in recs if r["kind"] == "done"]
     assert done == [m["name"] for m in members] + [g["name"]]
-    last = members[-1]["name"]                 # vLLM's registry holds the last-started engine's counters only
+    last = members[-1]["name"]     # read from the registry, the counters are the last-started engine's only
     assert all((r["num_drafts"] is None) == (r["spec"] != last) for r in runs)
     assert all(r["counters"].startswith("not read") for r in runs if r["spec"] != last)
     rows = v2grid.grid_rows(recs)
@@ -94,6 +95,13 @@ def test_records_read_as_separate_engines_and_finish_the_members(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert jobs.done_specs(path) == {m["name"] for m in members} | {g["name"]}
+
+
+def test_engines_that_read_their_own_counters_keep_them_all(tmp_path):
+    members = _specs()
+    _, _, recs, _ = _run(tmp_path, members, counters="engine")
+    runs = [r for r in recs if r["kind"] == "run"]
+    assert runs and all(r["num_drafts"] == 0 and "counters" not in r for r in runs)
 
 
 def test_a_group_that_cannot_start_closes_what_started_and_finishes_nothing(tmp_path):

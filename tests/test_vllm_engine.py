@@ -114,6 +114,63 @@ def test_parse_spec_metrics_sums_label_sets_and_positions():
     assert d["num_drafts"] == 64
 
 
+def _prom_logger(registry, k, label):
+    """A stat logger built as vLLM 0.25's PrometheusStatLogger builds one (vllm/v1/metrics/loggers.py,
+    vllm/v1/spec_decode/metrics.py, vllm/v1/metrics/utils.py): the registry's vLLM collectors unregistered first,
+    then labelled children per engine index."""
+    from types import SimpleNamespace
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    for c in list(registry._collector_to_names):
+        if any(n.startswith("vllm:") for n in registry._collector_to_names[c]):
+            registry.unregister(c)
+
+    def counter(name, extra=()):
+        return prometheus_client.Counter(name, name, labelnames=["model_name", "engine", *extra], registry=registry)
+
+    lv = {0: [label, "0"]}
+    spec = SimpleNamespace(spec_decoding_enabled=True, **{
+        f"counter_{s}": {i: counter(f"vllm:{s}").labels(*v) for i, v in lv.items()}
+        for s in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")})
+    per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos", ["position"])
+    spec.counter_spec_decode_num_accepted_tokens_per_pos = {i: [per_pos.labels(*v, str(p)) for p in range(k)]
+                                                            for i, v in lv.items()}
+    gen = {i: counter("vllm:generation_tokens").labels(*v) for i, v in lv.items()}
+    logger = SimpleNamespace(spec_decoding_prom=spec, counter_generation_tokens=gen)
+    return logger, SimpleNamespace(llm_engine=SimpleNamespace(logger_manager=SimpleNamespace(
+        stat_loggers=[SimpleNamespace(), logger])))
+
+
+def _observe(logger, drafts, accepted_per_pos, generated):
+    sd = logger.spec_decoding_prom
+    sd.counter_spec_decode_num_drafts[0].inc(drafts)
+    sd.counter_spec_decode_num_draft_tokens[0].inc(drafts * len(accepted_per_pos))
+    sd.counter_spec_decode_num_accepted_tokens[0].inc(sum(accepted_per_pos))
+    for c, a in zip(sd.counter_spec_decode_num_accepted_tokens_per_pos[0], accepted_per_pos):
+        c.inc(a)
+    logger.counter_generation_tokens[0].inc(generated)
+
+
+def test_own_counters_read_each_engine_where_the_registry_holds_only_the_last():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    reg = prometheus_client.CollectorRegistry()
+    first, llm1 = _prom_logger(reg, 3, "first")
+    second, llm2 = _prom_logger(reg, 2, "second")      # unregisters the first engine's collectors
+    _observe(first, 10, [9, 7, 4], 50)
+    _observe(second, 5, [3, 1], 14)
+    registry = [{"name": m.name, "value": s.value} for m in reg.collect() for s in m.samples
+                if s.name.endswith("_total") and "position" not in s.labels]
+    assert {d["value"] for d in registry if d["name"] == "vllm:spec_decode_num_drafts"} == {5.0}
+    one, two = V.parse_spec_metrics(VE.own_counters(llm1)), V.parse_spec_metrics(VE.own_counters(llm2))
+    assert one == {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 20, "accepted_per_pos": [9, 7, 4],
+                   "generation_tokens": 50}
+    assert two == {"num_drafts": 5, "num_draft_tokens": 10, "num_accepted_tokens": 4, "accepted_per_pos": [3, 1],
+                   "generation_tokens": 14}
+    from types import SimpleNamespace
+
+    assert VE.own_counters(SimpleNamespace(llm_engine=SimpleNamespace())) is None     # not vLLM's objects: None
+
+
 def test_recorded_h200_runs_reproduce_their_acceptance_numbers():
     """RunResult.from_counts on the counters recorded on the H200 (n-gram, dummy weights) gives the recorded AL."""
     recs = [json.loads(x) for x in open(FIX / "results_h200.jsonl")]

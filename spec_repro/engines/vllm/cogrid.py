@@ -7,7 +7,8 @@ host epoch falls on every configuration alike, and each run keeps its steal shar
 A group spec (:func:`group_spec`) holds its member specs; ``jobs spec`` runs it with :func:`run_group`. Each member
 writes the records its own engine would (``engine``, ``run`` with its spec name, ``done``), so ``v2grid``'s tables
 read a group's results as they read separate engines'; a run record adds ``group`` and ``slot`` (its place in the
-rotation). vLLM's counters are the last-started engine's only (``UNREAD``). A group that fails to start leaves its
+rotation). Each engine's counters are read from its own stat logger (``engine.own_counters``); where they cannot
+be, only the last-started engine's are (the registry's), and the others' runs say so (``UNREAD``). A group that fails to start leaves its
 members undone: ``v2grid run --co-resident`` lists the members after the group, so they then run one engine at a
 time."""
 from __future__ import annotations
@@ -15,11 +16,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-#: vLLM's counters are read from its process-wide Prometheus registry (``llm.get_metrics()``), and vLLM 0.25's
-#: PrometheusStatLogger unregisters every earlier engine's collectors when an engine starts
-#: (``vllm/v1/metrics/loggers.py``): in a group only the last-started engine's counters are its own. The others'
-#: runs keep throughput (output tokens over wall time) and leave the counters unread: acceptance comes from the
-#: last engine, the separate-engine runs or the traces.
+#: ``llm.get_metrics()`` reads vLLM's process-wide Prometheus registry, and vLLM 0.25's PrometheusStatLogger
+#: unregisters every earlier engine's collectors when an engine starts (``vllm/v1/metrics/loggers.py``): there only
+#: the last-started engine's counters are its own. Where an engine's own logger cannot be read (``own_counters``
+#: None), the other engines' runs keep throughput (output tokens over wall time) and leave the counters unread.
 UNREAD = {"num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None, "accepted_per_pos": None,
           "acceptance_length": None, "acceptance_rate": None, "vllm_generation_tokens": None,
           "counters": "not read: vLLM's registry holds the last-started engine's counters only"}
@@ -82,7 +82,8 @@ def run_group(group: dict, out: Path, *, append, environment, make_engine=None, 
                     r.batch_size = b
                     append(res, {"kind": "run", **bases[n], **r.to_dict(with_outputs=True), "task": "hybrid",
                                  "workload": w, "repeat": rep, "chunk": c, "keys": [q.id for q in ch],
-                                 "slot": slot % len(names), **({} if n == names[-1] else UNREAD)})
+                                 "slot": slot % len(names),
+                                 **({} if n == names[-1] or r.counters == "engine" else UNREAD)})
             print(f"[{group['name']}] {w} bs {b}: {task['repeats']} rotated rounds", flush=True)
     finally:
         for eng in engines.values():

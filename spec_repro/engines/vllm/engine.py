@@ -278,6 +278,27 @@ def parse_spec_metrics(metrics: Iterable) -> dict:
     return out
 
 
+def own_counters(llm) -> list[dict] | None:
+    """This engine's own spec-decode and generated-token counters, read from the Prometheus objects its stat logger
+    holds, in the form ``parse_spec_metrics`` reads; None where vLLM's objects are not found. ``llm.get_metrics()``
+    reads the process-wide registry, and vLLM 0.25's PrometheusStatLogger unregisters every earlier engine's
+    collectors when an engine starts (``vllm/v1/metrics/loggers.py``): beside another engine in one process, the
+    registry holds the last-started engine's counters, while each engine's logger keeps counting into its own."""
+    try:
+        prom = next(lg for lg in llm.llm_engine.logger_manager.stat_loggers if hasattr(lg, "spec_decoding_prom"))
+        out = [{"name": _GEN, "value": c._value.get()} for c in prom.counter_generation_tokens.values()]
+        sd = prom.spec_decoding_prom
+        if getattr(sd, "spec_decoding_enabled", False):
+            for key, suffix in _SPEC_KEYS.items():
+                out += [{"name": f"vllm:{suffix}", "value": c._value.get()}
+                        for c in getattr(sd, f"counter_{suffix}").values()]
+            out += [{"name": f"vllm:{_PER_POS}", "values": [c._value.get() for c in cs]}
+                    for cs in sd.counter_spec_decode_num_accepted_tokens_per_pos.values()]
+        return out
+    except (AttributeError, StopIteration, TypeError):
+        return None
+
+
 def diff_spec_metrics(after: dict, before: dict) -> dict:
     n = max(len(after["accepted_per_pos"]), len(before["accepted_per_pos"]))
     a = after["accepted_per_pos"] + [0] * (n - len(after["accepted_per_pos"]))
@@ -331,6 +352,8 @@ class RunResult:
     engine_probe_ms: float | None = None         # host_probe() in the engine's worker just before the run
     engine_probe_end_ms: float | None = None     # ... and just after it (VLLMEngine.engine_probe)
     vllm_generation_tokens: int | None = None    # vLLM's own generated-token counter over the run
+    counters: str = "registry"                   # read from: this engine's own logger ("engine") or the registry
+    registry_agrees: bool | None = None          # the registry's diff equals the engine's own (alone in a process)
 
     @classmethod
     def from_counts(cls, *, spec: dict, **kw) -> "RunResult":
@@ -401,6 +424,13 @@ class VLLMEngine:
         except Exception as e:  # plugin not loaded (not installed as an entry point, or disabled)
             return [{"error": f"{type(e).__name__}: {e}", "patched": False}]
 
+    def counters(self) -> tuple[dict, dict | None]:
+        """vLLM's counters now: this engine's own where they can be read (``own_counters``), else the registry's;
+        and beside the own, the registry's, which hold the same numbers for an engine alone in its process."""
+        reg = parse_spec_metrics(self.llm.get_metrics())
+        own = own_counters(self.llm)
+        return (reg, None) if own is None else (parse_spec_metrics(own), reg)
+
     def engine_probe(self) -> float | None:
         """``host_probe()`` timed in the engine's worker (the engine core's process under vLLM 0.25's default
         executor: where a step's t_draft and t_other accrue), in ms; None without the plugin. The driver's own probe
@@ -441,7 +471,7 @@ class VLLMEngine:
         self.steps("context", run_id=run_id, model=cfg.label(), method=cfg.method,
                    k=cfg.k if cfg.method != "none" else 0, batch_size=int(batch_size), detail=detail, record=record)
         sp = self._sampling(max_tokens, ignore_eos, stop_token_ids)
-        before = parse_spec_metrics(self.llm.get_metrics())
+        before, reg0 = self.counters()
         eprobe = self.engine_probe()
         probe = host_probe()
         steal0 = cpu_steal_s()
@@ -454,7 +484,7 @@ class VLLMEngine:
             raise
         wall = time.perf_counter() - t0
         steal1 = cpu_steal_s()
-        after = parse_spec_metrics(self.llm.get_metrics())
+        after, reg1 = self.counters()
         st = self.steps("flush")
         eprobe_end = self.engine_probe()
         gen = [list(o.outputs[0].token_ids) for o in outs]
@@ -466,6 +496,8 @@ class VLLMEngine:
             output_tok_per_s=n_out / wall if wall > 0 else float("nan"),
             instrumented=bool(record and st and st[0].get("patched")), label=label,
             outputs=gen if keep_outputs else None,
+            counters="registry" if reg0 is None else "engine",
+            registry_agrees=None if reg0 is None else diff_spec_metrics(reg1, reg0) == diff_spec_metrics(after, before),
             host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3),
             host_probe_ms=round(probe, 3), engine_probe_ms=eprobe, engine_probe_end_ms=eprobe_end)
 
