@@ -171,3 +171,24 @@ def test_task_shapes_chunks_the_first_requests_of_each_workload_in_runs_of_b():
     assert [(w, b, len(ch), len(ch[0])) for w, b, ch in shapes] == [
         (w, b, n, b) for w in task["workloads"] for b, n in ((1, 8), (8, 1), (32, 1))]
     assert shapes[0][2][:2] == [["code-edit/0"], ["code-edit/1"]] and shapes[2][2][0][-1] == "code-edit/31"
+
+
+def test_run_specs_skips_the_members_a_group_finished_while_it_ran(tmp_path, monkeypatch):
+    """The members of a group that finished are not started again one engine at a time (``done`` is read before
+    each spec, not once before the first)."""
+    members = _specs()
+    group = cogrid.group_spec(members)
+    specs = [group] + members + [{"name": "v2grid-ngram-k5", "tasks": []}]
+    started = []
+
+    def fake_process(cmd, limit):
+        spec = json.loads(cmd[cmd.index("--spec") + 1])
+        started.append(spec["name"])
+        with open(tmp_path / "results.jsonl", "a") as f:
+            for n in [m["name"] for m in spec.get("members", [])] + [spec["name"]]:
+                f.write(json.dumps({"kind": "done", "spec": n}) + "\n")
+        return 0
+
+    monkeypatch.setattr(jobs, "run_group", fake_process)
+    assert jobs.run_specs(specs, tmp_path, 300) == 0
+    assert started == [group["name"], "v2grid-ngram-k5"]
