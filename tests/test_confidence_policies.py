@@ -182,7 +182,8 @@ def test_no_confidence_is_one_clear_error(cm, tmp_path):
         simulate(t, cm, "ngram,eagle", "conf-stop-0.4-3", progress=False)
     with pytest.raises(SimulationError, match="k_max = 3"):
         simulate(t, cm, "eagle", "conf-stop-0.4-8", progress=False)
-    q = ROOT / "data" / "traces" / "qwen2.5-coder-1.5b__code-edit.parquet"
+    q = tmp_path / "no-confidence.parquet"             # a trace from before the column (read as it was written)
+    no.to_parquet(q)
     r = subprocess.run([sys.executable, "-m", "spec_repro.cli", "simulate", "--traces", str(q), "--proposers",
                         "ngram,eagle", "--policy", "ngram-else-eagle-skip-conf", "--cost-model",
                         "qwen2.5-coder-1.5b-h200", "--no-progress"], capture_output=True, text=True, timeout=300)

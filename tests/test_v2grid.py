@@ -121,6 +121,29 @@ def test_a_restarted_configuration_is_its_own_engine_and_steal_marks_contended_p
     assert not (tmp_path / "out2").exists()
 
 
+def test_engines_resident_together_are_divided_by_their_own_no_sd_engine():
+    """A group's EAGLE engine is divided by the group's no-SD engine (both took the host's epochs alike), even where
+    a separately started no-SD engine ran with less steal; an engine started alone keeps that one as baseline."""
+    def run(spec, method, wall, steal, group=None):
+        return {"kind": "run", "spec": spec, "config": {"method": method, "model_runner": "default"},
+                "workload": "code-edit", "batch_size": 1, "repeat": 0, "chunk": 0, "k": 3, "output_tokens": 256,
+                "wall_s": wall, "host_steal_s": steal, "num_drafts": 10, "num_accepted_tokens": 15,
+                "num_draft_tokens": 30, **({"group": group} if group else {})}
+
+    def eng(spec, method):
+        return {"kind": "engine", "spec": spec, "config": {"method": method, "model_runner": "default"},
+                "resolved": {"runner": "v2", "async_scheduling": True}}
+
+    g = "cogroup-n+e"
+    recs = [eng("n", "none"), eng("e", "eagle"), run("n", "none", 1.0, 0.2, g), run("e", "eagle", 0.5, 0.1, g),
+            eng("n", "none"), run("n", "none", 0.8, 0.0), eng("e", "eagle"), run("e", "eagle", 0.4, 0.05)]
+    r = G.ratio_table(G.grid_table(G.grid_rows(recs)))
+    assert r[["engine", "none_engine", "baseline"]].values.tolist() == [["e#1", "n#1", "co-resident"],
+                                                                        ["e#2", "n#2", "separate"]]
+    assert r["ratio"].tolist() == pytest.approx([2.0, 2.0])
+    assert r["contended"].tolist() == [False, True]
+
+
 def test_the_committed_grid_is_vllms_default_runner_uninstrumented():
     """data/gpu/v2grid: EAGLE and no SD on V2 with async scheduling, n-gram on V1 synchronous, none instrumented,
     every EAGLE k of the grid at every workload and batch size, 3 repeats each."""

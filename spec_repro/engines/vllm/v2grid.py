@@ -146,7 +146,8 @@ def grid_rows(records: list[dict]) -> list[dict]:
                      "per_position_rate": [a / drafts for a in r.get("accepted_per_pos") or []] if drafts else [],
                      "host_steal_s": steal,
                      "steal_share": steal / r["wall_s"] if steal is not None and r.get("wall_s") else None,
-                     "instrumented": bool(r.get("instrumented")), **run_labels(cfg, e)})
+                     "instrumented": bool(r.get("instrumented")), "group": r.get("group"),
+                     **run_labels(cfg, e)})
     return rows
 
 
@@ -162,8 +163,10 @@ def grid_table(rows: list[dict]):
         df["engine"] = df["spec"] + "#1"
     if "host_steal_s" not in df:
         df["host_steal_s"] = float("nan")
+    if "group" not in df:
+        df["group"] = None
     keys = ["engine", "spec", "method", "k", "workload", "batch_size"]
-    lab = ["runner", "async_scheduling", "instrumented", "engine_config"]
+    lab = ["runner", "async_scheduling", "instrumented", "engine_config", "group"]
     g = df.groupby(keys + ["repeat"] + lab, dropna=False).agg(
         tokens=("output_tokens", "sum"), wall=("wall_s", "sum"), acc=("num_accepted_tokens", "sum"),
         drafts=("num_drafts", "sum"), steal=("host_steal_s", "sum")).reset_index()
@@ -180,22 +183,32 @@ def grid_table(rows: list[dict]):
 
 def ratio_table(table):
     """Each engine's tok/s over no SD's (the same workload and batch size, one machine): the mean over repeats, and
-    the extremes' ratio range (its min over no SD's max, its max over no SD's min). The baseline is the no-SD
-    engine with the least steal share (``none_engine``); ``contended``: this engine's runs had a mean steal share
-    of at least ``CLEAN_STEAL`` at that point (its ratio understates what an uncontended host gives)."""
+    the extremes' ratio range (its min over no SD's max, its max over no SD's min). An engine resident in a group
+    beside a no-SD engine (``cogrid``: runs rotated, a host epoch falls on both alike) is divided by that engine
+    (``baseline`` "co-resident"); any other by the separately started no-SD engine with the least steal share
+    (``baseline`` "separate"). ``contended``: a separate engine's runs had a mean steal share of at least
+    ``CLEAN_STEAL`` at that point (its ratio understates what an uncontended host gives)."""
+    import pandas as pd
+
+    if "group" not in table:
+        table = table.assign(group=None)
     nones = table[table["method"] == "none"]
-    best = nones.groupby("engine")["steal_share"].mean().sort_values().index[0]
-    base = nones[nones["engine"] == best].set_index(["workload", "batch_size"])
-    t = table[table["method"] != "none"].copy()
-    t["none_engine"] = best
-    idx = list(zip(t["workload"], t["batch_size"]))
-    b = base.reindex(idx)
+    alone = nones[nones["group"].isna()]
+    steal = (alone if len(alone) else nones).groupby("engine")["steal_share"].mean().sort_values()
+    best = steal.index[0]
+    in_group = {g: e for g, e in zip(nones["group"], nones["engine"]) if pd.notna(g)}
+    t = table[table["method"] != "none"].copy().reset_index(drop=True)
+    co = [pd.notna(g) and g in in_group for g in t["group"]]
+    t["none_engine"] = [in_group[g] if c else best for g, c in zip(t["group"], co)]
+    t["baseline"] = ["co-resident" if c else "separate" for c in co]
+    base = nones.set_index(["engine", "workload", "batch_size"])
+    b = base.reindex(list(zip(t["none_engine"], t["workload"], t["batch_size"])))
     t["none_tok_s"] = b["tok_s"].to_numpy()
     t["ratio"] = t["tok_s"] / t["none_tok_s"]
     t["ratio_lo"] = t["tok_s_min"] / b["tok_s_max"].to_numpy()
     t["ratio_hi"] = t["tok_s_max"] / b["tok_s_min"].to_numpy()
-    t["contended"] = t["steal_share"] >= CLEAN_STEAL
-    return t.reset_index(drop=True)
+    t["contended"] = (t["steal_share"] >= CLEAN_STEAL) & (t["baseline"] == "separate")
+    return t
 
 
 FILES = {"runs.csv": "one row per timed chunk: what ran (labels), tok/s, vLLM's counters, the hypervisor's steal",
