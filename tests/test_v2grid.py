@@ -146,7 +146,8 @@ def test_engines_resident_together_are_divided_by_their_own_no_sd_engine():
 
 def test_the_committed_grid_is_vllms_default_runner_uninstrumented():
     """data/gpu/v2grid: EAGLE and no SD on V2 with async scheduling, n-gram on V1 synchronous, none instrumented,
-    every EAGLE k of the grid at every workload and batch size, 3 repeats each."""
+    every EAGLE k of the grid at every workload and batch size, 3 repeats each on the co-resident engines (n-gram's
+    last point: 2, the lease's deadline cut the third; a second EAGLE k = 3 engine alone: code-edit bs 1, 2)."""
     import pandas as pd
 
     d = G.ROOT / "data" / "gpu" / "v2grid"
@@ -154,11 +155,15 @@ def test_the_committed_grid_is_vllms_default_runner_uninstrumented():
     runner = t.groupby("method")["runner"].unique().map(list).to_dict()
     assert runner == {"eagle": ["v2"], "ngram": ["v1"], "none": ["v2"]}
     assert not t["instrumented"].any() and (t["engine_config"] == "default").all()
-    e = t[t["method"] == "eagle"]
-    assert sorted(e["k"].unique()) == [1, 2, 3, 5] and (t["repeats"] == 3).all()
+    g = t[t["group"].notna()]
+    e = g[g["method"] == "eagle"]
+    assert sorted(e["k"].unique()) == [1, 2, 3, 5] and (g["repeats"] == 3).all()
     assert e.groupby("k").size().tolist() == [8, 8, 8, 8]        # 2 workloads x 4 batch sizes
+    short = t[t["repeats"] != 3][["engine", "workload", "batch_size", "repeats"]].values.tolist()
+    assert short == [["v2grid-eagle-k3#2", "code-edit", 1, 2], ["v2grid-ngram-k5#1", "sharegpt", 64, 2]]
     r = pd.read_csv(d / "ratios.csv")
-    assert (r["none_engine"] == "v2grid-none-k0#1").all() and len(r) == 40
+    assert len(r) == 41 and (r["none_engine"] == r["group"].notna().map(
+        {True: "v2grid-none-k0#1", False: "v2grid-none-k0#2"})).all()
 
 
 def test_summarize_refuses_an_out_inside_its_raw_folder(tmp_path):

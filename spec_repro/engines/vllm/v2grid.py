@@ -186,7 +186,8 @@ def ratio_table(table):
     the extremes' ratio range (its min over no SD's max, its max over no SD's min). An engine resident in a group
     beside a no-SD engine (``cogrid``: runs rotated, a host epoch falls on both alike) is divided by that engine
     (``baseline`` "co-resident"); any other by the separately started no-SD engine with the least steal share
-    (``baseline`` "separate"). ``contended``: a separate engine's runs had a mean steal share of at least
+    (``baseline`` "separate"); ``none_steal_share``: the baseline's steal share at that point (rotation spreads
+    the host's epochs over the group's runs, three repeats do not even them out). ``contended``: a separate engine's runs had a mean steal share of at least
     ``CLEAN_STEAL`` at that point (its ratio understates what an uncontended host gives)."""
     import pandas as pd
 
@@ -204,6 +205,7 @@ def ratio_table(table):
     base = nones.set_index(["engine", "workload", "batch_size"])
     b = base.reindex(list(zip(t["none_engine"], t["workload"], t["batch_size"])))
     t["none_tok_s"] = b["tok_s"].to_numpy()
+    t["none_steal_share"] = b["steal_share"].to_numpy()
     t["ratio"] = t["tok_s"] / t["none_tok_s"]
     t["ratio_lo"] = t["tok_s_min"] / b["tok_s_max"].to_numpy()
     t["ratio_hi"] = t["tok_s_max"] / b["tok_s_min"].to_numpy()
