@@ -17,16 +17,17 @@
 #          sleep S; bash gpu/live_job.sh status live (the logs' tails; the results so far packed into $OUT)
 #          bash gpu/live_job.sh pack live            (the results folder in files of at most 15 MiB)
 #   here:  bash gpu/travel.sh restore; the results unpacked and summarized.
-# Knobs: HEAD_SHA (a staged head under /root/cache/heads, default the committed one; TRAIN=1: a head trained in the run first, TRAIN_BUDGET
-# seconds), METHODS (jobs hybrid's --methods), COST_MODEL (adaptive-rule's), RES (the results' root, /root/res),
-# LEFT and RESERVE (the deadline: LEFT - RESERVE s from the start; default 1,150 - 60).
+# Knobs: HEAD_SHA (a staged head under /root/cache/heads, default the committed one; TRAIN=1: a head trained in
+# the run first, TRAIN_BUDGET seconds), METHODS (jobs hybrid's --methods), COST_MODEL (adaptive-rule's), RES (the
+# results' root, /root/res), LEFT and RESERVE (the deadline: LEFT - RESERVE s from the start; default 1,150 - 60).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1
 R=${RES:-/root/res}; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
 # the committed head (data/heads/qwen2.5-coder-1.5b-eagle: its whole file's sha256), staged by gpu/stage_cache.sh
-HEAD=/root/cache/heads/${HEAD_SHA:-$(sed -n 's/^ "sha256": "\([0-9a-f]*\)",$/\1/p' data/heads/$Q-eagle/model.safetensors.parts.json)}
+HEAD_SHA=${HEAD_SHA:-$(sed -n 's/^ "sha256": "\([0-9a-f]*\)",$/\1/p' data/heads/$Q-eagle/model.safetensors.parts.json)}
+HEAD=/root/cache/heads/$HEAD_SHA
 PY=${PY:-python3}
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
 left() { echo $(( END - $(date +%s) )); }   # seconds to the run's deadline (END: set by start / run)

@@ -8,9 +8,9 @@ A group spec (:func:`group_spec`) holds its member specs; ``jobs spec`` runs it 
 writes the records its own engine would (``engine``, ``run`` with its spec name, ``done``), so ``v2grid``'s tables
 read a group's results as they read separate engines'; a run record adds ``group`` and ``slot`` (its place in the
 rotation). Each engine's counters are read from its own stat logger (``engine.own_counters``); where they cannot
-be, only the last-started engine's are (the registry's), and the others' runs say so (``UNREAD``). A group that fails to start leaves its
-members undone: ``v2grid run --co-resident`` lists the members after the group, so they then run one engine at a
-time."""
+be, only the last-started engine's are (the registry's), and the others' runs say so (``UNREAD``). A group that
+fails to start leaves its members undone: ``v2grid run --co-resident`` lists the members after the group, so they
+then run one engine at a time."""
 from __future__ import annotations
 
 import time

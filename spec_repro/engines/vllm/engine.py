@@ -289,7 +289,7 @@ def own_counters(llm) -> list[dict] | None:
         out = [{"name": _GEN, "value": c._value.get()} for c in prom.counter_generation_tokens.values()]
         sd = prom.spec_decoding_prom
         if getattr(sd, "spec_decoding_enabled", False):
-            for key, suffix in _SPEC_KEYS.items():
+            for suffix in _SPEC_KEYS.values():
                 out += [{"name": f"vllm:{suffix}", "value": c._value.get()}
                         for c in getattr(sd, f"counter_{suffix}").values()]
             out += [{"name": f"vllm:{_PER_POS}", "values": [c._value.get() for c in cs]}
@@ -497,7 +497,8 @@ class VLLMEngine:
             instrumented=bool(record and st and st[0].get("patched")), label=label,
             outputs=gen if keep_outputs else None,
             counters="registry" if reg0 is None else "engine",
-            registry_agrees=None if reg0 is None else diff_spec_metrics(reg1, reg0) == diff_spec_metrics(after, before),
+            registry_agrees=(None if reg0 is None
+                             else diff_spec_metrics(reg1, reg0) == diff_spec_metrics(after, before)),
             host_steal_s=None if steal0 is None or steal1 is None else round(steal1 - steal0, 3),
             host_probe_ms=round(probe, 3), engine_probe_ms=eprobe, engine_probe_end_ms=eprobe_end)
 

@@ -187,8 +187,9 @@ def ratio_table(table):
     beside a no-SD engine (``cogrid``: runs rotated, a host epoch falls on both alike) is divided by that engine
     (``baseline`` "co-resident"); any other by the separately started no-SD engine with the least steal share
     (``baseline`` "separate"); ``none_steal_share``: the baseline's steal share at that point (rotation spreads
-    the host's epochs over the group's runs, three repeats do not even them out). ``contended``: a separate engine's runs had a mean steal share of at least
-    ``CLEAN_STEAL`` at that point (its ratio understates what an uncontended host gives)."""
+    the host's epochs over the group's runs, three repeats do not even them out). ``contended``: a separate
+    engine's runs had a mean steal share of at least ``CLEAN_STEAL`` at that point (its ratio understates what an
+    uncontended host gives)."""
     import pandas as pd
 
     if "group" not in table:
