@@ -1,8 +1,9 @@
 """Engines resident together, runs rotated: several vLLM configurations (no SD, EAGLE at each k) started side by
 side on one GPU in one process, then every shape run on each in turn, the order rotated from repeat to repeat
 (``hybrid_jobs.rotated_order``). Separately started engines of one configuration ran 0.65-0.81x apart on the lent
-H200 while the hypervisor stole CPU time from one of them (``data/gpu/v2grid``); rotated on resident engines, a
-host epoch falls on every configuration alike, and each run keeps its steal share.
+H200 while the hypervisor stole CPU time from one of them; rotated on resident engines, a host epoch falls on every
+configuration alike, and each run keeps its steal share (``data/gpu/v2grid``: an EAGLE engine started alone agrees
+with its co-resident ratio at code-edit bs 1, 2.08x and 2.11x).
 
 A group spec (:func:`group_spec`) holds its member specs; ``jobs spec`` runs it with :func:`run_group`. Each member
 writes the records its own engine would (``engine``, ``run`` with its spec name, ``done``), so ``v2grid``'s tables

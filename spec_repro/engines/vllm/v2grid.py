@@ -33,8 +33,8 @@ EAGLE_KS = (3, 1, 5, 2)                       # k = 3 first (the study's), then 
 NGRAM_K = 5                                   # as the committed V1 n-gram runs (data/gpu/v1-runner): comparable
 DRAFT_K = 3
 # a run is host-contended when the hypervisor stole at least this share of its wall time (summed over vCPUs):
-# on the lent H200 the same no-SD engine configuration ran 0.65-0.81x as fast at a steal share of 0.11-0.30 as
-# at ~0 (data/gpu/v2grid: two engines of v2grid-none-k0)
+# on the lent H200 the same no-SD engine configuration, started twice, ran 0.65-0.81x as fast at a steal share of
+# 0.11-0.30 as at ~0
 CLEAN_STEAL = 0.01
 
 
