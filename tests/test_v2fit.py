@@ -126,11 +126,14 @@ def test_the_simulator_prices_a_batch_step_as_the_fit_does():
     from spec_repro.simulate import simulate
     from spec_repro.traces import Trace
 
+    from dataclasses import replace
+
     m = load_cost_model(V.NAME)
+    # every term of the fit's drafter priced, whatever the committed fit gives (a per-step and a per-request term)
+    m.drafters["eagle"] = replace(m.drafter("eagle"), c_step=1.4e-3, c_step_req=2.3e-5)
     P = 100
     t = Trace.from_arrays({f"r{i}": {"eagle": [3] * 256} for i in range(8)}, prompt_lens={f"r{i}": P for i in range(8)},
                           dataset="d", model="m", k_max=3)
-    assert m.drafter("eagle").c_step_req > 0                       # priced per request of the step
     pre = float(m.forward(0.0, 8 * P)) + m.overhead
     for batching in ("mixed", "duplicate"):     # duplicate: one request's 8 copies, the same steps
         r = simulate(t, m, "eagle", "fixed-3", batch_sizes=(8,), batching=batching, progress=False).iloc[0]
