@@ -192,8 +192,6 @@ def ratio_table(table):
     uncontended host gives)."""
     import pandas as pd
 
-    if "group" not in table:
-        table = table.assign(group=None)
     nones = table[table["method"] == "none"]
     alone = nones[nones["group"].isna()]
     steal = (alone if len(alone) else nones).groupby("engine")["steal_share"].mean().sort_values()
