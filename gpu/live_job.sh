@@ -26,7 +26,8 @@ export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=
   DO_NOT_TRACK=1
 R=${RES:-/root/res}; Q=qwen2.5-coder-1.5b; QD=qwen2.5-coder-0.5b
 # the committed head (data/heads/qwen2.5-coder-1.5b-eagle: its whole file's sha256), staged by gpu/stage_cache.sh
-HEAD_SHA=${HEAD_SHA:-$(sed -n 's/^ "sha256": "\([0-9a-f]*\)",$/\1/p' data/heads/$Q-eagle/model.safetensors.parts.json)}
+HEAD_SHA=${HEAD_SHA:-$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['sha256'])" \
+  data/heads/$Q-eagle/model.safetensors.parts.json)}
 HEAD=/root/cache/heads/$HEAD_SHA
 PY=${PY:-python3}
 mdir() { $PY -c "from spec_repro import models; print(models.converted_dir('$1'))"; }
