@@ -286,17 +286,22 @@ def own_counters(llm) -> list[dict] | None:
     registry holds the last-started engine's counters, while each engine's logger keeps counting into its own."""
     try:
         prom = next(lg for lg in llm.llm_engine.logger_manager.stat_loggers if hasattr(lg, "spec_decoding_prom"))
-        out = [{"name": _GEN, "value": c._value.get()} for c in prom.counter_generation_tokens.values()]
+        out = [{"name": _GEN, "value": _count(c)} for c in prom.counter_generation_tokens.values()]
         sd = prom.spec_decoding_prom
         if getattr(sd, "spec_decoding_enabled", False):
             for suffix in _SPEC_KEYS.values():
-                out += [{"name": f"vllm:{suffix}", "value": c._value.get()}
+                out += [{"name": f"vllm:{suffix}", "value": _count(c)}
                         for c in getattr(sd, f"counter_{suffix}").values()]
-            out += [{"name": f"vllm:{_PER_POS}", "values": [c._value.get() for c in cs]}
+            out += [{"name": f"vllm:{_PER_POS}", "values": [_count(c) for c in cs]}
                     for cs in sd.counter_spec_decode_num_accepted_tokens_per_pos.values()]
         return out
     except (AttributeError, StopIteration, TypeError):
         return None
+
+
+def _count(counter) -> float:
+    """A Prometheus counter's value, through its public ``collect()`` (the ``_total`` sample)."""
+    return next(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 def diff_spec_metrics(after: dict, before: dict) -> dict:
