@@ -385,6 +385,9 @@ def _add_collect(sub):
     p.add_argument("--max-n", type=int, default=7, help="n-gram prompt_lookup_max (study: 7)")
     p.add_argument("--batch-size", type=int, default=8, help="greedy decodes batched together")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped (default 1024)")
+    p.add_argument("--min-output-len", type=int, default=0, metavar="L",
+                   help="leave requests whose output is shorter than L tokens (greetings, refusals) out of the trace "
+                        "and report them apart in its manifest entry (default 0: keep all)")
     p.add_argument("--seed", type=int, default=0, help="request sampling seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--engine", default="torch", choices=["torch", "vllm"],
@@ -424,7 +427,8 @@ def _run_collect(args):
                         seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, draft_model=args.draft_model,
                         early_exit_layers=args.early_exit_layers, min_n=args.min_n, max_n=args.max_n,
                         device=args.device, force=args.force, eagle_head=args.eagle_head, engine=args.engine,
-                        compare_engines=args.compare_engines, upto=args.upto, reprofile=args.reprofile)
+                        compare_engines=args.compare_engines, upto=args.upto, reprofile=args.reprofile,
+                        min_output_len=args.min_output_len)
     except MemoryError as e:
         raise SystemExit(f"error: {e}; lower --batch-size or --max-prompt-tokens")
     except (ValueError, RuntimeError) as e:

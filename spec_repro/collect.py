@@ -222,7 +222,8 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
             batch_size: int = 8, seed: int = 0, max_prompt_tokens: int = 1024, draft_model: str | None = None,
             early_exit_layers: int | None = None, min_n: int = 3, max_n: int = 7, device: str = "cpu",
             force: bool = False, quiet: bool = False, eagle_head: str | None = None, engine: str = "torch",
-            compare_engines: int = 0, upto: bool = False, reprofile: Sequence[str] = ()) -> list[Path]:
+            compare_engines: int = 0, upto: bool = False, reprofile: Sequence[str] = (),
+            min_output_len: int = 0) -> list[Path]:
     """Collect one trace file per workload; returns their paths. See the module doc.
 
     ``engine="vllm"`` (a GPU host): vLLM decodes every request (one engine for all workloads), then the proposers
@@ -232,7 +233,9 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     tokens/s go into the manifest (also when nothing is left to decode). ``upto``: ``n`` is an upper bound (a
     workload with fewer requests gives them all, e.g. humaneval's 164 and mt-bench's 80 beside 300 of the
     others). ``reprofile``: proposers profiled again on finished traces from their stored token ids (a retrained
-    head), replacing their rows; each must be among ``proposers``."""
+    head), replacing their rows; each must be among ``proposers``. ``min_output_len``: requests whose greedy
+    output is shorter (a greeting, a refusal) are left out of the trace and reported apart, in the manifest entry's
+    and the trace meta's ``short_outputs`` (their ids, output lengths and texts)."""
     import contextlib
 
     from . import workloads as wl
@@ -251,7 +254,7 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
     workloads = list(dict.fromkeys(workloads))          # a workload named twice is collected once
     _check_args(workloads=workloads, n=n, max_new_tokens=max_new_tokens, proposers=proposers, k_max=k_max,
                 batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, early_exit_layers=early_exit_layers,
-                min_n=min_n, max_n=max_n, seed=seed)
+                min_n=min_n, max_n=max_n, seed=seed, min_output_len=min_output_len)
     from .guard import check_device, out_dir
     from .provenance import check_manifest
 
@@ -276,11 +279,12 @@ def collect(model: str, workloads: Sequence[str], *, n: int = 40, max_new_tokens
                                k_max=k_max, batch_size=batch_size, seed=seed, max_prompt_tokens=max_prompt_tokens,
                                draft_model=draft_model, early_exit_layers=early_exit_layers, min_n=min_n,
                                max_n=max_n, device=device, force=force, quiet=quiet, eagle_head=eagle_head,
-                               engine=engine, compare_engines=compare_engines, upto=upto, reprofile=reprofile)
+                               engine=engine, compare_engines=compare_engines, upto=upto, reprofile=reprofile,
+                               min_output_len=min_output_len)
 
 
 def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, max_prompt_tokens,
-                early_exit_layers, min_n, max_n, seed=0) -> None:
+                early_exit_layers, min_n, max_n, seed=0, min_output_len=0) -> None:
     """Refuse settings that cannot make a trace, before the model loads (one clear line each)."""
     from .simulate import MAX_K
 
@@ -297,6 +301,7 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
     want("--k-max", k_max, 1, MAX_K - 1)  # acc_len reaches k_max + 1, which the int16 column must hold
     want("--batch-size", batch_size, 1, 65536)
     want("--max-prompt-tokens", max_prompt_tokens, 1)
+    want("--min-output-len", min_output_len, 0, max_new_tokens)
     want("--min-n", min_n, 1)
     want("--max-n", max_n, min_n)
     want("--seed", seed, 0, 2**63 - 1)
@@ -306,7 +311,8 @@ def _check_args(*, workloads, n, max_new_tokens, proposers, k_max, batch_size, m
 
 def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_max, batch_size, seed,
                     max_prompt_tokens, draft_model, early_exit_layers, min_n, max_n, device, force, quiet,
-                    eagle_head=None, engine="torch", compare_engines=0, upto=False, reprofile=()):
+                    eagle_head=None, engine="torch", compare_engines=0, upto=False, reprofile=(),
+                    min_output_len=0):
     from .progress import tqdm
 
     from . import models
@@ -316,6 +322,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                                 proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
                                 early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
                                 max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device),
+                                min_output_len=min_output_len,
                                 **({"eagle_head": head_identity(eagle_head)} if eagle_head else {}),
                                 **({"engine": engine} if engine != "torch" else {}))
 
@@ -417,8 +424,14 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         profiles = [done[str(r.id)] for r in reqs if str(r.id) in done]
         decode_s = sum(p.decode_s for p in profiles)
         out_toks = sum(len(p.output_token_ids) for p in profiles)
+        short = _short_outputs(profiles, min_output_len)
+        if short:
+            profiles = [p for p in profiles if len(p.output_token_ids) >= min_output_len]
+            if not profiles:
+                raise RuntimeError(f"{w}: every output is shorter than --min-output-len {min_output_len}")
         meta = {"model": model, "workload": w, **settings, "resume_settings": _norm_settings(resume_settings(w)),
-                "decode_tokens_per_s": out_toks / decode_s if decode_s else None}
+                "decode_tokens_per_s": out_toks / decode_s if decode_s else None,
+                **({"short_outputs": short} if short else {})}
         trace = profiles_to_trace(profiles, model=model, k_max=k_max, meta=meta)
         trace.to_parquet(final)
         summary = {p: round(float(trace.acc[trace.acc.proposer == p].acc_len.mean()), 3) for p in trace.proposers}
@@ -428,7 +441,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
                   if draft_model else {}),
                **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
-               **_confidence_entry(trace),
+               **_confidence_entry(trace), **({"short_outputs": short} if short else {}),
                kind="acceptance trace (measured: real greedy decodes + exact per-position profiling)")
         part.unlink(missing_ok=True)
         _decoded_path(part).unlink(missing_ok=True)
@@ -436,6 +449,16 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
             print(f"[collect] wrote {final} ({len(profiles)} requests, {out_toks} output tokens, "
                   f"mean acc_len {summary})")
     return paths
+
+
+def _short_outputs(profiles, min_len: int) -> dict | None:
+    """The outputs shorter than ``min_len`` tokens, reported apart from the trace (None: none, or no minimum)."""
+    short = [p for p in profiles if len(p.output_token_ids) < min_len]
+    if not short:
+        return None
+    return {"min_output_len": min_len, "requests": len(short), "of_decoded": len(profiles),
+            "ids": [p.request_id for p in short], "output_len": [len(p.output_token_ids) for p in short],
+            "output_text": [p.output_text for p in short]}
 
 
 def _load(w, n, seed, tok, max_prompt_tokens, upto):

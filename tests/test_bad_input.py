@@ -267,6 +267,9 @@ COLLECT_ARGS = [
     ("collect-max-n-below-min-n", ["--min-n", "5", "--max-n", "2"], r"--max-n must be"),
     ("collect-prompt-tokens-zero", ["--max-prompt-tokens", "0"], r"--max-prompt-tokens must be"),
     ("collect-threads-zero", ["--threads", "0"], r"--threads must be >= 1"),
+    ("collect-min-output-len-negative", ["--min-output-len", "-1"], r"--min-output-len must be"),
+    ("collect-min-output-len-above-max-new", ["--max-new-tokens", "8", "--min-output-len", "9"],
+     r"--min-output-len must be an integer in 0..8"),
     ("collect-unknown-workload", ["--workloads", "nope"], r"unknown workload"),
 ]
 

@@ -55,6 +55,25 @@ def test_live_collect_smoke_and_resume(tmp_path, monkeypatch):
     assert man["workload"] == "code-edit" and man["n_requests"] == 2 and "versions" in man and "machine" in man
 
 
+@pytest.mark.slow
+def test_short_outputs_are_left_out_of_the_trace_and_reported_apart(tmp_path):
+    """``min_output_len``: mt-bench's fifth request of the draw (``mt-bench/105``) is one SmolLM2 answers in 10
+    tokens (the committed SmolLM2 mt-bench trace); with 12 new tokens at most and a minimum of 12 it alone is left
+    out of the trace, and the manifest entry and the trace meta list it with its length and text."""
+    (path,) = collect_mod.collect("smollm2-135m", ["mt-bench"], n=5, max_new_tokens=12, proposers=("ngram",),
+                                  out=tmp_path, batch_size=5, quiet=True, min_output_len=12)
+    t = read_trace(path)
+    assert len(t.requests) == 4 and (t.requests.output_len == 12).all()
+    assert "mt-bench/105" not in set(t.requests.request_id)
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
+    short = man["short_outputs"]
+    assert (short["ids"], short["output_len"], short["requests"], short["of_decoded"]) == (["mt-bench/105"], [10], 1, 5)
+    assert short["output_text"][0] and man["n_requests"] == 4 and t.meta["short_outputs"] == short
+    with pytest.raises(ValueError, match="--min-output-len"):
+        collect_mod.collect("smollm2-135m", ["mt-bench"], n=5, max_new_tokens=12, out=tmp_path, quiet=True,
+                            min_output_len=13)
+
+
 def test_collect_errors_before_loading_anything(tmp_path):
     with pytest.raises(ValueError, match="draft-model"):
         collect_mod.collect("smollm2-135m", ["code-edit"], proposers=("draft",), out=tmp_path, quiet=True)

@@ -115,6 +115,27 @@ def test_sharegpt_is_one_request_per_conversation_with_sources_by_content(monkey
     assert sorted(order) == list(range(len(recs))) and sharegpt.order(recs, 1)[:2] == order[:2]
 
 
+def test_sharegpt_draws_one_later_turn_of_every_pool_conversation_before_a_second(monkeypatch):
+    """Every later part of a pool conversation with a usable history is a record; the draw takes the pool's first
+    turns, then the later turns in rounds (one of each conversation, then a second, ...), then the rest."""
+    monkeypatch.setattr(sharegpt, "pool", lambda: frozenset({"a", "b"}))
+    raw = [_conv("a_0", ("human", "q1"), ("gpt", "a1")), _conv("a_1", ("human", "q2"), ("gpt", "a2")),
+           _conv("a_2", ("human", "q3"), ("gpt", "a3")), _conv("a_3", ("human", "q4"), ("gpt", "a4")),
+           _conv("b_0", ("human", "r1"), ("gpt", "b1")), _conv("b_1", ("human", "r2"), ("gpt", "b2")),
+           _conv("c_0", ("human", "s1"), ("gpt", "c1")), _conv("c_1", ("human", "s2"), ("gpt", "c2"))]
+    recs, facts = sharegpt.records_of(raw)
+    ids = [r["id"] for r in recs]
+    assert sorted(i for i in ids if i.startswith("sharegpt/a_") and "#" in i) == \
+        ["sharegpt/a_1#h", "sharegpt/a_2#h", "sharegpt/a_3#h"]
+    assert "sharegpt/c_1#h" not in ids and facts["later_part_records"] == 4     # c is not in the pool
+    later_a = [i for i in ids if i.startswith("sharegpt/a_") and "#" in i]      # a's seeded order
+    for seed in range(5):
+        drawn = [ids[i] for i in sharegpt.order(recs, seed)]
+        assert sorted(drawn[:2]) == ["sharegpt/a_0", "sharegpt/b_0"]
+        assert sorted(drawn[2:4]) == sorted([later_a[0], "sharegpt/b_1#h"])      # round 0: one of each
+        assert drawn[4:] == later_a[1:] + ["sharegpt/c_0"]                       # rounds 1 and 2, then the rest
+
+
 def test_sharegpt_turns_share_the_sources_of_sharegpt():
     big = "Explain, in detail: " + "word " * 120
     raw = [_conv("d_0", ("human", big), ("gpt", "x"), ("human", "next")),

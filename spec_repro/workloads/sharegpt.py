@@ -18,13 +18,20 @@ conversation's first human turn (any length).
 
 **Evaluation order.** ``sharegpt_pool.json`` lists the conversations, one per source, that the committed EAGLE
 head ``data/heads/qwen2.5-coder-1.5b-eagle`` never trained on, by id, source or normalized first turn (312; how it
-is derived: ``benchmarks/sharegpt_pool.py``). Each pool conversation with later parts also has one record
-``sharegpt/<part id>#h``: the first human turn of one of its later parts (drawn per conversation) with the
-conversation's preceding turns as history, the most recent pairs within :data:`LATER_MAX_CHARS` characters.
+is derived: ``benchmarks/sharegpt_pool.py``). Every later part of a pool conversation is also a record
+``sharegpt/<part id>#h``: the part's first human turn with the conversation's preceding turns as history, the most
+recent pairs within :data:`LATER_MAX_CHARS` characters (a conversation's later parts in a seeded order of its own).
 ``load("sharegpt", n, seed)`` (:func:`order`) draws, each group in a seeded shuffle, the pool's first turns, then
-the pool's later-part turns, then every other conversation's first turn. With Qwen2.5-Coder's chat template and
-the 1,024-token prompt cap, 228 of the pool's first turns fit, so the 300 evaluation requests are 228 first turns
-and 72 later turns with history, from 230 conversations, none of which that head saw.
+the pool's later-part turns in rounds (one of every conversation before a second of any), then every other
+conversation's first turn. With Qwen2.5-Coder's chat template and the 1,024-token prompt cap, 228 of the pool's
+first turns fit, and 108 pool conversations give 496 later turns: the first 300 requests are 228 first turns and 72
+later turns with history, from 230 conversations, none of which that head saw.
+
+**Short outputs.** Qwen2.5-Coder-1.5B-Instruct answers 18% of those first turns in under 32 tokens (refusals,
+requests for the input, greetings) and 6% of the later turns (``benchmarks/sharegpt_short_outputs.py``); the
+study's Llama-3.1-8B, 10 of its 310. So its trace draws 400 requests and leaves the short outputs out, reported
+apart (``collect --min-output-len 32``): about 350 requests, about half of them later turns with their history,
+as about half of the parts that the study's sampler draws are later parts.
 
 Departures from the study: vLLM's ShareGPT benchmark sampler draws records (parts) uniformly and prompts with a
 part's first turn, history or not; drawing by part favours long conversations and makes stubs prompts. Most of
@@ -177,16 +184,26 @@ def pool() -> frozenset[str]:
 
 
 def order(recs: list[dict], seed: int) -> list[int]:
-    """``load``'s draw, each group in a seeded shuffle: the first turns of :func:`pool` conversations, then their
-    later parts' turns with history, then the other conversations' first turns."""
+    """``load``'s draw: the first turns of :func:`pool` conversations, then their later parts' turns with history
+    in rounds (round r: the r-th later turn, in the record order, of every conversation that has one), then the
+    other conversations' first turns; each group and each round in a seeded shuffle. So a draw takes one later
+    turn of every pool conversation before a second of any."""
     held = pool()
-    groups: list[list[int]] = [[], [], []]
+    first, rest, rounds = [], [], []
+    seen: dict[str, int] = {}
     for i, r in enumerate(recs):
         b = base_id(r["id"].split("/", 1)[-1].split("#", 1)[0])
-        groups[0 if b in held and "#" not in r["id"] else 1 if b in held else 2].append(i)
-    for g in groups:
+        if b not in held:
+            rest.append(i)
+        elif "#" not in r["id"]:
+            first.append(i)
+        else:
+            k = seen[b] = seen.get(b, -1) + 1
+            rounds += [[] for _ in range(k + 1 - len(rounds))]
+            rounds[k].append(i)
+    for g in (first, *rounds, rest):
         Random(seed).shuffle(g)
-    return groups[0] + groups[1] + groups[2]
+    return first + [i for g in rounds for i in g] + rest
 
 
 def chat(turns: list[dict]) -> list[dict] | None:
@@ -242,12 +259,11 @@ def records_of(raw: list[dict]) -> tuple[list[dict], dict]:
                                  "history_messages": len(msgs) - 1, "source": src[b]}})
         later_js = list(range(1, len(parts)) if b in held else ())
         Random(b).shuffle(later_js)               # a seeded order per conversation (str seeds are stable)
-        for j in later_js:                        # the first later part of it that has a usable history
+        for j in later_js:                        # every later part of it that has a usable history
             if (later := later_part(parts, j)) is not None:
                 records.append({"id": f"sharegpt/{parts[j]['id']}#h", "messages": later,
                                 "meta": {"turns": sum(len(_turns(p)) for p in parts), "parts": len(parts),
                                          "history_messages": len(later) - 1, "source": src[b], "part": j}})
-                break
     return records, {"recovered_parts": len(raw), "conversations": len(convs), "later_part_records":
                      sum("#" in r["id"] for r in records), "pool_conversations": len(held),
                      "sources": len(set(src.values())),
