@@ -6,6 +6,7 @@ import io
 import re
 import statistics
 import tokenize
+from collections import Counter
 
 import pytest
 
@@ -176,6 +177,18 @@ def test_sharegpt_evaluation_set_is_first_turns_and_later_turns_with_history(sha
     assert all(r.id.endswith("_0") for r in ev if "#" not in r.id)      # never a later part without history
     assert (len(ev) - len(later), len(later)) == (228, 72)
     assert len({W.source_key(r) for r in ev}) == 230
+
+
+def test_the_qwen_sharegpt_draw_of_400_adds_later_turns_one_conversation_at_a_time(sharegpt_eval, qwen_tokenizer):
+    """The Qwen trace's draw (``collect -n 400 --min-output-len 32``): the 300 above, then the rest of round 0 (one
+    later turn of each of the 107 pool conversations that have one within the prompt cap) and 65 second turns; all
+    with history."""
+    ev = W.load("sharegpt", n=400, seed=0, tokenizer=qwen_tokenizer, max_prompt_tokens=1024)
+    assert [r.id for r in ev[:300]] == [r.id for r in sharegpt_eval]
+    later = [r for r in ev if "#" in r.id]
+    assert len(later) == 172 and all(len(r.messages) >= 3 and r.messages[-2]["role"] == "assistant" for r in later)
+    per_conv = Counter(sharegpt.base_id(r.id.split("/", 1)[1].split("#", 1)[0]) for r in later)
+    assert len(per_conv) == 107 and Counter(per_conv.values()) == {1: 42, 2: 65}
 
 
 def _sharegpt_pool_script():
