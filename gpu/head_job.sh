@@ -20,7 +20,9 @@
 # when it exists, e.g. data/heads/decodes/qwen2.5-coder-1.5b/decodes.parquet.parts.json once staged, else written),
 # LR, DECAY (--depth-decay), MARGIN (seconds kept after training for the calls that bring it back; default 170),
 # GRID=1 (the V2 grid in the time left), GRID_ONLY / GRID_FIRST (its specs: all of them / those run before the training),
-# COGRID=1 (its no-SD and EAGLE engines resident together, runs rotated: v2grid run --co-resident).
+# COGRID=1 (its no-SD and EAGLE engines resident together, runs rotated: v2grid run --co-resident), REPROFILE=1 (the
+# traces' eagle column with this head), CONFIDENCE=1 (ShareGPT decoded afresh, the draft model's and early exit's
+# confidence on the other traces: gpu/plans/confidence.json).
 set -u
 export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
@@ -85,6 +87,19 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
       [ -f $R/done_reprofile ] && tar czf $BACK/traces.tgz -C $R --exclude='.partial' --exclude='*.lock' traces \
         log_reprofile.txt && listback
     fi
+    # (2b) CONFIDENCE=1: ShareGPT decoded afresh on the sharegpt workload (400 drawn; outputs under 32 tokens left
+    #      out, reported apart in the manifest), every proposer with its confidence; then the draft model's and
+    #      early exit's confidence on the other four traces (teacher forcing over their stored vLLM outputs)
+    if [ "${CONFIDENCE:-0}" = 1 ] && [ ! -f $R/done_confidence ]; then
+      C="python3 -m spec_repro.cli collect --engine vllm --model $Q --max-new-tokens 2048 --k-max 16 --proposers ngram
+        draft early-exit eagle --draft-model qwen2.5-coder-0.5b --eagle-head $H --device cuda --batch-size 32
+        --out $R/traces"
+      rm -f $R/traces/${Q}__sharegpt.parquet     # the earlier draw's trace, where carried: decoded afresh
+      { $C --workloads sharegpt -n 400 --min-output-len 32 && $C --workloads code-edit gsm-symbolic humaneval \
+          mt-bench -n 300 --upto --reprofile draft early-exit; } > $R/log_confidence.txt 2>&1 && touch $R/done_confidence
+      echo "confidence rc=$?" >> $R/log_confidence.txt
+      tar czf $BACK/traces.tgz -C $R --exclude='.partial' --exclude='*.lock' traces log_confidence.txt && listback
+    fi
     # (3) the V2 grid (spec_repro.engines.vllm.v2grid: vLLM's own runner, uninstrumented) in the time left
     if [ "${GRID:-0}" = 1 ]; then
       wait      # the draft model's conversion
@@ -97,7 +112,7 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
   grid)       # the grid's results so far (resumable: a later run skips finished engines), into $OUT
     tar czf $OUT/v2grid_now.tgz -C $R v2grid log_grid.txt 2>/dev/null; ls -la $OUT ;;
   status)
-    for f in $R/pipeline.log $R/log_train.txt $R/log_reprofile.txt $R/log_grid.txt; do
+    for f in $R/pipeline.log $R/log_train.txt $R/log_reprofile.txt $R/log_confidence.txt $R/log_grid.txt; do
       [ -f $f ] && { echo "== $f"; tail -c 2500 $f | tr '\r' '\n' | grep -v -E '^\s*$|^(INFO|DEBUG)' | tail -n 6; }
     done
     [ -f $R/end_epoch ] && echo "budget ends in $(( $(cat $R/end_epoch) - $(date +%s) )) s"

@@ -18,6 +18,13 @@ def test_live_job_parses_and_names_its_stages():
                                     "pack", "send"]
 
 
+def test_every_gpu_job_script_parses():
+    scripts = sorted((ROOT / "gpu").glob("*.sh"))
+    assert len(scripts) >= 6
+    for sh in scripts:
+        assert subprocess.run(["bash", "-n", str(sh)], cwd=ROOT).returncode == 0, sh.name
+
+
 def test_agreement_prompts_are_the_workloads_first_requests():
     prompts = [json.loads(x) for x in open(A.AGREEMENT_PROMPTS)]
     assert len(prompts) == 200 and len({p["key"] for p in prompts}) == 200
