@@ -172,11 +172,17 @@ def trace_provenance(trace: Trace) -> str:
                          f"{e.get('model_file', e.get('model', '?'))} (sha256 {str(e.get('model_file_sha256', '?'))[:12]}), "
                          f"{e.get('engine', '?')} on {e.get('device', '?')} ({m.get('cpu_count', '?')} cores, "
                          f"{m.get('platform', '?')}), torch {v.get('torch', '?')}, "
-                         f"{e.get('decoding', '?')} decoding, max {e.get('max_new_tokens', '?')} new tokens")
+                         f"{e.get('decoding', '?')} decoding, max {e.get('max_new_tokens', '?')} new tokens"
+                         + _short_line(e.get("short_outputs")))
     return "\n".join(parts)
 
 
-
+def _short_line(short) -> str:
+    """The outputs a collection left out of the trace for being short (``collect --min-output-len``)."""
+    if not isinstance(short, dict):
+        return ""
+    return (f"; {short.get('requests', '?')} of {short.get('of_decoded', '?')} decoded outputs under "
+            f"{short.get('min_output_len', '?')} tokens left out (the manifest's short_outputs)")
 
 
 def manifest_line(folder: Path, files: Sequence[Path]) -> str:

@@ -69,6 +69,9 @@ def test_short_outputs_are_left_out_of_the_trace_and_reported_apart(tmp_path):
     short = man["short_outputs"]
     assert (short["ids"], short["output_len"], short["requests"], short["of_decoded"]) == (["mt-bench/105"], [10], 1, 5)
     assert short["output_text"][0] and man["n_requests"] == 4 and t.meta["short_outputs"] == short
+    from spec_repro import analysis as A
+
+    assert "1 of 5 decoded outputs under 12 tokens left out" in A.trace_provenance(A.load_traces([path]))
     with pytest.raises(ValueError, match="--min-output-len"):
         collect_mod.collect("smollm2-135m", ["mt-bench"], n=5, max_new_tokens=12, out=tmp_path, quiet=True,
                             min_output_len=13)
