@@ -322,7 +322,7 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
                                 proposers=sorted(_trace_name(p) for p in proposers), draft_model=draft_model,
                                 early_exit_layers=early_exit_layers, min_n=min_n, max_n=max_n,
                                 max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, device=str(device),
-                                min_output_len=min_output_len,
+                                **({"min_output_len": min_output_len} if min_output_len else {}),
                                 **({"eagle_head": head_identity(eagle_head)} if eagle_head else {}),
                                 **({"engine": engine} if engine != "torch" else {}))
 
