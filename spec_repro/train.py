@@ -47,7 +47,7 @@ __all__ = ["EVAL_SETS", "eval_requests", "eval_filter", "split_by_source", "deco
 
 #: what ``spec-repro collect`` profiles (workload -> requests, seed 0): the evaluation requests whose sources
 #: training never sees
-EVAL_SETS = {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
+EVAL_SETS = {"sharegpt": 400, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
 
 
 def eval_requests(*, tokenizer, eval_sets=None, seed: int = 0, max_prompt_tokens: int | None = 1024) -> list:

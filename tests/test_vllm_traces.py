@@ -106,7 +106,7 @@ def test_split_is_prefix_stable_and_a_continued_head_holds_out_only_unseen_promp
 def test_eval_requests_are_what_collect_profiles(held):
     counts = {w: sum(r.dataset == w for r in held) for w in ("sharegpt", "code-edit", "gsm-symbolic", "humaneval",
                                                               "mt-bench")}
-    assert counts == {"sharegpt": 300, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
+    assert counts == {"sharegpt": 400, "code-edit": 300, "gsm-symbolic": 300, "humaneval": 164, "mt-bench": 80}
 
 
 @pytest.mark.parametrize("workload", ["sharegpt", "sharegpt-turns", "py-functions", "py-write", "code-edit",

@@ -160,33 +160,31 @@ def qwen_tokenizer():
 
 @pytest.fixture(scope="module")
 def sharegpt_eval(qwen_tokenizer):
-    """The ShareGPT evaluation requests the Qwen traces profile (``collect -n 300``, prompt cap 1024)."""
-    return W.load("sharegpt", n=300, seed=0, tokenizer=qwen_tokenizer, max_prompt_tokens=1024)
+    """The ShareGPT evaluation requests (``train.EVAL_SETS``: what ``collect -n 400 --min-output-len 32`` decodes for
+    the Qwen trace, prompt cap 1024)."""
+    from spec_repro.train import EVAL_SETS
+
+    assert EVAL_SETS["sharegpt"] == 400
+    return W.load("sharegpt", n=400, seed=0, tokenizer=qwen_tokenizer, max_prompt_tokens=1024)
 
 
-def test_sharegpt_evaluation_set_is_first_turns_and_later_turns_with_history(sharegpt_eval):
-    """300 requests, all from conversations of the pool; a later part's turn comes with its history; first
-    turns and later turns as measured (228 of the pool's first turns fit 1,024 Qwen tokens)."""
+def test_sharegpt_evaluation_set_is_first_turns_and_later_turns_with_history(sharegpt_eval, qwen_tokenizer):
+    """400 requests, all from conversations of the pool; a later part's turn comes with its history. The first 300
+    are the draw of the earlier 300-request set (228 of the pool's first turns fit 1,024 Qwen tokens, then 72 later
+    turns); the next 100 finish round 0 (one later turn of each of the 107 pool conversations that have one within
+    the cap) and take 65 second turns."""
     ev = sharegpt_eval
     pool = sharegpt.pool()
-    assert len(ev) == 300 and len({r.id for r in ev}) == 300
+    assert len(ev) == 400 and len({r.id for r in ev}) == 400
     assert all(sharegpt.base_id(r.id.split("/", 1)[1].split("#", 1)[0]) in pool for r in ev)
     later = [r for r in ev if "#" in r.id]
     assert all(r.id.endswith("#h") and len(r.messages) >= 3 and r.messages[-2]["role"] == "assistant"
                for r in later)
     assert all(r.id.endswith("_0") for r in ev if "#" not in r.id)      # never a later part without history
-    assert (len(ev) - len(later), len(later)) == (228, 72)
-    assert len({W.source_key(r) for r in ev}) == 230
-
-
-def test_the_qwen_sharegpt_draw_of_400_adds_later_turns_one_conversation_at_a_time(sharegpt_eval, qwen_tokenizer):
-    """The Qwen trace's draw (``collect -n 400 --min-output-len 32``): the 300 above, then the rest of round 0 (one
-    later turn of each of the 107 pool conversations that have one within the prompt cap) and 65 second turns; all
-    with history."""
-    ev = W.load("sharegpt", n=400, seed=0, tokenizer=qwen_tokenizer, max_prompt_tokens=1024)
-    assert [r.id for r in ev[:300]] == [r.id for r in sharegpt_eval]
-    later = [r for r in ev if "#" in r.id]
-    assert len(later) == 172 and all(len(r.messages) >= 3 and r.messages[-2]["role"] == "assistant" for r in later)
+    assert [r.id for r in ev[:300]] == [r.id for r in W.load("sharegpt", n=300, seed=0, tokenizer=qwen_tokenizer,
+                                                              max_prompt_tokens=1024)]
+    assert sum("#" in r.id for r in ev[:300]) == 72 and len({W.source_key(r) for r in ev[:300]}) == 230
+    assert len(later) == 172 and len(ev) - len(later) == 228
     per_conv = Counter(sharegpt.base_id(r.id.split("/", 1)[1].split("#", 1)[0]) for r in later)
     assert len(per_conv) == 107 and Counter(per_conv.values()) == {1: 42, 2: 65}
 
