@@ -24,8 +24,8 @@ recent pairs within :data:`LATER_MAX_CHARS` characters (a conversation's later p
 ``load("sharegpt", n, seed)`` (:func:`order`) draws, each group in a seeded shuffle, the pool's first turns, then
 the pool's later-part turns in rounds (one of every conversation before a second of any), then every other
 conversation's first turn. With Qwen2.5-Coder's chat template and the 1,024-token prompt cap, 228 of the pool's
-first turns fit, and 107 pool conversations give 493 later turns that fit: the first 300 requests are 228 first turns and 72
-later turns with history, from 230 conversations, none of which that head saw.
+first turns fit, and 107 pool conversations give 493 later turns that fit: the first 300 requests are 228 first
+turns and 72 later turns with history, from 230 conversations, none of which that head saw.
 
 **Short outputs.** Qwen2.5-Coder-1.5B-Instruct answers 42 of those 228 first turns (18%) in under 32 tokens, and
 10 of the first 172 later turns (6%): refusals, replies that wait for the input, short answers
