@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .metrics import split_by_output_len
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .proposers.eagle_files import head_identity
 from .provenance import record, sha256_file
@@ -424,20 +425,22 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         profiles = [done[str(r.id)] for r in reqs if str(r.id) in done]
         decode_s = sum(p.decode_s for p in profiles)
         out_toks = sum(len(p.output_token_ids) for p in profiles)
-        short = _short_outputs(profiles, min_output_len)
-        if short:
-            profiles = [p for p in profiles if len(p.output_token_ids) >= min_output_len]
-            if not profiles:
-                raise RuntimeError(f"{w}: every output is shorter than --min-output-len {min_output_len}")
         meta = {"model": model, "workload": w, **settings, "resume_settings": _norm_settings(resume_settings(w)),
-                "decode_tokens_per_s": out_toks / decode_s if decode_s else None,
-                **({"short_outputs": short} if short else {})}
+                "decode_tokens_per_s": out_toks / decode_s if decode_s else None}
         trace = profiles_to_trace(profiles, model=model, k_max=k_max, meta=meta)
+        short = None
+        if min_output_len:                       # short outputs reported apart (metrics.split_by_output_len)
+            trace, cut = split_by_output_len(trace, min_output_len)
+            if not len(trace.requests):
+                raise RuntimeError(f"{w}: every output is shorter than --min-output-len {min_output_len}")
+            short = _short_outputs(cut, min_output_len, decoded=len(profiles))
+            if short:
+                trace.meta["short_outputs"] = short
         trace.to_parquet(final)
         summary = {p: round(float(trace.acc[trace.acc.proposer == p].acc_len.mean()), 3) for p in trace.proposers}
         record(out / "MANIFEST.json", final.name, file=final.name, sha256=sha256_file(final), workload=w,
-               n_requests=len(profiles),
-               output_tokens=out_toks, mean_acc_len=summary, **settings, **_model_provenance(model),
+               n_requests=len(trace.requests),
+               output_tokens=int(trace.requests["output_len"].sum()), mean_acc_len=summary, **settings, **_model_provenance(model),
                **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
                   if draft_model else {}),
                **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
@@ -446,19 +449,20 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         part.unlink(missing_ok=True)
         _decoded_path(part).unlink(missing_ok=True)
         if not quiet:
-            print(f"[collect] wrote {final} ({len(profiles)} requests, {out_toks} output tokens, "
+            print(f"[collect] wrote {final} ({len(trace.requests)} requests, {out_toks} output tokens decoded, "
                   f"mean acc_len {summary})")
     return paths
 
 
-def _short_outputs(profiles, min_len: int) -> dict | None:
-    """The outputs shorter than ``min_len`` tokens, reported apart from the trace (None: none, or no minimum)."""
-    short = [p for p in profiles if len(p.output_token_ids) < min_len]
-    if not short:
+def _short_outputs(cut, min_len: int, decoded: int) -> dict | None:
+    """The record of the outputs shorter than ``min_len`` tokens (``cut``: their trace), reported apart from the
+    trace; None when there are none."""
+    r = cut.requests
+    if not len(r):
         return None
-    return {"min_output_len": min_len, "requests": len(short), "of_decoded": len(profiles),
-            "ids": [p.request_id for p in short], "output_len": [len(p.output_token_ids) for p in short],
-            "output_text": [p.output_text for p in short]}
+    return {"min_output_len": min_len, "requests": len(r), "of_decoded": decoded, "ids": r["request_id"].tolist(),
+            "output_len": [int(x) for x in r["output_len"]],
+            "output_text": r["output_text"].tolist() if "output_text" in r else None}
 
 
 def _load(w, n, seed, tok, max_prompt_tokens, upto):
