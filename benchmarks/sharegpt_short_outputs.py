@@ -12,12 +12,12 @@ and bf16 on vLLM may part at near-ties).
     PYTHONPATH=. python benchmarks/sharegpt_short_outputs.py -n 400 --check 20    # 4-30 s a request on 2 cores
 
 Resumable: each CPU decode is appended to ``benchmarks/results/sharegpt_short_outputs.jsonl`` (keyed by the
-prompt's token ids) as it finishes; the summary goes to ``benchmarks/results/sharegpt_short_outputs.json``.
+prompt's token ids, as ``spec_repro.train`` keys its decodes) as it finishes; the summary goes to
+``benchmarks/results/sharegpt_short_outputs.json``.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
@@ -27,11 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results"
 MODEL, TRACE = "qwen2.5-coder-1.5b", ROOT / "data" / "traces" / "qwen2.5-coder-1.5b__sharegpt.parquet"
-MIN_LEN, PROMPT_CAP = 32, 1024
-
-
-def key(ids) -> str:
-    return hashlib.sha256(json.dumps([int(t) for t in ids]).encode()).hexdigest()[:24]
+PROMPT_CAP = 1024
+sys.path.insert(0, str(ROOT))
+from spec_repro.metrics import MIN_OUTPUT_LEN as MIN_LEN  # noqa: E402  (32: shorter outputs are reported apart)
+from spec_repro.train import _prompt_key as key  # noqa: E402  (a prompt's key, as the decodes files key them)
 
 
 def traced() -> dict[str, dict]:
@@ -68,7 +67,6 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(ROOT))
     from spec_repro import models, workloads
 
     src = models.convert(MODEL, quiet=True)
