@@ -30,6 +30,10 @@ export SPEC_REPRO_CACHE=/root/cache PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=
 R=/root/res; Q=qwen2.5-coder-1.5b; HEAD=$R/head; BACK=$R/back
 mkdir -p $R
 listback() { (cd $BACK && ls | grep -E '\.part[0-9]+$|\.tgz$' | grep -v logs.tgz > files.txt); }   # what `back` sends
+qcollect() {  # the Qwen traces' collect: vLLM's decodes, the four proposers, the head $H; then workloads and the rest
+  python3 -m spec_repro.cli collect --engine vllm --model $Q --max-new-tokens 2048 --k-max 16 --proposers ngram draft \
+    early-exit eagle --draft-model qwen2.5-coder-0.5b --eagle-head $H --device cuda --batch-size 32 --out $R/traces "$@"
+}
 case "$1" in
   vllm)  shift; mkdir -p /root/stage && for c in "$@"; do cp .stage/$c/* /root/stage/; done; ls /root/stage | wc -l ;;
   piece) bash gpu/device.sh piece $2 ;;
@@ -79,10 +83,8 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
     # (2) the committed traces' eagle column profiled again with this head (teacher forcing over their stored
     #     vLLM outputs; setup placed them in $R/traces from .carry/traces)
     if [ "${REPROFILE:-0}" = 1 ] && [ ! -f $R/done_reprofile ]; then
-      python3 -m spec_repro.cli collect --engine vllm --model $Q --workloads sharegpt code-edit gsm-symbolic humaneval \
-        mt-bench -n 300 --upto --max-new-tokens 2048 --k-max 16 --proposers ngram draft early-exit eagle \
-        --draft-model qwen2.5-coder-0.5b --eagle-head $H --reprofile eagle --device cuda --batch-size 32 \
-        --out $R/traces > $R/log_reprofile.txt 2>&1 && touch $R/done_reprofile
+      qcollect --workloads sharegpt code-edit gsm-symbolic humaneval mt-bench -n 300 --upto --reprofile eagle \
+        > $R/log_reprofile.txt 2>&1 && touch $R/done_reprofile
       echo "reprofile rc=$?" >> $R/log_reprofile.txt
       [ -f $R/done_reprofile ] && tar czf $BACK/traces.tgz -C $R --exclude='.partial' --exclude='*.lock' traces \
         log_reprofile.txt && listback
@@ -91,12 +93,10 @@ os.path.isfile(d) and split(d, '$BACK', name='decodes.parquet')"
     #      out, reported apart in the manifest), every proposer with its confidence; then the draft model's and
     #      early exit's confidence on the other four traces (teacher forcing over their stored vLLM outputs)
     if [ "${CONFIDENCE:-0}" = 1 ] && [ ! -f $R/done_confidence ]; then
-      C="python3 -m spec_repro.cli collect --engine vllm --model $Q --max-new-tokens 2048 --k-max 16 --proposers ngram
-        draft early-exit eagle --draft-model qwen2.5-coder-0.5b --eagle-head $H --device cuda --batch-size 32
-        --out $R/traces"
       rm -f $R/traces/${Q}__sharegpt.parquet     # the earlier draw's trace, where carried: decoded afresh
-      { $C --workloads sharegpt -n 400 --min-output-len 32 && $C --workloads code-edit gsm-symbolic humaneval \
-          mt-bench -n 300 --upto --reprofile draft early-exit; } > $R/log_confidence.txt 2>&1 && touch $R/done_confidence
+      { qcollect --workloads sharegpt -n 400 --min-output-len 32 && qcollect --workloads code-edit gsm-symbolic \
+          humaneval mt-bench -n 300 --upto --reprofile draft early-exit; } > $R/log_confidence.txt 2>&1 \
+        && touch $R/done_confidence
       echo "confidence rc=$?" >> $R/log_confidence.txt
       tar czf $BACK/traces.tgz -C $R --exclude='.partial' --exclude='*.lock' traces log_confidence.txt && listback
     fi
