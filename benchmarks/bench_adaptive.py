@@ -6,7 +6,7 @@ cross-validation, trees per batch size), ngram-else-eagle and its -skip variant 
 Inputs, each timed in this one run:
 
 1. the COMMITTED Qwen2.5-Coder-1.5B traces data/traces/qwen2.5-coder-1.5b__{code-edit,sharegpt,gsm-symbolic,
-   mt-bench}.parquet (300 / 300 / 300 / 80 requests, outputs up to 1,024 tokens; n-gram's match recorded);
+   mt-bench}.parquet (300 / 347 / 300 / 80 requests, outputs up to 2,048 tokens; n-gram's match recorded);
 2. the study's PUBLISHED traces (combined_{instructcoder,cnn,sharegpt,gsm8k}.jsonl from
    github.com/SpecDecode-Bench/simulator, data/llama3.1-8B/; not in the repo), when --published DIR (or
    $SPEC_REPRO_PUBLISHED_TRACES) holds them: n-gram's match is recomputed from the token ids. "first call"

@@ -51,7 +51,7 @@ SOURCE = A.short_source(trace)     # the one-line version used in captions and t
 # %% [markdown]
 # **Where the numbers come from.** Everything below is *measured* and involves no cost model: acceptance counts from the traces whose provenance is printed above (the embedded default: SmolLM2-135M-Instruct, greedy, this package's torch engine on CPU; exact per-position profiling of each proposer). The paper's numbers come from much larger targets (Llama-3-70B) on H100 with vLLM: compare shapes (spread, ordering, overlap dependence), not magnitudes.
 #
-# **Caveat on the embedded model.** SmolLM2-135M often falls into repetition loops under greedy decoding (7 to 13 of 40 requests per workload have over 30% of positions at full acceptance, gsm-symbolic 3): n-gram acceptance on SmolLM2 is partly an artefact of that, so read its n-gram numbers as an upper side. The Qwen2.5-Coder pair (1.5B target decoded by vLLM 0.25, outputs up to 2,048 tokens, 300 requests per workload where the workload has them) loops far less.
+# **Caveat on the embedded model.** SmolLM2-135M often falls into repetition loops under greedy decoding (7 to 13 of 40 requests per workload have over 30% of positions at full acceptance, gsm-symbolic 3): n-gram acceptance on SmolLM2 is partly an artefact of that, so read its n-gram numbers as an upper side. The Qwen2.5-Coder pair (1.5B target decoded by vLLM 0.25, outputs up to 2,048 tokens, 300 requests per workload where the workload has them, sharegpt 347) loops far less.
 
 # %%
 min_req = min(5, int(trace.requests.groupby("dataset").size().min()))  # a bin shown needs this many requests

@@ -307,14 +307,27 @@ def test_request_outputs_and_the_short_output_split():
     assert request_outputs(bare)["loop_share"].isna().all()
 
 
-def test_committed_sharegpt_traces_short_outputs_and_loops():
-    """The committed Qwen ShareGPT trace: 75 of 300 outputs under 32 tokens (the study: 10 of 310), 19 of them
-    loop-dominated; the loop share is computed from the stored output ids."""
+def test_committed_sharegpt_trace_is_drawn_by_conversation():
+    """The committed Qwen ShareGPT trace: the workload's 400-request draw by conversation, decoded by vLLM, its
+    outputs under 32 tokens left out and reported apart in the manifest; every later turn comes with its history
+    (the study's ShareGPT prompts are first turns or later turns with their history); loops computed from the
+    stored output ids."""
+    import json
     from pathlib import Path
 
-    from spec_repro.metrics import request_outputs
+    from spec_repro.metrics import MIN_OUTPUT_LEN, request_outputs
 
     p = Path(__file__).resolve().parents[1] / "data" / "traces" / "qwen2.5-coder-1.5b__sharegpt.parquet"
-    ro = request_outputs(Trace.from_parquet(p))
-    assert len(ro) == 300 and int(ro["short"].sum()) == 75 and int(ro["looping"].sum()) == 19
+    t = Trace.from_parquet(p)
+    ro = request_outputs(t)
+    assert len(ro) == 347 >= 300 and int(ro["short"].sum()) == 0 and int(ro["looping"].sum()) == 37
     assert not ro["loop_share"].isna().any()
+    req = t.requests.set_index("request_id")
+    later = [r for r in req.index if not r.endswith("_0")]
+    assert len(later) == 162 and all(r.endswith("#h") for r in later)
+    turns = req["prompt_text"].map(lambda s: s.count("<|im_start|>user"))
+    assert (turns[later] >= 2).all() and (turns.drop(later) == 1).all()      # history: earlier user turns
+    assert (req.loc[later, "prompt_text"].map(lambda s: s.count("<|im_start|>assistant")) >= 2).all()
+    short = json.loads((p.parent / "MANIFEST.json").read_text())[p.name]["short_outputs"]
+    assert len(short["ids"]) == 53 and max(short["output_len"]) < MIN_OUTPUT_LEN == short["min_output_len"]
+    assert not set(short["ids"]) & set(req.index) and len(req) + len(short["ids"]) == 400
