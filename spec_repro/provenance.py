@@ -170,11 +170,28 @@ def trace_provenance(trace: Trace) -> str:
             m, v = e.get("machine", {}), e.get("versions", {})
             parts.append(f"  {Path(f).name}: {e.get('n_requests', '?')} requests, {e.get('date', '?')}, "
                          f"{e.get('model_file', e.get('model', '?'))} (sha256 {str(e.get('model_file_sha256', '?'))[:12]}), "
-                         f"{e.get('engine', '?')} on {e.get('device', '?')} ({m.get('cpu_count', '?')} cores, "
-                         f"{m.get('platform', '?')}), torch {v.get('torch', '?')}, "
+                         f"{e.get('engine', '?')} on {e.get('device', '?')} ({_machine(m)}), torch {v.get('torch', '?')}, "
                          f"{e.get('decoding', '?')} decoding, max {e.get('max_new_tokens', '?')} new tokens"
-                         + _short_line(e.get("short_outputs")))
+                         + _short_line(e.get("short_outputs")) + _rewritten_line(e))
     return "\n".join(parts)
+
+
+def _machine(m: dict) -> str:
+    """The machine a manifest entry records: its GPU where it had one, cores, platform."""
+    gpu = [m["gpu"]] if m.get("gpu") else []
+    return ", ".join(gpu + [f"{m.get('cpu_count', '?')} cores", str(m.get("platform", "?"))])
+
+
+def _rewritten_line(e: dict) -> str:
+    """A trace written again in place (``collect`` adding proposers or ``--reprofile``): the date and machine of the
+    line are the last write's; its outputs were decoded earlier, where ``original_run`` says."""
+    o = e.get("original_run")
+    if not isinstance(o, dict):
+        return ""
+    om = o.get("machine") or {}
+    since = sorted(set(e.get("added_proposers") or []) | set(e.get("reprofiled") or {}))
+    return (f"; outputs decoded {str(o.get('date', '?'))[:10]} on {om.get('gpu') or om.get('cpu', '?')}"
+            + (f", {', '.join(since)} profiled since" if since else ""))
 
 
 def _short_line(short) -> str:

@@ -273,3 +273,16 @@ def test_profile_decoded_equals_the_profile_of_its_own_decode():
     ext = profile_decoded(ps, [p.output_token_ids for p in own], props, k_max=6)
     for a, b in zip(own, ext):
         assert a.output_token_ids == b.output_token_ids and a.acc == b.acc and a.draft_len == b.draft_len
+
+
+def test_provenance_names_where_outputs_were_decoded_and_where_profiled():
+    """A Qwen trace profiled again in place names both machines: the last write's GPU (the draft model and early
+    exit on an H100) and the decode's (vLLM on an H200); a trace decoded in one collect names one."""
+    from spec_repro import analysis as A
+
+    lines = {ln.split(":")[0].strip(): ln for ln in A.trace_provenance(A.load_traces(
+        [ROOT / "data" / "traces" / f"qwen2.5-coder-1.5b__{w}.parquet" for w in ("code-edit", "sharegpt")])).splitlines()}
+    edit, share = lines["qwen2.5-coder-1.5b__code-edit.parquet"], lines["qwen2.5-coder-1.5b__sharegpt.parquet"]
+    assert "vllm on cuda (NVIDIA H100 80GB HBM3, 16 cores" in edit
+    assert edit.endswith("; outputs decoded 2026-12-01 on NVIDIA H200, draft, eagle, early-exit profiled since")
+    assert "NVIDIA H100" in share and "decoded 2026" not in share and "53 of 400 decoded outputs under 32" in share
