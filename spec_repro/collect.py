@@ -24,7 +24,7 @@ from typing import Sequence
 from .metrics import split_by_output_len
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .proposers.eagle_files import head_identity
-from .provenance import record, sha256_file
+from .provenance import machine_info, record, sha256_file
 from .tracefiles import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
@@ -653,7 +653,9 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
         import datetime as _dt
 
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        keep["reprofiled"] = {**(keep.get("reprofiled") or {}), **{a: now for a in again}}
+        m = machine_info()
+        where = f"{now} on {m.get('gpu') or m.get('cpu')}"          # each proposer's last profile: when and where
+        keep["reprofiled"] = {**(keep.get("reprofiled") or {}), **{a: where for a in again}}
     record(man_path, path.name, **keep)
     if not quiet:
         print(f"[collect] added {sorted(proposers)} to {path} (mean acc_len {keep['mean_acc_len']})")

@@ -2,6 +2,7 @@
 two real code-edit requests, decode 16 tokens each, profile n-gram + early-exit, write and re-read the trace.
 Also checks that an interrupted collection resumes without redoing finished requests."""
 import json
+import platform
 
 import numpy as np
 import pytest
@@ -139,6 +140,8 @@ def test_reprofile_replaces_a_proposer_from_stored_ids_without_loading_what_it_d
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
     man = json.loads((tmp_path / "MANIFEST.json").read_text())[path.name]
     assert list(man["reprofiled"]) == ["early-exit"] and man["original_run"]["date"]
+    when, on = man["reprofiled"]["early-exit"].split(" on ")       # when and where it was profiled again
+    assert when >= man["original_run"]["date"] and on == (platform.processor() or platform.machine())
     assert "early-exit" not in man["added_proposers"] and man["confidence"]["proposers"] == ["early-exit"]
     # the confidence of the teacher-forced pass equals the decode's read-out up to the stored 8-bit step
     cb, ca = before.confidence("early-exit"), after.confidence("early-exit")
