@@ -102,3 +102,29 @@ def test_length_check_can_fail(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "readme_text", lambda: "line\n" * (MAX_LINES + 1))
     with pytest.raises(AssertionError, match="lines"):
         test_readme_is_short()
+
+
+BLEU_SUPPORT = r"([\d.]+) \(([\d,]+) / ([\d,]+) requests below / above\)"
+
+
+def bleu_support(text: str, prefix: str = "") -> tuple[str, ...] | None:
+    """A BLEU-4 threshold and its support as a text states it ("0.7 (1,131 / 60 requests below / above)"), the first
+    one after ``prefix``."""
+    m = re.search(re.escape(prefix) + BLEU_SUPPORT, text)
+    return tuple(g.replace(",", "") for g in m.groups()) if m else None
+
+
+def test_headline_bleu_threshold_is_the_summarys():
+    """The hand-written headline row of finding 3 states what the generated summary measured on Qwen."""
+    import csv
+
+    rows = csv.DictReader((repo_root() / "figures" / "summary.csv").open())
+    got = next(r["this_run"] for r in rows
+               if r["quantity"] == "BLEU-4 above which n-gram beats eagle (qwen2.5-coder-1.5b)")
+    assert bleu_support(readme_text(), "Qwen: ") == bleu_support(got) is not None
+
+
+def test_headline_bleu_check_can_fail():
+    assert bleu_support("Qwen: 0.7 (1,092 / 52 requests below / above)", "Qwen: ") == ("0.7", "1092", "52")
+    assert bleu_support("0.7 (1131 / 60 requests below / above)") == ("0.7", "1131", "60")
+    assert bleu_support("Qwen: none supported", "Qwen: ") is None
