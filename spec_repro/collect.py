@@ -24,7 +24,7 @@ from typing import Sequence
 from .metrics import split_by_output_len
 from .profiler import RequestProfile, profile_requests, profiles_to_trace
 from .proposers.eagle_files import head_identity
-from .provenance import machine_info, record, sha256_file
+from .provenance import machine_name, record, sha256_file
 from .tracefiles import read_trace
 
 __all__ = ["collect", "trace_path", "partial_path", "build_proposers"]
@@ -440,7 +440,8 @@ def _collect_locked(model, workloads, *, n, max_new_tokens, proposers, out, k_ma
         summary = {p: round(float(trace.acc[trace.acc.proposer == p].acc_len.mean()), 3) for p in trace.proposers}
         record(out / "MANIFEST.json", final.name, file=final.name, sha256=sha256_file(final), workload=w,
                n_requests=len(trace.requests),
-               output_tokens=int(trace.requests["output_len"].sum()), mean_acc_len=summary, **settings, **_model_provenance(model),
+               output_tokens=int(trace.requests["output_len"].sum()), mean_acc_len=summary, **settings,
+               **_model_provenance(model),
                **({"draft_model": draft_model, **{f"draft_{k}": v for k, v in _model_provenance(draft_model).items()}}
                   if draft_model else {}),
                **_workload_provenance(w), decode_tokens_per_s=meta["decode_tokens_per_s"],
@@ -653,8 +654,7 @@ def add_proposers(path: str | Path, proposers: dict, *, settings: dict | None = 
         import datetime as _dt
 
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        m = machine_info()
-        where = f"{now} on {m.get('gpu') or m.get('cpu')}"          # each proposer's last profile: when and where
+        where = f"{now} on {machine_name()}"          # each proposer's last profile: when and where
         keep["reprofiled"] = {**(keep.get("reprofiled") or {}), **{a: where for a in again}}
     record(man_path, path.name, **keep)
     if not quiet:

@@ -54,6 +54,12 @@ def machine_info() -> dict:
     return info
 
 
+def machine_name(m: dict | None = None) -> str:
+    """A machine as a manifest's ``machine`` entry records it (default: this one), in a word: its GPU, else its CPU."""
+    m = machine_info() if m is None else m
+    return m.get("gpu") or m.get("cpu") or "?"
+
+
 def record(manifest: str | Path, name: str, **fields) -> dict:
     """Add or replace entry ``name`` in a JSON manifest (a dict of entries), with machine/versions/date."""
     from filelock import FileLock
@@ -188,9 +194,8 @@ def _rewritten_line(e: dict) -> str:
     o = e.get("original_run")
     if not isinstance(o, dict):
         return ""
-    om = o.get("machine") or {}
     since = sorted(set(e.get("added_proposers") or []) | set(e.get("reprofiled") or {}))
-    return (f"; outputs decoded {str(o.get('date', '?'))[:10]} on {om.get('gpu') or om.get('cpu', '?')}"
+    return (f"; outputs decoded {str(o.get('date', '?'))[:10]} on {machine_name(o.get('machine') or {})}"
             + (f", {', '.join(since)} profiled since" if since else ""))
 
 
