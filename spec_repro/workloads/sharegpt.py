@@ -30,9 +30,9 @@ turns and 72 later turns with history, from 230 conversations, none of which tha
 **Short outputs.** Qwen2.5-Coder-1.5B-Instruct answers 42 of those 228 first turns (18%) in under 32 tokens, and
 10 of the first 172 later turns (6%): refusals, replies that wait for the input, short answers
 (``benchmarks/sharegpt_short_outputs.py``); the study's Llama-3.1-8B, 10 of its 310 outputs. So its trace draws
-400 requests and leaves the short outputs out, reported apart (``collect --min-output-len 32``): 348 requests,
-162 of them (47%) later turns with their history, as about half of the parts that the study's sampler draws are
-later parts.
+400 requests and leaves the short outputs out, reported apart (``collect --min-output-len 32``): vLLM's decode
+leaves out 53 (43 first turns, 10 later turns) and keeps 347 requests, 162 of them (47%) later turns with their
+history, as about half of the parts that the study's sampler draws are later parts.
 
 Departures from the study: vLLM's ShareGPT benchmark sampler draws records (parts) uniformly and prompts with a
 part's first turn, history or not; drawing by part favours long conversations and makes stubs prompts. Most of
