@@ -13,8 +13,8 @@
 #          bash gpu/live_job.sh piece pNN            carry [".carry/pNN"]
 #          bash gpu/live_job.sh setup                carry [".stage/run", ".carry/extra"]
 #          LEFT=<budget_left_s> bash gpu/live_job.sh start      (detached; stops RESERVE s before the lease ends)
-#          or LEFT=<budget_left_s> bash gpu/live_job.sh v2start (the V2-runner hybrid: gpu/plans/v2hybrid.json)
-#          sleep S; bash gpu/live_job.sh status live (the logs' tails; the results so far packed into $OUT)
+#          or LEFT=<budget_left_s> bash gpu/live_job.sh v2start (reproduce --profile gpu's V2 grid: plans/v2hybrid.json)
+#          sleep S; bash gpu/live_job.sh status live|repro (the logs' tails; that folder so far packed into $OUT)
 #          bash gpu/live_job.sh pack live            (the results folder in files of at most 15 MiB)
 #   here:  bash gpu/travel.sh restore; the results unpacked and summarized.
 # Knobs: HEAD_SHA (a staged head under /root/cache/heads, default the committed one; TRAIN=1: a head trained in
@@ -114,20 +114,14 @@ case "$1" in
     echo PIPE_FINISHED ;;
   v2start)    # the V2-runner hybrid job (gpu/plans/v2hybrid.json), detached; LEFT=S as for start
     detach v2run ;;
-  v2run)      # lossless first (the rest only after check-lossless passes), then overhead, then the grid;
-              # resumable: each stage skips its finished engines (V2_STAGES: the stages to run)
+  v2run)      # the GPU part of `reproduce --profile gpu` (gpu_profile run: lossless and its gate, overhead, grid,
+              # the profile, the tables; traces and llama when the deadline leaves time) into $R/repro/gpu;
+              # resumable: a finished stage or engine is skipped
     END=${END:-$(( $(date +%s) + 1100 ))}
-    D=$R/v2hybrid
+    D=$R/repro/gpu
     head_into $D || { echo PIPE_FINISHED; exit 3; }
-    for st in ${V2_STAGES:-lossless overhead grid}; do
-      $PY -m spec_repro.engines.vllm.v2hybrid run --stage $st --head $HEAD --out $D/$st --model-dir $(mdir $Q) \
-        --deadline $(left) >> $R/log_v.txt 2>&1
-      echo "$st rc=$?" >> $R/log_v.txt
-      if [ $st = lossless ]; then
-        $PY -m spec_repro.engines.vllm.v2hybrid check-lossless --out $D/lossless > $D/lossless/lossless.jsonl \
-          2>> $R/log_v.txt || { echo "the V2 hybrid is NOT lossless (or did not run): stop" >> $R/log_v.txt; break; }
-      fi
-    done
+    $PY -m spec_repro.engines.vllm.gpu_profile run --out $D --head $HEAD --deadline $(left) >> $R/log_v.txt 2>&1
+    echo "gpu_profile rc=$?" >> $R/log_v.txt
     echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)
     pkill -f "live_job.sh run"; pkill -f "live_job.sh v2run"; pkill -f "spec_repro.engines.vllm"; sleep 3

@@ -12,16 +12,19 @@ from spec_repro.locations import v1_runner_dir
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_grid_runs_the_hybrids_beside_eagle_and_no_sd_on_one_engine_config():
+def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the_default_engine():
     g = G.grid_specs("/h", "/m")
-    assert [s["name"] for s in g["qwen"]] == [
-        "hybrid-default-none-s2", "hybrid-default-pr24344-pad-s2", "hybrid-default-pr24344-skip-pad-s2",
-        "hybrid-default-eagle-only-s2", "hybrid-default-eagle-s2", "hybrid-default-idle-s2"]
-    assert {s["engine_config"] for s in g["qwen"]} == {"v1-forced"}
-    assert len({json.dumps(s["tasks"]) for s in g["qwen"]}) == 1          # one task: like for like
-    pads = {s["name"]: s["config"].get("hybrid_pad", False) for s in g["qwen"]}
-    assert pads["hybrid-default-pr24344-pad-s2"] and pads["hybrid-default-pr24344-skip-pad-s2"]
-    assert not pads["hybrid-default-eagle-s2"]
+    assert list(g) == ["lossless", "overhead", "grid", "llama"]
+    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-rotate", "v2hybrid-grid-none", "v2hybrid-grid-ngram"]
+    # every Qwen engine runs the V2 runner (forced, as vLLM picks it for EAGLE) but vLLM's n-gram (V1 only)
+    for st in G.V2_STAGES:
+        for s in g[st]:
+            want = ("v1", "v1-forced") if s["name"].endswith("-ngram") else ("v2", "v2-forced")
+            assert (s["config"]["model_runner"], s["engine_config"]) == want, s["name"]
+    rot = g["grid"][0]["config"]
+    assert rot["hybrid_rotate"] == ["off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip"] and rot["k"] == 5
+    assert G.STAGES.index("lossless") < G.STAGES.index("overhead") < G.STAGES.index("grid") \
+        < G.STAGES.index("profile") < G.STAGES.index("tables")
     # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)
     assert [s["name"] for s in g["llama"]] == ["llama8b-none-default-s2", "llama8b-ngram-default-s2"]
     a, b = (s["config"] for s in g["llama"])
@@ -31,8 +34,20 @@ def test_grid_runs_the_hybrids_beside_eagle_and_no_sd_on_one_engine_config():
     assert g["llama"][0]["tasks"][0]["batch_sizes"] == [1, 16, 64, 256]
 
 
+def test_the_lossless_stage_counts_as_finished_only_once_its_gate_passed(tmp_path):
+    names = [s["name"] for s in G.grid_specs("/h", "/m")["lossless"]]
+    d = tmp_path / "raw" / G.V2_DIR / "lossless"
+    d.mkdir(parents=True)
+    (d / "results.jsonl").write_text("".join(json.dumps({"kind": "done", "spec": n}) + "\n" for n in names))
+    assert not G.status(tmp_path)["lossless"]                     # engines done, gate not checked
+    (d / "lossless.jsonl").write_text(json.dumps({"lossless": False, "runs": 8}) + "\n")
+    assert not G.status(tmp_path)["lossless"]
+    (d / "lossless.jsonl").write_text(json.dumps({"lossless": True, "runs": 8}) + "\n")
+    assert G.status(tmp_path)["lossless"] and not G.status(tmp_path)["grid"]
+
+
 def test_status_and_parameters_of_an_empty_folder(tmp_path):
-    assert G.status(tmp_path) == {"qwen": False, "traces": False, "llama": False, "tables": False}
+    assert G.status(tmp_path) == dict.fromkeys(G.STAGES, False)
     assert G.notebook_parameters(tmp_path) == {"backend": "vllm"}
 
 
@@ -189,7 +204,7 @@ def test_deadline_zero_runs_the_notebooks_on_a_copied_gpu_folder_without_a_gpu(t
     assert res[0].ok, res[0].error
     assert (gpu / "live" / "runs.csv").read_bytes() == before and not (gpu / "raw").exists()
     log = json.loads((gpu / "gpu_profile.json").read_text().splitlines()[-1])
-    assert log["stages"]["qwen"] == "not started (deadline 0)"
+    assert log["stages"]["grid"] == "not started (deadline 0)"
     src_col = " ".join(table["source"])
     assert "pr24344-skip-pad" in " ".join(table["quantity"]) or "pr24344-skip-pad" in " ".join(table["this_run"])
     assert "2026-12-01T23:21:58" in src_col          # the H200 run's own date, from its copied tables

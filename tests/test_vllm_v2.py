@@ -534,4 +534,7 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
         have = next(s["seconds"] for s in plan["stages"] if s["stage"] == st)
         assert want <= have <= 1.3 * want + 60, (st, want, have)
     sh = (Path(__file__).resolve().parents[1] / "gpu/live_job.sh").read_text()
-    assert "v2hybrid run --stage $st" in sh and "v2hybrid check-lossless" in sh
+    assert "spec_repro.engines.vllm.gpu_profile run" in sh         # reproduce --profile gpu's GPU part: the gate first
+    from spec_repro.engines.vllm import gpu_profile
+
+    assert gpu_profile.V2_STAGES == v2hybrid.STAGES == ("lossless", "overhead", "grid")

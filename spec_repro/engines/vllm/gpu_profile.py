@@ -1,30 +1,42 @@
-"""``spec-repro reproduce --profile gpu``: the study's grid run live on this GPU host with vLLM, then the notebooks
+"""``spec-repro reproduce --profile gpu``: the V2-runner grid run live on this GPU host with vLLM, then the notebooks
 on what it measured (``reproduce`` calls :func:`run` before the notebooks and passes them its
 :func:`notebook_parameters`).
 
-The grid, in the order it runs (what the notebooks most need first; every stage resumable: an engine spec or a
-trace file that finished under ``out`` is never run again, so a killed run, or one stopped by ``deadline_s``,
-continues where it stopped):
+The grid, in the order it runs (what the notebooks most need first; every stage resumable: an engine spec, a gate,
+a profile or a trace file that finished under ``out`` is never run again, so a killed run, or one stopped by
+``deadline_s``, continues where it stopped):
 
-  qwen    Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF, run in bf16), the package's EAGLE
-          head, code-edit, bs 1/8/32/64, k = 5, 3 repeats, the V1 runner forced (vLLM's own async scheduling): no
-          SD, the live hybrids with drafts padded to k (PR #24344's rule ``pr24344-pad``; the same rule skipping EAGLE for the
-          requests n-gram serves, ``pr24344-skip-pad``), the hybrid's machinery with every request on EAGLE
-          (``eagle-only``), EAGLE alone, and the hybrid loaded with nothing to decide (``idle``: a pass-through)
-                                                                                     -> out/raw/qwen2
-  traces  vLLM decodes code-edit and sharegpt requests greedily (EOS stops them); n-gram and the EAGLE head are
-          profiled over its outputs on the GPU (``collect --engine vllm``)          -> out/traces
-  llama   Llama-3.1-8B dimensions, dummy weights (real timing, artificial acceptance), vLLM's default engine: no SD
-          and n-gram (k = 3, the study's) at bs 1/16/64/256, 512-token prompts, 256 tokens, 3 repeats
-                                                                                     -> out/raw/llama8b2
-  tables  ``live_summary.summarize`` over out/raw                                    -> out/live
+  lossless  ``v2hybrid``'s lossless stage (bs 1, 3 prompts a workload): no SD and one EAGLE engine rotating EAGLE
+            alone and the device-side hybrids; ``check_lossless`` gates the rest (a hybrid whose outputs part
+            from no SD's more often than vLLM's own EAGLE's stops the GPU stages)  -> out/raw/v2hybrid/lossless
+  overhead  the V2 step timer installed vs removed, interleaved, no SD and EAGLE, bs 1/8/32/64
+                                                                                   -> out/raw/v2hybrid/overhead
+  grid      Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF, run in bf16), the package's
+            EAGLE head at k = 5 on vLLM's V2 runner (forced, as vLLM 0.25 picks it for EAGLE; its own async
+            scheduling): one engine rotating EAGLE alone, ``gpu-eagle-only``, ``gpu-pr24344``,
+            ``gpu-pr24344-skip``; no SD on V2; vLLM's n-gram on V1 (its only runner for n-gram), code-edit and
+            sharegpt, bs 1/8/32/64                                                 -> out/raw/v2hybrid/grid
+  profile   each workload's no-SD outputs profiled with n-gram and the head on the GPU (the predictor's input)
+                                                                                   -> out/live/hybrid_trace*.jsonl
+  tables    ``v2summary.summarize`` over out/raw/v2hybrid (runs, steps, lossless, overhead, ratios, predicted)
+                                                                                   -> out/live
+  traces    vLLM decodes code-edit and sharegpt requests greedily (EOS stops them); n-gram and the EAGLE head are
+            profiled over its outputs on the GPU (``collect --engine vllm``)       -> out/traces
+  llama     Llama-3.1-8B dimensions, dummy weights (real timing, artificial acceptance), vLLM's default engine: no
+            SD and n-gram (k = 3, the study's) at bs 1/16/64/256, 512-token prompts, 256 tokens, 3 repeats
+                                                                                   -> out/raw/llama8b2
 
 One GPU suffices (the 1.5B target and the 8B dims each fit one); larger targets go through vLLM's own tensor or
 pipeline parallelism (``VLLMConfig(tensor_parallel_size=...)`` in a job of ``data/gpu/jobs.json``).
+
+    python -m spec_repro.engines.vllm.gpu_profile run --out DIR [--head DIR] [--deadline S]   # the GPU part alone
+    python -m spec_repro.engines.vllm.gpu_profile status --out DIR
 """
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -32,16 +44,19 @@ from .jobs import done_specs
 
 __all__ = ["STAGES", "TRACE_WORKLOADS", "grid_specs", "run", "notebook_parameters", "status"]
 
-STAGES = ("qwen", "traces", "llama", "tables")
-QWEN_METHODS = ("none", "pr24344-pad", "pr24344-skip-pad")    # then eagle-only, EAGLE alone and the idle hybrid
-SPEC_SUFFIX = "-s2"          # the grid's spec names (run identifiers: a resumed run skips the specs it finished)
+V2_STAGES = ("lossless", "overhead", "grid")          # v2hybrid's stages, in its order
+STAGES = V2_STAGES + ("profile", "tables", "traces", "llama")
+SPEC_SUFFIX = "-s2"          # the Llama specs' names (run identifiers: a resumed run skips the specs it finished)
 TRACE_WORKLOADS = ("code-edit", "sharegpt")
+PROFILE_NAMES = {"code-edit": "hybrid_trace_s1.jsonl", "sharegpt": "hybrid_trace_sharegpt_s1.jsonl"}
+PROFILE_N = 64               # the grid's largest batch: the no-SD run whose outputs are profiled
 TRACE_N, TRACE_TOKENS, TRACE_K_MAX = 24, 256, 16
-QWEN_DIR, LLAMA_DIR = "qwen2", "llama8b2"
+V2_DIR, LLAMA_DIR = "v2hybrid", "llama8b2"
 #: the preset fitted on the H200's live Qwen steps (data/gpu/v1-runner/agreement)
 LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"
 NOTEBOOK_RESERVE_S = 240     # deadline_s: seconds kept for the notebooks after the last stage started
 TRACES_S = 200               # the traces stage: engine start + decode + profiling (H200: 114 s, v1-runner/reproduce-grid)
+PROFILE_S = 90               # the profile stage: the target and head loaded on the GPU, 2 x 64 requests (~7 s each)
 
 
 def llama_specs() -> list[dict]:
@@ -61,32 +76,39 @@ def llama_specs() -> list[dict]:
     return [none, ngram]
 
 
-def qwen_specs(head: str | Path, model_dir: str | Path) -> list[dict]:
-    """Qwen2.5-Coder-1.5B on code-edit, k = 5, the V1 runner forced: no SD, the padded hybrids (``QWEN_METHODS``),
-    the hybrid's machinery with every request on EAGLE, EAGLE alone and the idle (pass-through) hybrid."""
-    from .hybrid_jobs import hybrid_specs
-
-    specs = hybrid_specs(str(head), model_dir=str(model_dir), k=5, workloads=("code-edit",),
-                         methods=QWEN_METHODS + ("eagle-only", "eagle", "idle"))
-    return [{**s, "name": s["name"] + SPEC_SUFFIX} for s in specs]
 
 
 def grid_specs(head: str | Path, model_dir: str | Path) -> dict[str, list[dict]]:
-    """The engine specs of the qwen and llama stages (pure: nothing is loaded)."""
-    return {"qwen": qwen_specs(head, model_dir), "llama": llama_specs()}
+    """The engine specs of the V2 stages (``v2hybrid.stage_specs``) and the llama stage (pure: nothing is loaded)."""
+    from .v2hybrid import stage_specs
+
+    return {**{st: stage_specs(st, str(head), model_dir=str(model_dir)) for st in V2_STAGES}, "llama": llama_specs()}
+
+
+def _gate(out: Path) -> bool | None:
+    """The lossless gate's verdict (``out/raw/v2hybrid/lossless/lossless.jsonl``'s last line), None: not checked."""
+    f = out / "raw" / V2_DIR / "lossless" / "lossless.jsonl"
+    if not f.exists():
+        return None
+    last = [json.loads(x) for x in f.read_text().splitlines() if x.strip()][-1:]
+    return bool(last[0].get("lossless")) if last and "lossless" in last[0] else None
 
 
 def status(out: str | Path, head: str | Path = "HEAD", model_dir: str | Path = "MODEL") -> dict[str, bool]:
-    """Which stages have finished under ``out`` (no vLLM needed)."""
+    """Which stages have finished under ``out`` (no vLLM needed); the lossless stage only once its gate passed."""
     out = Path(out)
     g = grid_specs(head, model_dir)
     from ...collect import trace_path
     from .live_runs import QWEN
 
-    return {"qwen": {s["name"] for s in g["qwen"]} <= done_specs(out / "raw" / QWEN_DIR / "results.jsonl"),
-            "traces": all(trace_path(out / "traces", QWEN, w).exists() for w in TRACE_WORKLOADS),
-            "llama": {s["name"] for s in g["llama"]} <= done_specs(out / "raw" / LLAMA_DIR / "results.jsonl"),
-            "tables": (out / "live" / "runs.csv").exists()}
+    done = {st: {s["name"] for s in g[st]} <= done_specs(out / "raw" / V2_DIR / st / "results.jsonl")
+            for st in V2_STAGES}
+    done["lossless"] = done["lossless"] and bool(_gate(out))
+    done["profile"] = all((out / "live" / PROFILE_NAMES[w]).exists() for w in TRACE_WORKLOADS)
+    done["tables"] = (out / "live" / "runs.csv").exists()
+    done["traces"] = all(trace_path(out / "traces", QWEN, w).exists() for w in TRACE_WORKLOADS)
+    done["llama"] = {s["name"] for s in g["llama"]} <= done_specs(out / "raw" / LLAMA_DIR / "results.jsonl")
+    return {st: done[st] for st in STAGES}
 
 
 def _need_gpu() -> None:
@@ -102,35 +124,40 @@ def _need_gpu() -> None:
 
 
 def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | None = None,
-        timeout_s: float = 600, progress=print) -> dict:
+        timeout_s: float = 600, progress=print, reserve_s: float = NOTEBOOK_RESERVE_S) -> dict:
     """Run the grid's unfinished stages into ``out``; returns :func:`status` after. ``deadline_s``: seconds from
-    now after which no stage starts (an engine spec needs 120 s left, the traces stage ``TRACES_S``), keeping
-    ``NOTEBOOK_RESERVE_S`` for the notebooks; what did not run is named in the log and ``out/gpu_profile.json``.
-    ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a GPU
+    now after which no stage starts (an engine spec needs 120 s left, the profile ``PROFILE_S``, the traces stage
+    ``TRACES_S``), keeping ``reserve_s`` for the notebooks; what did not run is named in the log and
+    ``out/gpu_profile.json``. A lossless gate that fails stops every GPU stage after it (the tables still
+    show it). ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a GPU
     run's folder copied to a laptop)."""
     from ... import models
     from .jobs import run_specs
-    from .live_profile import default_head
+    from .live_profile import default_head, profile_hybrid_task
     from .live_runs import QWEN
-    from .live_summary import summarize
+    from .v2hybrid import check_lossless
+    from .v2summary import summarize
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     head = Path(head) if head else default_head()
-    t_end = None if deadline_s is None else time.time() + deadline_s - NOTEBOOK_RESERVE_S
+    t_end = None if deadline_s is None else time.time() + deadline_s - reserve_s
 
     def left() -> float | None:
         return None if t_end is None else t_end - time.time()
 
     before = status(out)
-    starts = deadline_s is None or deadline_s > NOTEBOOK_RESERVE_S    # else nothing can start: no GPU needed
-    if starts and not all(before[s] for s in ("qwen", "traces", "llama")):
+    gpu_stages = [s for s in STAGES if s != "tables"]
+    starts = deadline_s is None or deadline_s > reserve_s    # else nothing can start: no GPU needed
+    if starts and not all(before[s] for s in gpu_stages):
         _need_gpu()
         if not (head / "model.safetensors").exists():
             raise SystemExit(f"error: no EAGLE head at {head} (spec-repro train eagle, or --head DIR)")
     log = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "deadline_s": deadline_s, "stages": {}}
-    model_dir = models.convert(QWEN) if starts and not before["qwen"] else models.converted_dir(QWEN)
+    model_dir = models.convert(QWEN) if starts and not before["grid"] else models.converted_dir(QWEN)
     specs = grid_specs(head, model_dir)
+    raw = out / "raw" / V2_DIR
+    stop = None             # why the GPU stages after the lossless gate do not run
     for stage in STAGES:
         t0 = time.time()
         if before.get(stage) and stage != "tables":
@@ -140,11 +167,36 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
         if not starts and stage != "tables":
             log["stages"][stage] = "not started (deadline 0)"
             continue
-        if stage in ("qwen", "llama"):
-            sub = out / "raw" / (QWEN_DIR if stage == "qwen" else LLAMA_DIR)
-            lf = left()
-            fails = run_specs(specs[stage], sub, timeout_s, deadline_s=lf)
+        if stop and stage != "tables":
+            log["stages"][stage] = f"not started: {stop}"
+            progress(f"[gpu profile] {stage}: not started ({stop})")
+            continue
+        if stage in V2_STAGES or stage == "llama":
+            sub = raw / stage if stage != "llama" else out / "raw" / LLAMA_DIR
+            fails = run_specs(specs[stage], sub, timeout_s, deadline_s=left())
             log["stages"][stage] = {"failed_specs": fails, "seconds": round(time.time() - t0)}
+            if stage == "lossless":
+                res = sub / "results.jsonl"
+                ok, rows = check_lossless([json.loads(x) for x in res.read_text().splitlines() if x.strip()]
+                                          if res.exists() else [])
+                (sub / "lossless.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows)
+                                                    + json.dumps({"lossless": ok, "runs": len(rows)}) + "\n")
+                log["stages"][stage]["lossless"] = ok
+                if not ok:
+                    stop = "the lossless gate failed (out/raw/v2hybrid/lossless/lossless.jsonl)"
+        elif stage == "profile":
+            lf = left()
+            if lf is not None and lf < PROFILE_S:
+                log["stages"][stage] = f"not started: {lf:.0f} s left"
+                progress(f"[gpu profile] profile: not started ({lf:.0f} s left before the deadline)")
+                continue
+            for w in TRACE_WORKLOADS:
+                try:
+                    profile_hybrid_task(raw / "grid", out / "live" / PROFILE_NAMES[w], head=head, workload=w,
+                                        n=PROFILE_N, device="cuda", progress=lambda *_: None)
+                except SystemExit as e:      # no no-SD run of this workload at bs 64 (the grid stopped early)
+                    progress(f"[gpu profile] profile {w}: {e}")
+            log["stages"][stage] = {"seconds": round(time.time() - t0)}
         elif stage == "traces":
             lf = left()
             if lf is not None and lf < TRACES_S:
@@ -157,9 +209,9 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
                     proposers=["ngram", "eagle"], eagle_head=str(head), engine="vllm", device="cuda",
                     k_max=TRACE_K_MAX, out=out / "traces", quiet=False)
             log["stages"][stage] = {"seconds": round(time.time() - t0)}
-        elif any('"kind": "run"' in line for f in (out / "raw").rglob("results*.jsonl") for line in open(f)):
+        elif raw.is_dir() and any('"kind": "run"' in line for f in raw.rglob("results*.jsonl") for line in open(f)):
             # the tables of what the raw outputs hold (a copied folder without its raw outputs keeps its tables)
-            summarize(out / "raw", out / "live", command="spec-repro reproduce --profile gpu")
+            summarize(raw, out / "live", command="spec-repro reproduce --profile gpu")
             log["stages"][stage] = {"seconds": round(time.time() - t0)}
         progress(f"[gpu profile] {stage}: {log['stages'].get(stage)}")
     log["status"] = status(out, head, model_dir)
@@ -187,3 +239,27 @@ def notebook_parameters(out: str | Path) -> dict:
         p["traces"] = [str(t) for t in traces if t.exists()]
         p["cost_model"] = LIVE_COST_MODEL
     return p
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_repro.engines.vllm.gpu_profile",
+                                 description="the GPU part of reproduce --profile gpu (no notebooks)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True, help="the profile's folder (reproduce's OUT/gpu)")
+    r.add_argument("--head", help="the EAGLE head (default: the package's, in the cache)")
+    r.add_argument("--deadline", type=float, help="seconds from now after which no stage starts")
+    r.add_argument("--timeout", type=float, default=600, help="seconds per engine spec")
+    s = sub.add_parser("status")
+    s.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "status":
+        print(json.dumps(status(a.out)))
+        return 0
+    st = run(a.out, head=a.head, deadline_s=a.deadline, timeout_s=a.timeout, reserve_s=0)
+    print(json.dumps(st))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
