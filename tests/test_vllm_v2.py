@@ -528,7 +528,7 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
 
     plan = json.loads((Path(__file__).resolve().parents[1] / "gpu/plans/v2hybrid.json").read_text())
     names = [s["stage"] for s in plan["stages"]]
-    assert names.index("lossless") < names.index("overhead") < names.index("grid")
+    assert names.index("lossless") < names.index("grid")
     for st in v2hybrid.STAGES:
         want = sum(v2hybrid.estimate(s) for s in v2hybrid.stage_specs(st, "/h", model_dir="/m"))
         have = next(s["seconds"] for s in plan["stages"] if s["stage"] == st)
@@ -537,4 +537,8 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
     assert "spec_repro.engines.vllm.gpu_profile run" in sh         # reproduce --profile gpu's GPU part: the gate first
     from spec_repro.engines.vllm import gpu_profile
 
-    assert gpu_profile.V2_STAGES == v2hybrid.STAGES == ("lossless", "overhead", "grid")
+    assert gpu_profile.V2_STAGES == v2hybrid.STAGES == ("lossless", "grid")
+    # the lossless engines then time the timer: no SD, and the rotated EAGLE engine on its `off` policy (jobs)
+    for s in v2hybrid.stage_specs("lossless", "/h", model_dir="/m"):
+        assert [t["type"] for t in s["tasks"]] == ["hybrid", "overhead"] and s["tasks"][1]["order"] == "abba"
+    assert "eng.set_hybrid(HYBRID_OFF)" in (Path(v2hybrid.__file__).parent / "jobs.py").read_text()

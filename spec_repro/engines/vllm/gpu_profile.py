@@ -8,9 +8,8 @@ a profile or a trace file that finished under ``out`` is never run again, so a k
 
   lossless  ``v2hybrid``'s lossless stage (bs 1, 3 prompts a workload): no SD and one EAGLE engine rotating EAGLE
             alone and the device-side hybrids; ``check_lossless`` gates the rest (a hybrid whose outputs part
-            from no SD's more often than vLLM's own EAGLE's stops the GPU stages)  -> out/raw/v2hybrid/lossless
-  overhead  the V2 step timer installed vs removed, interleaved, no SD and EAGLE, bs 1/8/32/64
-                                                                                   -> out/raw/v2hybrid/overhead
+            from no SD's more often than vLLM's own EAGLE's stops the GPU stages); the same two engines then time
+            the V2 step timer installed vs removed, interleaved, bs 1/8/32/64   -> out/raw/v2hybrid/lossless
   grid      Qwen2.5-Coder-1.5B-Instruct, real weights (the package's q4_k_m GGUF, run in bf16), the package's
             EAGLE head at k = 5 on vLLM's V2 runner (forced, as vLLM 0.25 picks it for EAGLE; its own async
             scheduling): one engine rotating EAGLE alone, ``gpu-eagle-only``, ``gpu-pr24344``,
@@ -44,7 +43,7 @@ from .jobs import done_specs
 
 __all__ = ["STAGES", "TRACE_WORKLOADS", "grid_specs", "run", "notebook_parameters", "status"]
 
-V2_STAGES = ("lossless", "overhead", "grid")          # v2hybrid's stages, in its order
+V2_STAGES = ("lossless", "grid")          # v2hybrid's stages, in its order
 STAGES = V2_STAGES + ("profile", "tables", "traces", "llama")
 SPEC_SUFFIX = "-s2"          # the Llama specs' names (run identifiers: a resumed run skips the specs it finished)
 TRACE_WORKLOADS = ("code-edit", "sharegpt")

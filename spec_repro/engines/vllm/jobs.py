@@ -176,6 +176,13 @@ def run_spec(spec: dict, out: Path) -> None:
             # interleaved so drifts hit both
             # "abba": every other repeat measures on before off, so a drift within a pair cancels out
             prompt = study_prompt(task["prompt_len"], vocab, seed=1)
+            extra = {}
+            if eng.cfg.hybrid_rotate:       # a rotated engine times EAGLE alone: its `off` policy, labelled eagle
+                from .common import HYBRID_OFF
+                from .hybrid_jobs import rotated_run_config
+
+                eng.set_hybrid(HYBRID_OFF)
+                extra = {"config": rotated_run_config(vars(eng.cfg), HYBRID_OFF)}
             for rep in range(task["repeats"]):
                 for b in task["batch_sizes"]:
                     order = (True, False) if task.get("order") == "abba" and rep % 2 else (False, True)
@@ -184,7 +191,7 @@ def run_spec(spec: dict, out: Path) -> None:
                         r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{'on' if on else 'off'}-{rep}",
                                           label="overhead", record=on)
                         r.instrumented = on
-                        record(r, task="overhead", repeat=rep)
+                        record(r, task="overhead", repeat=rep, **extra)
             eng.steps("instrument", on=True)
         elif ty == "profile":
             rs = eng.profile(task["batch_sizes"], task["prompt_lens"], task["decode_tokens"],

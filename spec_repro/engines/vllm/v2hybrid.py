@@ -1,14 +1,14 @@
 """The n-gram + EAGLE hybrid and the step timer on vLLM 0.25's V2 model runner (``hybrid_v2``,
-``runner_v2_patches``), as engine specs for ``jobs.run_specs``, in three resumable stages (``gpu/plans/v2hybrid.json``):
+``runner_v2_patches``), as engine specs for ``jobs.run_specs``, in two resumable stages (``gpu/plans/v2hybrid.json``):
 
 ``lossless``  bs 1, a few requests of code-edit and sharegpt: a no-SD engine and one EAGLE engine rotating EAGLE
               alone (``off``) and the device-side policies (``gpu-pr24344``, ``gpu-pr24344-skip``,
               ``gpu-eagle-only``); ``check-lossless`` exits 1 unless every hybrid output equals no SD's token for
               token, or the hybrid equals no SD on as many requests as vLLM's own EAGLE does (bf16 near-ties;
-              :func:`check_lossless`): the later stages run only after it passes.
-``overhead``  the V2 step timer's cost: one no-SD and one EAGLE engine, each run with the timing wrappers
-              installed and removed (``op="instrument"``), interleaved (abba), bs 1 / 8 / 32 / 64, 512-token
-              prompts, 256 tokens (``jobs`` task ``overhead``).
+              :func:`check_lossless`): the grid runs only after it passes. The same two engines then time the V2
+              step timer's cost: each run with the timing wrappers installed and removed (``op="instrument"``),
+              interleaved (abba), bs 1 / 8 / 32 / 64, 512-token prompts, 256 tokens (``jobs`` task ``overhead``;
+              the rotated engine on its ``off`` policy: EAGLE alone).
 ``grid``      one EAGLE engine rotating ``off``, ``gpu-eagle-only``, ``gpu-pr24344``, ``gpu-pr24344-skip`` shape by
               shape (a Latin square: ``hybrid_jobs.rotated_order``), code-edit then sharegpt, bs 1 / 8 / 32 / 64, 4
               repeats, every step timed on V2; then a no-SD V2 engine (the same prompts and shapes, 3 repeats: the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 PLAN = ROOT / "gpu" / "plans" / "v2hybrid.json"
-STAGES = ("lossless", "overhead", "grid")
+STAGES = ("lossless", "grid")
 ROTATE = ("off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip")
 ENGINE_CONFIG = "v2-forced"
 K = 5
@@ -61,12 +61,9 @@ def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[
         small = dict(batch_sizes=(1,), prompts_per_bs=3, max_tokens=128)
         specs = [hybrid_specs(head, methods=("none",), repeats=1, **small, **kw)[0],
                  rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **small, **kw)]
+        for s in specs:           # the same engines then time the V2 step timer: installed vs removed
+            s["tasks"].append(dict(OVERHEAD_TASK))
         names = ("none", "rotate")
-    elif stage == "overhead":
-        specs = hybrid_specs(head, methods=("none", "eagle"), repeats=1, batch_sizes=(64,), **kw)
-        for s in specs:
-            s["tasks"] = [dict(OVERHEAD_TASK)]
-        names = ("none", "eagle")
     else:
         specs = [rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw),
                  hybrid_specs(head, methods=("none",), repeats=3, **kw)[0],
