@@ -134,7 +134,7 @@ if v2 is not None:
     if figures_dir: P.save(fig4, "01_live_vllm_speedup", figures_dir)
 
 # %% [markdown]
-# The same target measured earlier with **real weights** on the **V1 runner (forced)** (`VLLM_USE_V2_MODEL_RUNNER=0`, where the package's step timing hooks; vLLM itself would run EAGLE and no SD on its V2 runner, which drafted 1.8-2.3x faster per step on one H200 with dummy weights), vLLM's own scheduling (async where vLLM allows it; `data/gpu/v1-runner/agreement`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: on the V1 runner (forced), from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/v1-runner/README.md`).
+# The same target measured earlier with **real weights** on the **V1 runner (forced)** (with `live_dir`: that folder's runs, on the runners its title and source line name) (`VLLM_USE_V2_MODEL_RUNNER=0`, where the package's step timing hooks; vLLM itself would run EAGLE and no SD on its V2 runner, which drafted 1.8-2.3x faster per step on one H200 with dummy weights), vLLM's own scheduling (async where vLLM allows it; `data/gpu/v1-runner/agreement`, one H200, 2026-12-01): Qwen2.5-Coder-1.5B-Instruct with the package's EAGLE head, vLLM's n-gram and the package's live hybrids through its vLLM plugin (`pr24344`: n-gram's draft where it matched, else EAGLE's; `pr24344-skip`: EAGLE runs only for steps that need it), code-edit, k = 5, 3 repeats (speedup = tokens/s ÷ no SD's on the same engine and batch). Below 1 is slower than no SD: on the V1 runner (forced), from batch 8 on, every configuration with SD is, on this small target (its decode step is bound by launches and host work, and vLLM 0.25 replays its full CUDA graph only when every request verifies k + 1 tokens; `data/gpu/v1-runner/README.md`).
 
 # %%
 if live_dir is not None or (traces is None and backend == "embedded"):
@@ -147,10 +147,12 @@ print(live_src)
 
 # %%
 if live is not None:
-    fig3 = P.speedup_vs_batch(live, title="Measured vLLM speedup vs batch size, H200, REAL WEIGHTS, V1 runner (forced):\n"
+    runners = A.live_runners(live_dir)      # what ran, as the folder recorded it
+    fig3 = P.speedup_vs_batch(live, title=f"Measured vLLM speedup vs batch size, REAL WEIGHTS, {runners}:\n"
                               "Qwen2.5-Coder-1.5B, code-edit, k = 5 (below 1: slower than no SD)",
                               source=live_src, style="acceptance")
-    if figures_dir: P.save(fig3, "01_live_vllm_speedup_v1_forced", figures_dir)
+    if figures_dir: P.save(fig3, "01_live_vllm_speedup_" + ("v2" if runners.startswith("V2") else "v1_forced"),
+                           figures_dir)
 
 # %% tags=["nbval-check-output"]
 rows = A.finding1_rows(sim, measured, sim_source=f"simulated over {SOURCE}", measured_source=measured_src,

@@ -65,7 +65,7 @@ else:
 # %% [markdown]
 # ### (a2) The same breakdown with real weights, on vLLM's V1 runner (forced)
 #
-# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (`data/gpu/v1-runner/agreement`, one H200, the V1 runner forced for the step timing (vLLM would pick V2 for EAGLE and no SD), async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
+# Qwen2.5-Coder-1.5B-Instruct, real weights, the package's EAGLE head, code-edit, k = 5 (with `live_dir`: that folder's runs, on the runners its title and source line name; by default `data/gpu/v1-runner/agreement`, one H200, the V1 runner forced for the step timing (vLLM would pick V2 for EAGLE and no SD), async scheduling for no SD, EAGLE and the hybrids; vLLM runs n-gram synchronously). On a 1.5B target the forward is the small part: EAGLE's drafting and the step's host work outweigh verification. The second table splits the steps by batch shape: vLLM 0.25's V1 runner replays its full CUDA graph only for *uniform* decode batches (every request verifies k + 1 tokens); a *ragged* one (n-gram found no match for some request) pays several times as much for the same forward.
 
 # %%
 live_st, live_src = (A.live_steps(live_dir) if live_dir is not None or backend == "embedded"
@@ -75,7 +75,7 @@ live_shares = A.phase_shares(live_st) if live_st is not None else None
 if live_shares is not None:
     display(live_shares.round(3))
     fig = P.time_breakdown(live_shares, facet="method", title="Where a decode step's time goes: vLLM, REAL WEIGHTS, "
-                           "V1 runner (forced)\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
+                           f"{A.live_runners(live_dir)}\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
     if figures_dir: P.save(fig, "02_time_breakdown_live", figures_dir)
     display(A.live_step_split(live_dir).round(2))
 

@@ -326,7 +326,8 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
                   live_source: str | None = None, v2: pd.DataFrame | None = None,
                   v2_source: str | None = None) -> list[SummaryRow]:
     """Finding 1's rows: the simulated speedups per cost model, the measured vLLM runs with dummy weights, vLLM
-    with real weights on the V1 runner (forced) (``live``, ``measured.live_speedups``) and vLLM with real weights
+    with real weights on the runners its folder recorded (``live``, ``measured.live_speedups``: the V1 runner forced
+    by default) and vLLM with real weights
     as it runs by default (``v2``, ``measured.v2_speedups``: the V2 runner for EAGLE), the README's measured
     headline, one row per workload. A real-weight row whose best configuration was host-contended at either end
     (``contended``) says so in its verdict: that speedup is a lower bound."""
@@ -346,7 +347,11 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
     if v2 is not None and len(v2):
         parts.append(("measured vLLM default engine (V2 runner), real weights", v2, v2_source))
     if live is not None and len(live):
-        parts.append(("measured vLLM, real weights, V1 runner (forced)", live, live_source))
+        from .engines.vllm.labels import DISPLAY
+
+        ran = ", ".join(DISPLAY.get(c, c) for c in dict.fromkeys(live["engine_config"].astype(str))) \
+            if "engine_config" in live.columns else "V1 runner (forced)"
+        parts.append((f"measured vLLM, real weights, {ran}", live, live_source))
     for label, df, src in parts:
         focus = focus_dataset(df["dataset"].unique()) if label.startswith("simulated") else None
         shrinks = []

@@ -17,7 +17,7 @@ from .traces import TraceError
 
 __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
            "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_speedups",
-           "live_step_split", "live_steps", "v2_speedups", "v2_table"]
+           "live_step_split", "live_steps", "live_runners", "v2_speedups", "v2_table"]
 
 
 def gpu_job_specs(job: str) -> list[str]:
@@ -401,32 +401,65 @@ def verify_cost(path=None) -> tuple[pd.DataFrame | None, str]:
 
 # ---- vLLM live with real weights (data/gpu/v1-runner/agreement)
 # ---------------------------------------------------------------
-def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
-    """Measured vLLM speedups with REAL weights (``data/gpu/v1-runner/agreement``: Qwen2.5-Coder-1.5B, the
-    package's EAGLE
-    head, code-edit, the V1 runner forced): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no
-    SD's at the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config``, ``tok_s_min``
-    / ``tok_s_max`` (over 3 repeats) and ``ceiling_tok_s`` (the HBM ceiling)."""
+LIVE_CONFIGS = ("v1-forced", "v2-forced")     # the engine configurations the plugin times (labels.ENGINE_CONFIGS)
+
+
+def _live_runs(folder: Path):
+    """A live folder's runs.csv; a V2 hybrid folder's (with ``stage``) restricted to its grid stage."""
     from .engines.vllm import live
+
+    runs = live.read_runs(folder)
+    return runs[runs["stage"] == "grid"] if "stage" in runs.columns else runs
+
+
+def live_runners(folder: Path | None = None) -> str:
+    """How a live folder's timed runs ran, from their recorded engine configuration: ``V1 runner (forced)`` (the
+    committed V1 studies), or e.g. ``V2 runner (forced); ngram: V1 runner (forced)`` where configurations
+    differ (vLLM 0.25 runs n-gram on V1 only)."""
+    from .engines.vllm.labels import DISPLAY
+
+    folder = Path(folder or v1_runner_dir("agreement"))
+    if not (folder / "runs.csv").exists():
+        return "no live runs"
+    r = _live_runs(folder)
+    r = r[r["engine_config"].isin(LIVE_CONFIGS)]
+    by = r.groupby("engine_config")["config"].unique()
+    if not len(by):
+        return "no timed runs"
+    main = max(by.index, key=lambda c: len(by[c]))
+    rest = [f"{', '.join(sorted(map(str, by[c])))}: {DISPLAY.get(c, c)}" for c in by.index if c != main]
+    return "; ".join([DISPLAY.get(main, main), *rest])
+
+
+def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
+    """Measured vLLM speedups with REAL weights (default ``data/gpu/v1-runner/agreement``: Qwen2.5-Coder-1.5B, the
+    package's EAGLE head, code-edit, the V1 runner forced; or a V2 hybrid folder, ``reproduce --profile gpu``'s:
+    its grid stage, the V2 runner): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no SD's at
+    the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config`` (what ran, as recorded),
+    ``tok_s_min`` / ``tok_s_max`` (over the repeats) and ``ceiling_tok_s`` (the HBM ceiling); each proposer's
+    label names its runner."""
+    from .engines.vllm import live
+    from .engines.vllm.labels import DISPLAY
 
     folder = Path(folder or v1_runner_dir("agreement"))
     if not (folder / "runs.csv").exists():
         return None, f"measured (vLLM live): no runs under {folder}"
-    t = live.throughput(out=folder)
-    t = t[(t["model"] == live.QWEN) & (t["engine_config"] == live.TIMED)]
+    t = live.throughput(_live_runs(folder), workload="code-edit")
+    t = t[(t["model"] == live.QWEN) & t["engine_config"].isin(LIVE_CONFIGS)]
     base = t[t["config"] == "none"].set_index("batch_size")["tok_s"]
     sd = t[t["config"] != "none"].copy()
     sd["base_tokens_per_s"] = sd["batch_size"].map(base)
     sd["speedup"] = sd["tok_s"] / sd["base_tokens_per_s"]
     al = sd.groupby("config")["acceptance_length"].transform("mean")
-    sd["proposers"] = [f"{c} (AL {a:.2f}, real weights)" for c, a in zip(sd["config"], al)]
+    sd["proposers"] = [f"{c} (AL {a:.2f}, real weights, {DISPLAY.get(e, e)})"
+                       for c, a, e in zip(sd["config"], al, sd["engine_config"])]
     sd = sd.rename(columns={"tok_s": "tokens_per_s", "config": "method"}).assign(
         dataset="code-edit", weights="real", acceptance="as measured", stalled=False, stall_reason="")
     cols = ["dataset", "model", "proposers", "method", "batch_size", "speedup", "tokens_per_s", "base_tokens_per_s",
             "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
             "stalled", "stall_reason"]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
-            f"measured vLLM throughput, real weights, V1 runner (forced): "
+            f"measured vLLM throughput, real weights, {live_runners(folder)}: "
             f"{manifest_line(folder, [folder / 'runs.csv'])}")
 
 
@@ -581,18 +614,22 @@ def drafting_sweep(folder: Path | None = None) -> tuple[pd.DataFrame | None, pd.
 
 
 def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
-    """The live Qwen decode and prefill steps of the hybrid task (``data/gpu/v1-runner/agreement/steps.parquet``:
-    code-edit,
-    bs 1-64, the V1 runner forced), ``method`` set to the configuration (the hybrids run vLLM's method eagle), for
-    ``metrics.phase_shares``."""
+    """The live Qwen decode and prefill steps of the hybrid task (default
+    ``data/gpu/v1-runner/agreement/steps.parquet``: code-edit, bs 1-64, the V1 runner forced; a V2 hybrid folder:
+    its grid stage), ``method`` set to the configuration (the hybrids run vLLM's method eagle), ``model`` naming
+    the weights and the runner each step ran on, for ``metrics.phase_shares``."""
+    from .engines.vllm.labels import DISPLAY
+
     folder = Path(folder or v1_runner_dir("agreement"))
     f = folder / "steps.parquet"
     if not f.exists():
-        return None, f"measured (vLLM live): no step log under {folder}"
+        return None, f"measured (vLLM step logs): no step log under {folder}"
     s = pd.read_parquet(verify_recorded(f))
     s = s[s["run_id"].str.startswith("code-edit")].copy()
+    if "stage" in s.columns:
+        s = s[s["stage"] == "grid"].copy()
     s["method"] = s["config"]
-    s["model"] = s["model"].astype(str) + " (real weights, V1 runner (forced))"
-    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, V1 runner (forced)): "
+    ec = s["engine_config"] if "engine_config" in s.columns else pd.Series("v1-forced", index=s.index)
+    s["model"] = [f"{m} (real weights, {DISPLAY.get(e, e)})" for m, e in zip(s["model"].astype(str), ec)]
+    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, {live_runners(folder)}): "
                                       f"{manifest_line(folder, [f])}")
-

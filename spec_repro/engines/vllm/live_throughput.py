@@ -87,6 +87,8 @@ def step_split(out: str | Path = COMMITTED):
 
     s = pd.read_parquet(verify_recorded(Path(out) / "steps.parquet"))
     s = s[(s["phase"] == "decode") & s["run_id"].str.startswith("code-edit")]
+    if "stage" in s.columns:          # a V2 hybrid folder: the grid's steps (not the lossless check's)
+        s = s[s["stage"] == "grid"]
     g = s.groupby(["config", "batch_size", "uniform"]).agg(
         steps=("t_total", "size"), tokens=("batched_tokens", "mean"), draft_ms=("t_draft", "median"),
         verify_ms=("t_verify", "median"), reject_ms=("t_reject", "median"), other_ms=("t_other", "median"),
