@@ -436,8 +436,8 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     package's EAGLE head, code-edit, the V1 runner forced; or a V2 hybrid folder, ``reproduce --profile gpu``'s:
     its grid stage, the V2 runner): tokens/s of each configuration (EAGLE, n-gram, the live hybrids) ÷ no SD's at
     the same batch size, with the same columns as ``gpu_speedups`` plus ``engine_config`` (what ran, as recorded),
-    ``tok_s_min`` / ``tok_s_max`` (over the repeats) and ``ceiling_tok_s`` (the HBM ceiling); each proposer's
-    label names its runner."""
+    ``tok_s_min`` / ``tok_s_max`` (over the repeats) and ``ceiling_tok_s`` (the HBM ceiling); where the folder's
+    configurations ran on different runners, each proposer's label names its own."""
     from .engines.vllm import live
     from .engines.vllm.labels import DISPLAY
 
@@ -451,7 +451,8 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     sd["base_tokens_per_s"] = sd["batch_size"].map(base)
     sd["speedup"] = sd["tok_s"] / sd["base_tokens_per_s"]
     al = sd.groupby("config")["acceptance_length"].transform("mean")
-    sd["proposers"] = [f"{c} (AL {a:.2f}, real weights, {DISPLAY.get(e, e)})"
+    mixed = sd["engine_config"].nunique() > 1      # e.g. n-gram on V1 beside EAGLE on V2: each names its runner
+    sd["proposers"] = [f"{c} (AL {a:.2f}, real weights" + (f", {DISPLAY.get(e, e)})" if mixed else ")")
                        for c, a, e in zip(sd["config"], al, sd["engine_config"])]
     sd = sd.rename(columns={"tok_s": "tokens_per_s", "config": "method"}).assign(
         dataset="code-edit", weights="real", acceptance="as measured", stalled=False, stall_reason="")
