@@ -207,3 +207,61 @@ def test_deadline_zero_runs_the_notebooks_on_a_copied_gpu_folder_without_a_gpu(t
     src_col = " ".join(table["source"])
     assert "pr24344-skip-pad" in " ".join(table["quantity"]) or "pr24344-skip-pad" in " ".join(table["this_run"])
     assert "2026-12-01T23:21:58" in src_col          # the H200 run's own date, from its copied tables
+
+
+def _stage_runner(monkeypatch, tmp_path):
+    """gpu_profile.run with the engines replaced by a recorder of what would start (no vLLM here): each engine spec
+    'finishes' at once, the lossless engines' outputs all equal (the gate's own logic: tests/test_vllm_v2.py)."""
+    from spec_repro import collect, models
+    from spec_repro.engines.vllm import jobs, live_profile
+
+    started = []
+
+    def run_specs(specs, sub, timeout, deadline_s=None):
+        started.append(sub.name)
+        sub.mkdir(parents=True, exist_ok=True)
+        with open(sub / "results.jsonl", "a") as f:
+            for s in specs:
+                for c in (("none",) if s["name"].endswith("-none") else ("eagle", "gpu-pr24344")) \
+                        if sub.name == "lossless" else ():
+                    cfg = {"method": "none" if c == "none" else "eagle", **({"hybrid": c} if c != "eagle" else {})}
+                    f.write(json.dumps({"kind": "run", "spec": s["name"], "task": "hybrid", "config": cfg,
+                                        "workload": "code-edit", "batch_size": 1, "repeat": 0, "keys": ["a"],
+                                        "outputs": [[1, 2]]}) + "\n")
+                f.write(json.dumps({"kind": "done", "spec": s["name"]}) + "\n")
+        return 0
+
+    monkeypatch.setattr(jobs, "run_specs", run_specs)
+    monkeypatch.setattr(G, "_need_gpu", lambda: None)
+    monkeypatch.setattr(models, "convert", lambda m: "/m")
+    monkeypatch.setattr(live_profile, "profile_hybrid_task", lambda *a, **k: started.append("profile"))
+    monkeypatch.setattr(collect, "collect", lambda *a, **k: started.append("traces"))
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "model.safetensors").write_bytes(b"")
+    return started, head
+
+
+def test_a_failed_lossless_gate_stops_every_gpu_stage_after_it(monkeypatch, tmp_path):
+    started, head = _stage_runner(monkeypatch, tmp_path)
+    st = G.run(tmp_path / "ok", head=head, deadline_s=10_000, reserve_s=0, progress=lambda *_: None)
+    assert started == ["lossless", "grid", "profile", "profile", "traces", "llama8b2"]
+    assert st["lossless"] and st["grid"]
+    started.clear()
+    from spec_repro.engines.vllm import v2hybrid
+
+    monkeypatch.setattr(v2hybrid, "check_lossless", lambda recs: (False, []))
+    st = G.run(tmp_path / "bad", head=head, deadline_s=10_000, reserve_s=0, progress=lambda *_: None)
+    assert started == ["lossless"] and not st["lossless"] and not st["grid"]
+    log = json.loads((tmp_path / "bad" / "gpu_profile.json").read_text().splitlines()[-1])
+    assert log["stages"]["grid"].startswith("not started: the lossless gate failed")
+    assert json.loads((tmp_path / "bad" / "raw" / G.V2_DIR / "lossless" / "lossless.jsonl").read_text()) == \
+        {"lossless": False, "runs": 0}
+
+
+def test_a_deadline_skips_the_stages_it_leaves_no_time_for(monkeypatch, tmp_path):
+    started, head = _stage_runner(monkeypatch, tmp_path)
+    G.run(tmp_path / "o", head=head, deadline_s=G.PROFILE_S - 1, reserve_s=0, progress=lambda *_: None)
+    assert started == ["lossless", "grid", "llama8b2"]         # engine specs get run_specs' own deadline check
+    log = json.loads((tmp_path / "o" / "gpu_profile.json").read_text().splitlines()[-1])
+    assert log["stages"]["profile"].startswith("not started") and log["stages"]["traces"].startswith("not started")

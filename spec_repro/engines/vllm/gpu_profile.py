@@ -56,6 +56,7 @@ LIVE_COST_MODEL = "qwen2.5-coder-1.5b-h200"
 NOTEBOOK_RESERVE_S = 240     # deadline_s: seconds kept for the notebooks after the last stage started
 TRACES_S = 200               # the traces stage: engine start + decode + profiling (H200: 114 s, v1-runner/reproduce-grid)
 PROFILE_S = 90               # the profile stage: the target and head loaded on the GPU, 2 x 64 requests (~7 s each)
+STAGE_S = {"profile": PROFILE_S, "traces": TRACES_S}     # the stages that start only with this many seconds left
 
 
 def llama_specs() -> list[dict]:
@@ -170,6 +171,11 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
             log["stages"][stage] = f"not started: {stop}"
             progress(f"[gpu profile] {stage}: not started ({stop})")
             continue
+        lf, need = left(), STAGE_S.get(stage, 0)
+        if lf is not None and lf < need:
+            log["stages"][stage] = f"not started: {lf:.0f} s left"
+            progress(f"[gpu profile] {stage}: not started ({lf:.0f} s left before the deadline, {need} s needed)")
+            continue
         if stage in V2_STAGES or stage == "llama":
             sub = raw / stage if stage != "llama" else out / "raw" / LLAMA_DIR
             fails = run_specs(specs[stage], sub, timeout_s, deadline_s=left())
@@ -184,11 +190,6 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
                 if not ok:
                     stop = "the lossless gate failed (out/raw/v2hybrid/lossless/lossless.jsonl)"
         elif stage == "profile":
-            lf = left()
-            if lf is not None and lf < PROFILE_S:
-                log["stages"][stage] = f"not started: {lf:.0f} s left"
-                progress(f"[gpu profile] profile: not started ({lf:.0f} s left before the deadline)")
-                continue
             for w in TRACE_WORKLOADS:
                 try:
                     profile_hybrid_task(raw / "grid", out / "live" / PROFILE_NAMES[w], head=head, workload=w,
@@ -197,11 +198,6 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
                     progress(f"[gpu profile] profile {w}: {e}")
             log["stages"][stage] = {"seconds": round(time.time() - t0)}
         elif stage == "traces":
-            lf = left()
-            if lf is not None and lf < TRACES_S:
-                log["stages"][stage] = f"not started: {lf:.0f} s left"
-                progress(f"[gpu profile] traces: not started ({lf:.0f} s left before the deadline)")
-                continue
             from ...collect import collect
 
             collect(QWEN, list(TRACE_WORKLOADS), n=TRACE_N, max_new_tokens=TRACE_TOKENS,
