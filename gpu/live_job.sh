@@ -114,8 +114,8 @@ case "$1" in
     echo PIPE_FINISHED ;;
   v2start)    # the V2-runner hybrid job (gpu/plans/v2hybrid.json), detached; LEFT=S as for start
     detach v2run ;;
-  v2run)      # the GPU part of `reproduce --profile gpu` (gpu_profile run: lossless and its gate, overhead, grid,
-              # the profile, the tables; traces and llama when the deadline leaves time) into $R/repro/gpu;
+  v2run)      # the GPU part of `reproduce --profile gpu` (gpu_profile run: lossless, its gate and the timer's cost,
+              # the grid, the profile, the tables; traces and llama when the deadline leaves time) into $R/repro/gpu;
               # resumable: a finished stage or engine is skipped
     END=${END:-$(( $(date +%s) + 1100 ))}
     D=$R/repro/gpu

@@ -76,8 +76,6 @@ def llama_specs() -> list[dict]:
     return [none, ngram]
 
 
-
-
 def grid_specs(head: str | Path, model_dir: str | Path) -> dict[str, list[dict]]:
     """The engine specs of the V2 stages (``v2hybrid.stage_specs``) and the llama stage (pure: nothing is loaded)."""
     from .v2hybrid import stage_specs
@@ -128,9 +126,9 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
     """Run the grid's unfinished stages into ``out``; returns :func:`status` after. ``deadline_s``: seconds from
     now after which no stage starts (an engine spec needs 120 s left, the profile ``PROFILE_S``, the traces stage
     ``TRACES_S``), keeping ``reserve_s`` for the notebooks; what did not run is named in the log and
-    ``out/gpu_profile.json``. A lossless gate that fails stops every GPU stage after it (the tables still
-    show it). ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a GPU
-    run's folder copied to a laptop)."""
+    ``out/gpu_profile.json``. A lossless gate that fails stops every GPU stage after it (the tables still show
+    it). ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a
+    GPU run's folder copied to a laptop)."""
     from ... import models
     from .jobs import run_specs
     from .live_profile import default_head, profile_hybrid_task
