@@ -211,3 +211,22 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     assert v2hybrid.main(["verdict", "--out", str(grid)]) == 1
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(v2verdict.LINES) and all(x[:4] in ("PASS", "FAIL") for x in printed)
+
+
+def test_the_live_readers_name_each_runner_and_read_the_grid_stage_only(grid):
+    """A V2 folder as reproduce --profile gpu leaves it: the notebooks' readers say V2 where V2 ran and V1 for
+    vLLM's n-gram, and a lossless-stage run (another shape, other outputs) never enters the speedups."""
+    from spec_repro import measured as M
+
+    before, _ = M.live_speedups(grid)
+    runs = pd.read_csv(grid / "runs.csv")
+    extra = runs[runs["config"] == "eagle"].head(1).assign(stage="lossless", wall_s=1e-6)   # absurdly fast
+    pd.concat([runs, extra]).to_csv(grid / "runs.csv", index=False)
+    t, src = M.live_speedups(grid)
+    assert t["speedup"].tolist() == before["speedup"].tolist()
+    assert M.live_runners(grid) == "V2 runner (forced); ngram: V1 runner (forced)" and M.live_runners(grid) in src
+    lab = dict(zip(t["method"], t["proposers"]))
+    assert lab["ngram"].endswith("V1 runner (forced))") and lab["gpu-pr24344"].endswith("V2 runner (forced))")
+    s, _ = M.live_steps(grid)
+    assert set(s.loc[s["method"] == "eagle", "model"]) == {"qwen2.5-coder-1.5b (real weights, V2 runner (forced))"}
+    assert set(s["stage"]) == {"grid"}
