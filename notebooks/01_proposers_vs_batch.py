@@ -147,7 +147,7 @@ print(live_src)
 
 # %%
 if live is not None:
-    runners = A.live_runners(live_dir)      # what ran, as the folder recorded it
+    runners = A.live_runners(live)          # what ran, as the folder recorded it
     fig3 = P.speedup_vs_batch(live, title=f"Measured vLLM speedup vs batch size, REAL WEIGHTS, {runners}:\n"
                               "Qwen2.5-Coder-1.5B, code-edit, k = 5 (below 1: slower than no SD)",
                               source=live_src, style="acceptance")

@@ -347,11 +347,9 @@ def finding1_rows(sim: pd.DataFrame, measured: pd.DataFrame | None, *, sim_sourc
     if v2 is not None and len(v2):
         parts.append(("measured vLLM default engine (V2 runner), real weights", v2, v2_source))
     if live is not None and len(live):
-        from .engines.vllm.labels import DISPLAY
+        from .measured import live_runners
 
-        ran = ", ".join(DISPLAY.get(c, c) for c in dict.fromkeys(live["engine_config"].astype(str))) \
-            if "engine_config" in live.columns else "V1 runner (forced)"
-        parts.append((f"measured vLLM, real weights, {ran}", live, live_source))
+        parts.append((f"measured vLLM, real weights, {live_runners(live)}", live, live_source))
     for label, df, src in parts:
         focus = focus_dataset(df["dataset"].unique()) if label.startswith("simulated") else None
         shrinks = []

@@ -412,18 +412,18 @@ def _live_runs(folder: Path):
     return runs[runs["stage"] == "grid"] if "stage" in runs.columns else runs
 
 
-def live_runners(folder: Path | None = None) -> str:
-    """How a live folder's timed runs ran, from their recorded engine configuration: ``V1 runner (forced)`` (the
-    committed V1 studies), or e.g. ``V2 runner (forced); ngram: V1 runner (forced)`` where configurations
-    differ (vLLM 0.25 runs n-gram on V1 only)."""
+def live_runners(frame: pd.DataFrame) -> str:
+    """How a live table's rows ran (``live_speedups``' or ``live_steps``' frame, or a runs table: its
+    ``engine_config`` and ``method``, ``config`` or ``proposers``): ``V1 runner (forced)`` (the committed V1 studies; a table
+    without ``engine_config`` predates the runner labels and ran there too), or e.g. ``V2 runner (forced); ngram:
+    V1 runner (forced)`` where configurations differ (vLLM 0.25 runs n-gram on V1 only)."""
     from .engines.vllm.labels import DISPLAY
 
-    folder = Path(folder or v1_runner_dir("agreement"))
-    if not (folder / "runs.csv").exists():
-        return "no live runs"
-    r = _live_runs(folder)
-    r = r[r["engine_config"].isin(LIVE_CONFIGS)]
-    by = r.groupby("engine_config")["config"].unique()
+    if "engine_config" not in frame.columns:
+        frame = frame.assign(engine_config="v1-forced")
+    col = next(c for c in ("method", "config", "proposers") if c in frame.columns)
+    r = frame[frame["engine_config"].isin(LIVE_CONFIGS)]
+    by = r.groupby("engine_config")[col].unique()
     if not len(by):
         return "no timed runs"
     main = max(by.index, key=lambda c: len(by[c]))
@@ -460,7 +460,7 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
             "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
             "stalled", "stall_reason"]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
-            f"measured vLLM throughput, real weights, {live_runners(folder)}: "
+            f"measured vLLM throughput, real weights, {live_runners(sd)}: "
             f"{manifest_line(folder, [folder / 'runs.csv'])}")
 
 
@@ -630,7 +630,9 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     if "stage" in s.columns:
         s = s[s["stage"] == "grid"].copy()
     s["method"] = s["config"]
-    ec = s["engine_config"] if "engine_config" in s.columns else pd.Series("v1-forced", index=s.index)
-    s["model"] = [f"{m} (real weights, {DISPLAY.get(e, e)})" for m, e in zip(s["model"].astype(str), ec)]
-    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, {live_runners(folder)}): "
+    if "engine_config" not in s.columns:      # a step log older than the runner labels: the V1 runner, forced
+        s["engine_config"] = "v1-forced"
+    s["model"] = [f"{m} (real weights, {DISPLAY.get(e, e)})"
+                  for m, e in zip(s["model"].astype(str), s["engine_config"])]
+    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, {live_runners(s)}): "
                                       f"{manifest_line(folder, [f])}")

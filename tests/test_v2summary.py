@@ -224,9 +224,9 @@ def test_the_live_readers_name_each_runner_and_read_the_grid_stage_only(grid):
     pd.concat([runs, extra]).to_csv(grid / "runs.csv", index=False)
     t, src = M.live_speedups(grid)
     assert t["speedup"].tolist() == before["speedup"].tolist()
-    assert M.live_runners(grid) == "V2 runner (forced); ngram: V1 runner (forced)" and M.live_runners(grid) in src
+    assert M.live_runners(t) == "V2 runner (forced); ngram: V1 runner (forced)" and M.live_runners(t) in src
     lab = dict(zip(t["method"], t["proposers"]))
     assert lab["ngram"].endswith("V1 runner (forced))") and lab["gpu-pr24344"].endswith("V2 runner (forced))")
     s, _ = M.live_steps(grid)
     assert set(s.loc[s["method"] == "eagle", "model"]) == {"qwen2.5-coder-1.5b (real weights, V2 runner (forced))"}
-    assert set(s["stage"]) == {"grid"}
+    assert set(s["stage"]) == {"grid"} and M.live_runners(s) == M.live_runners(t)
