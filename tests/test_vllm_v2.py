@@ -541,4 +541,6 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
     # the lossless engines then time the timer: no SD, and the rotated EAGLE engine on its `off` policy (jobs)
     for s in v2hybrid.stage_specs("lossless", "/h", model_dir="/m"):
         assert [t["type"] for t in s["tasks"]] == ["hybrid", "overhead"] and s["tasks"][1]["order"] == "abba"
+        # the engine batches the overhead task's largest batch (max_num_seqs 1 ran its bs 64 one request at a time)
+        assert s["config"]["max_num_seqs"] >= max(s["tasks"][1]["batch_sizes"]), s["config"]["max_num_seqs"]
     assert "eng.set_hybrid(HYBRID_OFF)" in (Path(v2hybrid.__file__).parent / "jobs.py").read_text()

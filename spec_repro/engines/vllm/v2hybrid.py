@@ -63,6 +63,7 @@ def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[
                  rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **small, **kw)]
         for s in specs:           # the same engines then time the V2 step timer: installed vs removed
             s["tasks"].append(dict(OVERHEAD_TASK))
+            s["config"]["max_num_seqs"] = max(OVERHEAD_TASK["batch_sizes"])     # batched, not one at a time
         names = ("none", "rotate")
     else:
         specs = [rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw),
