@@ -230,3 +230,26 @@ def test_the_live_readers_name_each_runner_and_read_the_grid_stage_only(grid):
     s, _ = M.live_steps(grid)
     assert set(s.loc[s["method"] == "eagle", "model"]) == {"qwen2.5-coder-1.5b (real weights, V2 runner (forced))"}
     assert set(s["stage"]) == {"grid"} and M.live_runners(s) == M.live_runners(t)
+
+
+def test_a_restarted_spec_keeps_its_last_measurement_only(tmp_path):
+    """Real records: the H100 run's lossless stage (data/gpu/raw/v2hybrid-h100) started its no-SD engine at
+    max_num_seqs 1, was stopped after 12 runs and restarted at 64, so its run ids and their steps come twice; the
+    readers (runs, steps, lossless report) keep the restart's."""
+    from spec_repro.engines.vllm.live_runs import load
+
+    src = data_dir() / "gpu" / "raw" / "v2hybrid-h100" / "lossless"
+    for f in src.glob("*.jsonl.gz"):
+        (tmp_path / f.name[:-3]).write_bytes(gzip.open(f).read())
+    recs = [json.loads(x) for x in open(tmp_path / "results.jsonl") if x.strip()]
+    none = [d for d in recs if d.get("spec") == "v2hybrid-lossless-none" and d.get("kind") == "run"]
+    assert len(none) > len({d["run_id"] for d in none})          # the restart is in the file
+    assert {d["config"]["max_num_seqs"] for d in none} == {1, 64}
+    runs, steps, _ = load(tmp_path)
+    r = runs[runs["spec"] == "v2hybrid-lossless-none"]
+    assert len(r) == len(set(r["run_id"])) == len({d["run_id"] for d in none})
+    assert set(r["max_num_seqs"]) == {64}
+    s = steps[(steps["spec"] == "v2hybrid-lossless-none") & (steps["run_id"] == "overhead-b8-on-0")]
+    assert s["step"].is_monotonic_increasing and s["num_reqs"].max() == 8      # batched: the restart's steps
+    ok, rows = v2hybrid.check_lossless(recs)
+    assert ok and not [x for x in rows if x["spec"] == "v2hybrid-lossless-none"]

@@ -85,14 +85,35 @@ def step_configs(run_ids, ecfg: dict, spec: str = ""):
     return pol.map({p: _config(rotated_run_config(ecfg, p)) for p in ecfg["hybrid_rotate"]})
 
 
+def latest(recs: list[dict]) -> list[dict]:
+    """A results file's records with each run measured again later dropped: a spec restarted in the same folder
+    (its engine stopped and started anew) runs its run ids again, and the later measurement stands."""
+    last = {(d.get("spec"), d.get("run_id")): i for i, d in enumerate(recs) if d.get("kind") == "run"}
+    return [d for i, d in enumerate(recs) if d.get("kind") != "run" or last[(d.get("spec"), d.get("run_id"))] == i]
+
+
+def latest_steps(df, extra: list[dict]):
+    """(df, extra) of one step log with each run id's rows from its last block only (``latest``'s rule: a
+    restarted engine logs a run id again); rows without a run id (an engine's warm-up) stay."""
+    import numpy as np
+    import pandas as pd
+
+    rid = df["run_id"].astype(str).to_numpy(dtype=object)
+    block = pd.Series(np.cumsum(np.r_[True, rid[1:] != rid[:-1]]), index=df.index)
+    keep = (rid == "") | (block == block.groupby(rid).transform("max")).to_numpy()
+    return df[keep].reset_index(drop=True), [x for x, k in zip(extra, keep) if k]
+
+
 def load(raw: str | Path):
-    """(runs, steps, engines) from a raw folder (searched recursively)."""
+    """(runs, steps, engines) from a raw folder (searched recursively); a run measured again later in the same
+    file, and its steps, give way to the later measurement (``latest``)."""
     import pandas as pd
 
     from ...traces import read_step_records
 
     raw = Path(raw)
-    recs = [json.loads(x) for f in sorted(raw.rglob("results*.jsonl")) for x in open(f) if x.strip()]
+    recs = [d for f in sorted(raw.rglob("results*.jsonl"))
+            for d in latest([json.loads(x) for x in open(f) if x.strip()])]
     engines = {d["spec"]: d for d in recs if d.get("kind") == "engine"}
     runs = []
     for d in recs:
@@ -110,7 +131,7 @@ def load(raw: str | Path):
     parts = []
     for f in sorted(raw.rglob("steps_*.jsonl")):
         spec = f.stem[len("steps_"):]
-        df, extra = read_step_records(f)
+        df, extra = latest_steps(*read_step_records(f))
         df["t_sched"] = [x.get("t_sched", 0.0) for x in extra]
         df["outputs_known"] = [x.get("outputs_known", True) for x in extra]
         for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):

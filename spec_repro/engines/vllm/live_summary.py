@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ...io import write_via
 from .labels import run_labels
-from .live_runs import ENGINE_NOTES, OUT, load
+from .live_runs import ENGINE_NOTES, OUT, latest, load
 from .live_tables import TABLES, _write_table, device_trace, measured_vs_predicted, table_args
 
 FILE_DOCS = {
@@ -113,14 +113,15 @@ def write_runs_steps(runs, steps, out: Path) -> None:
 
 def write_lossless(results_files, out: Path) -> None:
     """``lossless.csv`` (``jobs.lossless_report`` of each results file on its own: a folder's runs against the
-    no-SD engine of the same folder), when any run was compared."""
+    no-SD engine of the same folder; a run measured again, its last measurement: ``live_runs.latest``), when any
+    run was compared."""
     import pandas as pd
 
     from .jobs import lossless_report
 
     ll = []
     for f in results_files:
-        ll += lossless_report([json.loads(x) for x in open(f) if x.strip()])
+        ll += lossless_report(latest([json.loads(x) for x in open(f) if x.strip()]))
     if ll:
         ll = pd.DataFrame(ll)
         ll["first_difference"] = ll["first_difference"].map(lambda v: json.dumps(v) if v else "")
