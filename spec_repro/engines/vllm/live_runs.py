@@ -88,8 +88,9 @@ def step_configs(run_ids, ecfg: dict, spec: str = ""):
 def latest(recs: list[dict]) -> list[dict]:
     """A results file's records with each run measured again later dropped: a spec restarted in the same folder
     (its engine stopped and started anew) runs its run ids again, and the later measurement stands."""
-    last = {(d.get("spec"), d.get("run_id")): i for i, d in enumerate(recs) if d.get("kind") == "run"}
-    return [d for i, d in enumerate(recs) if d.get("kind") != "run" or last[(d.get("spec"), d.get("run_id"))] == i]
+    run = lambda d: d.get("kind") == "run" and d.get("run_id")        # noqa: E731  (a run without an id stays)
+    last = {(d["spec"], d["run_id"]): i for i, d in enumerate(recs) if run(d)}
+    return [d for i, d in enumerate(recs) if not run(d) or last[(d["spec"], d["run_id"])] == i]
 
 
 def latest_steps(df, extra: list[dict]):
