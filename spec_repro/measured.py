@@ -444,7 +444,7 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     folder = Path(folder or v1_runner_dir("agreement"))
     if not (folder / "runs.csv").exists():
         return None, f"measured (vLLM live): no runs under {folder}"
-    t = live.throughput(_live_runs(folder), workload="code-edit")
+    t = live.throughput(_live_runs(folder), out=folder, workload="code-edit")
     t = t[(t["model"] == live.QWEN) & t["engine_config"].isin(LIVE_CONFIGS)]
     base = t[t["config"] == "none"].set_index("batch_size")["tok_s"]
     sd = t[t["config"] != "none"].copy()

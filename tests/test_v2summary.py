@@ -253,3 +253,22 @@ def test_a_restarted_spec_keeps_its_last_measurement_only(tmp_path):
     assert s["step"].is_monotonic_increasing and s["num_reqs"].max() == 8      # batched: the restart's steps
     ok, rows = v2hybrid.check_lossless(recs)
     assert ok and not [x for x in rows if x["spec"] == "v2hybrid-lossless-none"]
+
+
+def test_the_hbm_ceiling_is_the_measuring_gpus(tmp_path):
+    """throughput's ceiling uses the bandwidth of the GPU the folder's manifest names: the same runs read as
+    measured on an H100 get a ceiling 3.35 / 4.8 of the H200's."""
+    from spec_repro.engines.vllm.live_throughput import throughput
+    from spec_repro.engines.vllm.steps import hbm_bytes_per_s
+
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3") == 3.35e12 and hbm_bytes_per_s("NVIDIA H200") == 4.8e12
+    assert hbm_bytes_per_s(None) == 4.8e12
+    src = v1_runner_dir("agreement")
+    shutil.copytree(src, tmp_path / "h100")
+    m = json.loads((tmp_path / "h100" / "MANIFEST.json").read_text())
+    assert "H200" in m["_device_runs"]["machine"]["gpu"]
+    m["_device_runs"]["machine"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    (tmp_path / "h100" / "MANIFEST.json").write_text(json.dumps(m))
+    h200, h100 = throughput(out=src), throughput(out=tmp_path / "h100")
+    assert (h200["tok_s"] == h100["tok_s"]).all()
+    assert ((h100["ceiling_tok_s"] / h200["ceiling_tok_s"] - 3.35 / 4.8).abs() < 1e-9).all()

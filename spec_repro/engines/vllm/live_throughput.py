@@ -17,22 +17,34 @@ def _dims(model: str) -> dict:
     return model_dims(data_dir() / "gpu" / "configs" / DIMS[model] / "config.json")
 
 
-def step_floor_s(model: str, batch: int, context: float) -> float:
-    """HBM floor of one decode step: streamed weights + the batch's KV cache read, over 4.8 TB/s (the floor
-    ``steps.add_physical_limits`` puts beside every logged step, at a step of ``batch`` requests)."""
+def step_floor_s(model: str, batch: int, context: float, hbm: float | None = None) -> float:
+    """HBM floor of one decode step: streamed weights + the batch's KV cache read, over ``hbm`` bytes/s (default
+    the H200's 4.8 TB/s; the floor ``steps.add_physical_limits`` puts beside every logged step, at a step of
+    ``batch`` requests)."""
     from .steps import H200_HBM_BYTES_PER_S, streamed_bytes
 
     d = _dims(model)
-    return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / H200_HBM_BYTES_PER_S
+    return float(streamed_bytes(d, batch) + batch * context * d["kv_bytes_per_token"]) / (hbm or H200_HBM_BYTES_PER_S)
+
+
+def device_gpu(out: str | Path) -> str | None:
+    """The GPU a summarized folder's runs were measured on (its MANIFEST.json's ``_device_runs``), or None."""
+    import json
+
+    f = Path(out) / "MANIFEST.json"
+    if not f.exists():
+        return None
+    return ((json.loads(f.read_text()).get("_device_runs") or {}).get("machine") or {}).get("gpu")
 
 
 def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edit", select: dict | None = None):
     """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time),
     mean / min / max over repeats, vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the
     step floor at the run's mean context: its first prompt's length plus half the tokens each request
-    generates) beside it. ``workload``: the hybrid runs of that workload (the Llama batches have none: always
-    kept); ``select``: only the runs it selects (``live_runs.select_rows``)."""
-    import pandas as pd
+    generates) beside it, at the HBM bandwidth of the GPU ``out``'s manifest names (``steps.hbm_bytes_per_s``).
+    ``workload``: the hybrid runs of that workload (the Llama batches have none: always kept); ``select``: only
+    the runs it selects (``live_runs.select_rows``)."""
+    from .steps import hbm_bytes_per_s
 
     runs = read_runs(out) if runs is None else runs
     runs = select_rows(runs[runs["task"].isin(["hybrid", "batches"])], select).copy()
@@ -50,7 +62,8 @@ def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edi
         acc=("acc", "sum"), drafts=("drafts", "sum"), prompt_len=("prompt_len", "mean"), out=("out", "mean")
     ).reset_index()
     t["acceptance_length"] = (1 + t["acc"] / t["drafts"]).where(t["drafts"] > 0, 1.0)
-    t["floor_step_ms"] = [1e3 * step_floor_s(m, b, p + o / 2) for m, b, p, o in
+    hbm = hbm_bytes_per_s(device_gpu(out))
+    t["floor_step_ms"] = [1e3 * step_floor_s(m, b, p + o / 2, hbm) for m, b, p, o in
                           zip(t["model"], t["batch_size"], t["prompt_len"], t["out"])]
     t["ceiling_tok_s"] = t["batch_size"] * t["acceptance_length"] / (t["floor_step_ms"] / 1e3)
     t["share_of_ceiling"] = t["tok_s"] / t["ceiling_tok_s"]

@@ -10,10 +10,18 @@ import numpy as np
 
 from ...metrics import SHARE_COLUMNS, phase_shares
 
-__all__ = ["H200_HBM_BYTES_PER_S", "model_dims", "streamed_bytes", "add_physical_limits", "flag_jit_outliers",
+__all__ = ["H200_HBM_BYTES_PER_S", "HBM_BYTES_PER_S", "hbm_bytes_per_s", "model_dims", "streamed_bytes", "add_physical_limits", "flag_jit_outliers",
            "phase_breakdown", "overhead_table", "limit_table"]
 
 H200_HBM_BYTES_PER_S = 4.8e12   # vendor datasheet; measured device-to-device copy on the lent H200: ~4.3e12
+#: HBM bandwidth by GPU (vendor datasheets: H200 HBM3e 4.8 TB/s, H100 SXM HBM3 3.35 TB/s)
+HBM_BYTES_PER_S = {"H200": H200_HBM_BYTES_PER_S, "H100": 3.35e12}
+
+
+def hbm_bytes_per_s(gpu: str | None) -> float:
+    """The HBM bandwidth of the GPU a device record names (``"NVIDIA H100 80GB HBM3"``); the H200's where it names
+    none (the committed single-GPU runs before the GPU was recorded ran on the H200)."""
+    return next((v for k, v in HBM_BYTES_PER_S.items() if gpu and k in gpu), H200_HBM_BYTES_PER_S)
 
 
 # ---- physical limits -----------------------------------------------------------------------------------------

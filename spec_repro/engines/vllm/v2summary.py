@@ -157,7 +157,7 @@ def ratio_table(out: str | Path):
         r = runs[(runs["task"] == "hybrid") & (runs["workload"] == wl)]
         if not len(r):
             continue
-        t = throughput(r, workload=wl)
+        t = throughput(r, out=out, workload=wl)
         lab = r.groupby("config")[["runner", "engine_config"]].first()
         t = t[["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "repeats", "acceptance_length"]].copy()
         t.insert(0, "workload", wl)
