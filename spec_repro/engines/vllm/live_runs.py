@@ -85,6 +85,12 @@ def step_configs(run_ids, ecfg: dict, spec: str = ""):
     return pol.map({p: _config(rotated_run_config(ecfg, p)) for p in ecfg["hybrid_rotate"]})
 
 
+def whole_repeats(g, keys: list[str], count: str = "chunks"):
+    """The rows of a per-repeat table (``count``: its runs) whose repeat holds as many runs as the fullest repeat
+    of its ``keys``: a repeat a deadline cut holds only its first chunks (other prompts) and is left out."""
+    return g[g[count] == g.groupby(keys)[count].transform("max")]
+
+
 def latest(recs: list[dict]) -> list[dict]:
     """A results file's records with each run measured again later dropped: a spec restarted in the same folder
     (its engine stopped and started anew) runs its run ids again, and the later measurement stands."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from ...io import write_via
 from .live_model import FIT_CONFIGS, fit_step_model, predict, predict_runs
 from .live_profile import load_profiles
-from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows
+from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows, whole_repeats
 from .live_throughput import throughput
 
 
@@ -115,9 +115,9 @@ def device_trace(out: str | Path, workload: str = "code-edit") -> Path | None:
 def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-edit", select: dict | None = None):
     """A rotated engine's policies against ``base`` (EAGLE alone: ``off``) REPEAT BY REPEAT: each repeat ran every
     policy back to back in one engine (a Latin-square order), so ``tok_s(policy, r) / tok_s(base, r)`` compares
-    runs minutes apart on one process. Per configuration and batch size: the median and the min / max of those
-    ratios over the repeats. Only the configurations of rotated runs (run ids ``...@policy-rN``); ``select``: of the
-    runs it selects (``live_runs.select_rows``)."""
+    runs minutes apart on one process (a repeat a deadline cut is left out). Per configuration and batch size: the
+    median and the min / max of those ratios over the repeats. Only the configurations of rotated runs (run ids
+    ``...@policy-rN``); ``select``: of the runs it selects (``live_runs.select_rows``)."""
     import pandas as pd
 
     none = pd.DataFrame(columns=["config", "batch_size", "paired_median", "paired_min", "paired_max", "pairs"])
@@ -125,8 +125,10 @@ def paired_ratios(out: str | Path, base: str = "eagle", workload: str = "code-ed
     r = r[(r["task"] == "hybrid") & (r["workload"] == workload) & r["run_id"].str.contains("@", regex=False)]
     if not (r["config"] == base).any():          # no rotated engine, or none with the base among its policies
         return none
-    g = r.groupby(["config", "batch_size", "repeat"]).agg(tok=("output_tokens", "sum"), wall=("wall_s", "sum"))
-    g = (g["tok"] / g["wall"]).rename("tok_s").reset_index()
+    g = r.groupby(["config", "batch_size", "repeat"]).agg(tok=("output_tokens", "sum"), wall=("wall_s", "sum"),
+                                                         chunks=("wall_s", "size")).reset_index()
+    g = whole_repeats(g, ["config", "batch_size"])         # a repeat a deadline cut: no pair
+    g["tok_s"] = g["tok"] / g["wall"]
     b = g[g["config"] == base].set_index(["batch_size", "repeat"])["tok_s"]
     g["ratio"] = g["tok_s"] / pd.Series(list(zip(g["batch_size"], g["repeat"]))).map(b).to_numpy()
     return (g[g["config"] != base].groupby(["config", "batch_size"])["ratio"]

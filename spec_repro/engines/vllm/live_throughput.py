@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...paths import data_dir
-from .live_runs import COMMITTED, read_runs, select_rows
+from .live_runs import COMMITTED, read_runs, select_rows, whole_repeats
 
 DIMS = {"qwen2.5-coder-1.5b": "qwen25_coder_1p5b", "llama31-8b": "llama31_8b"}
 
@@ -38,10 +38,10 @@ def device_gpu(out: str | Path) -> str | None:
 
 
 def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edit", select: dict | None = None):
-    """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time),
-    mean / min / max over repeats, vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the
-    step floor at the run's mean context: its first prompt's length plus half the tokens each request
-    generates) beside it, at the HBM bandwidth of the GPU ``out``'s manifest names (``steps.hbm_bytes_per_s``).
+    """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time;
+    a repeat with fewer chunks than the others, cut by a deadline, left out), mean / min / max over repeats,
+    vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the step floor at the run's mean
+    context: its first prompt's length plus half the tokens each request generates) beside it, at the HBM bandwidth of the GPU ``out``'s manifest names (``steps.hbm_bytes_per_s``).
     ``workload``: the hybrid runs of that workload (the Llama batches have none: always kept); ``select``: only
     the runs it selects (``live_runs.select_rows``)."""
     from .steps import hbm_bytes_per_s
@@ -55,7 +55,9 @@ def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edi
     runs["out_per_req"] = runs["output_tokens"] / runs["n_requests"]
     g = runs.groupby(["model", "engine_config", "config", "batch_size", "repeat"]).agg(
         tokens=("tokens", "sum"), wall=("wall_s", "sum"), acc=("num_accepted_tokens", "sum"),
-        drafts=("num_drafts", "sum"), prompt_len=("prompt_len", "mean"), out=("out_per_req", "mean")).reset_index()
+        drafts=("num_drafts", "sum"), prompt_len=("prompt_len", "mean"), out=("out_per_req", "mean"),
+        chunks=("tokens", "size")).reset_index()
+    g = whole_repeats(g, ["model", "engine_config", "config", "batch_size"])
     g["tok_s"] = g["tokens"] / g["wall"]
     t = g.groupby(["model", "engine_config", "config", "batch_size"]).agg(
         tok_s=("tok_s", "mean"), tok_s_min=("tok_s", "min"), tok_s_max=("tok_s", "max"), repeats=("tok_s", "size"),
