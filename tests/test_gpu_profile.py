@@ -47,7 +47,7 @@ def test_the_lossless_stage_counts_as_finished_only_once_its_gate_passed(tmp_pat
 
 def test_status_and_parameters_of_an_empty_folder(tmp_path):
     assert G.status(tmp_path) == dict.fromkeys(G.STAGES, False)
-    assert G.notebook_parameters(tmp_path) == {"backend": "vllm"}
+    assert G.notebook_parameters(tmp_path) == {"backend": "embedded"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
@@ -69,6 +69,8 @@ def test_parameters_name_what_each_stage_left(tmp_path):
     res.write_text(json.dumps({"kind": "engine", "spec": "x"}) + "\n")
     assert "vllm_results" not in G.notebook_parameters(tmp_path)           # no engine finished: not read
     res.write_text(res.read_text() + json.dumps({"kind": "done", "spec": "x"}) + "\n")
+    # the Llama runs without the traces: the notebooks may not collect traces live in the kernel
+    assert G.notebook_parameters(tmp_path)["backend"] == "embedded"
     t = trace_path(tmp_path / "traces", "qwen2.5-coder-1.5b", "code-edit")
     t.parent.mkdir(parents=True)
     t.write_bytes(b"")
@@ -265,3 +267,24 @@ def test_a_deadline_skips_the_stages_it_leaves_no_time_for(monkeypatch, tmp_path
     assert started == ["lossless", "grid", "llama8b2"]         # engine specs get run_specs' own deadline check
     log = json.loads((tmp_path / "o" / "gpu_profile.json").read_text().splitlines()[-1])
     assert log["stages"]["profile"].startswith("not started") and log["stages"]["traces"].startswith("not started")
+
+
+def test_deadline_zero_summarizes_a_returned_raw_folder(tmp_path):
+    """The H100 run's raw records (data/gpu/raw/v2hybrid-h100, unzipped) as the device returns them: --gpu-deadline
+    0 starts no GPU stage but writes the tables (CPU), which the notebooks then read (live_dir); without traces or
+    Llama runs the notebooks get backend "embedded" (committed data for what the run lacks)."""
+    import gzip
+
+    from spec_repro.paths import data_dir
+
+    src = data_dir() / "gpu" / "raw" / "v2hybrid-h100"
+    for f in src.glob("*/*.jsonl.gz"):
+        dst = tmp_path / "raw" / G.V2_DIR / f.parent.name / f.name[:-3]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(gzip.open(f).read())
+    st = G.run(tmp_path, head=tmp_path / "no-head", deadline_s=0, progress=lambda *_: None)
+    assert st["tables"] and not st["grid"] and not st["profile"]
+    log = json.loads((tmp_path / "gpu_profile.json").read_text().splitlines()[-1])
+    assert log["stages"]["grid"] == "not started (deadline 0)" and "seconds" in log["stages"]["tables"]
+    assert {"runs.csv", "ratios.csv", "overhead.csv", "lossless.csv"} <= {p.name for p in (tmp_path / "live").iterdir()}
+    assert G.notebook_parameters(tmp_path) == {"backend": "embedded", "live_dir": str(tmp_path / "live")}

@@ -170,7 +170,7 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
             progress(f"[gpu profile] {stage}: not started ({stop})")
             continue
         lf, need = left(), STAGE_S.get(stage, 0)
-        if lf is not None and lf < need:
+        if lf is not None and lf < need and stage != "tables":      # the tables: seconds on the CPU, always
             log["stages"][stage] = f"not started: {lf:.0f} s left"
             progress(f"[gpu profile] {stage}: not started ({lf:.0f} s left before the deadline, {need} s needed)")
             continue
@@ -216,12 +216,13 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
 def notebook_parameters(out: str | Path) -> dict:
     """What the notebooks read from a GPU profile's ``out``: its live tables (``live_dir``), its Llama-dims runs
     (``vllm_results``) and its traces with the cost model fitted on the same model's live steps; each only when
-    that stage left something (else the notebook shows the committed data, and says so)."""
+    that stage left something (else the notebook shows the committed data, and says so: ``backend`` is "vllm" only
+    when both the traces and the Llama runs came)."""
     from ...collect import trace_path
     from .live_runs import QWEN
 
     out = Path(out)
-    p: dict = {"backend": "vllm"}
+    p: dict = {"backend": "embedded"}
     if (out / "live" / "runs.csv").exists():
         p["live_dir"] = str(out / "live")
     res = out / "raw" / LLAMA_DIR / "results.jsonl"
@@ -231,6 +232,10 @@ def notebook_parameters(out: str | Path) -> dict:
     if any(t.exists() for t in traces):
         p["traces"] = [str(t) for t in traces if t.exists()]
         p["cost_model"] = LIVE_COST_MODEL
+    if "traces" in p and "vllm_results" in p:
+        # every live input came: backend "vllm" (else a notebook would collect or run what a stage skipped,
+        # live in the kernel: "embedded" shows the committed data for it instead)
+        p["backend"] = "vllm"
     return p
 
 
