@@ -272,3 +272,23 @@ def test_the_hbm_ceiling_is_the_measuring_gpus(tmp_path):
     h200, h100 = throughput(out=src), throughput(out=tmp_path / "h100")
     assert (h200["tok_s"] == h100["tok_s"]).all()
     assert ((h100["ceiling_tok_s"] / h200["ceiling_tok_s"] - 3.35 / 4.8).abs() < 1e-9).all()
+
+
+def test_a_repeat_cut_by_the_deadline_is_left_out():
+    """data/gpu/live (the H100 run): the deadline cut n-gram's second bs-1 repeat after its first 2 of 8 chunks (its
+    fastest prompts) and the rotated engine's last sharegpt bs-1 repeat mid-way: neither enters tok/s or a pair."""
+    from spec_repro.engines.vllm.live_runs import read_runs
+    from spec_repro.engines.vllm.live_tables import paired_ratios
+    from spec_repro.engines.vllm.live_throughput import throughput
+
+    live = data_dir() / "gpu" / "live"
+    r = read_runs(live)
+    ng = r[(r["config"] == "ngram") & (r["batch_size"] == 1)]
+    per = ng.groupby("repeat").agg(n=("wall_s", "size"), tok=("output_tokens", "sum"), wall=("wall_s", "sum"))
+    assert list(per["n"]) == [8, 2]                                   # the cut repeat is in the data
+    t = throughput(out=live, workload="code-edit", select={"stage": "grid"})
+    row = t[(t["config"] == "ngram") & (t["batch_size"] == 1)].iloc[0]
+    assert row["repeats"] == 1 and abs(row["tok_s"] - per["tok"].iloc[0] / per["wall"].iloc[0]) < 1e-9
+    pr = paired_ratios(live, workload="sharegpt", select=v2summary.SELECT).set_index("config")
+    skip = r[(r["workload"] == "sharegpt") & (r["config"] == "gpu-pr24344-skip") & (r["stage"] == "grid")]
+    assert skip["repeat"].nunique() == 4 and pr.loc["gpu-pr24344-skip", "pairs"] == 3   # EAGLE's 4th was cut

@@ -94,9 +94,9 @@ def whole_repeats(g, keys: list[str], count: str = "chunks"):
 def latest(recs: list[dict]) -> list[dict]:
     """A results file's records with each run measured again later dropped: a spec restarted in the same folder
     (its engine stopped and started anew) runs its run ids again, and the later measurement stands."""
-    run = lambda d: d.get("kind") == "run" and d.get("run_id")        # noqa: E731  (a run without an id stays)
-    last = {(d["spec"], d["run_id"]): i for i, d in enumerate(recs) if run(d)}
-    return [d for i, d in enumerate(recs) if not run(d) or last[(d["spec"], d["run_id"])] == i]
+    runs = [bool(d.get("kind") == "run" and d.get("run_id")) for d in recs]     # a run without an id stays
+    last = {(d["spec"], d["run_id"]): i for i, (d, r) in enumerate(zip(recs, runs)) if r}
+    return [d for i, (d, r) in enumerate(zip(recs, runs)) if not r or last[(d["spec"], d["run_id"])] == i]
 
 
 def latest_steps(df, extra: list[dict]):

@@ -41,9 +41,10 @@ def throughput(runs=None, out: str | Path = COMMITTED, workload: str = "code-edi
     """Per model, configuration and batch size: output tok/s per repeat (a repeat's tokens over its wall time;
     a repeat with fewer chunks than the others, cut by a deadline, left out), mean / min / max over repeats,
     vLLM's acceptance length, and the HBM ceiling (batch x tokens per step / the step floor at the run's mean
-    context: its first prompt's length plus half the tokens each request generates) beside it, at the HBM bandwidth of the GPU ``out``'s manifest names (``steps.hbm_bytes_per_s``).
-    ``workload``: the hybrid runs of that workload (the Llama batches have none: always kept); ``select``: only
-    the runs it selects (``live_runs.select_rows``)."""
+    context: its first prompt's length plus half the tokens each request generates) beside it, at the HBM
+    bandwidth of the GPU ``out``'s manifest names (``steps.hbm_bytes_per_s``). ``workload``: the hybrid runs of
+    that workload (the Llama batches have none: always kept); ``select``: only the runs it selects
+    (``live_runs.select_rows``)."""
     from .steps import hbm_bytes_per_s
 
     runs = read_runs(out) if runs is None else runs

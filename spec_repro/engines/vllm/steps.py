@@ -10,8 +10,8 @@ import numpy as np
 
 from ...metrics import SHARE_COLUMNS, phase_shares
 
-__all__ = ["H200_HBM_BYTES_PER_S", "HBM_BYTES_PER_S", "hbm_bytes_per_s", "model_dims", "streamed_bytes", "add_physical_limits", "flag_jit_outliers",
-           "phase_breakdown", "overhead_table", "limit_table"]
+__all__ = ["H200_HBM_BYTES_PER_S", "HBM_BYTES_PER_S", "hbm_bytes_per_s", "model_dims", "streamed_bytes",
+           "add_physical_limits", "flag_jit_outliers", "phase_breakdown", "overhead_table", "limit_table"]
 
 H200_HBM_BYTES_PER_S = 4.8e12   # vendor datasheet; measured device-to-device copy on the lent H200: ~4.3e12
 #: HBM bandwidth by GPU (vendor datasheets: H200 HBM3e 4.8 TB/s, H100 SXM HBM3 3.35 TB/s)
