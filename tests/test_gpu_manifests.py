@@ -40,5 +40,16 @@ def test_the_v1_runner_studies_have_one_readme_that_names_each():
     text = (root / "README.md").read_text()
     assert [s for s in V1_STUDIES if f"`{s}/`" not in text] == []
     assert "V1 runner (forced)" in text
-    # new `live summarize` tables go to data/gpu/live; nothing committed is there
-    assert [p for p in (GPU / "live").rglob("*") if p.is_file()] == []
+
+
+def test_the_live_folder_is_the_v2_run_and_its_raw_records_verify():
+    """data/gpu/live holds the V2-runner hybrid run (no V1-runner study): every engine V2-forced but vLLM's n-gram
+    (V1, its only runner); the raw records it was made from are beside it under raw/, each file's sha256 listed."""
+    import pandas as pd
+
+    runs = pd.read_csv(GPU / "live" / "runs.csv")
+    assert set(zip(runs["config"] == "ngram", runs["engine_config"])) == {(False, "v2-forced"), (True, "v1-forced")}
+    raw = GPU / "raw" / "v2hybrid-h100"
+    sums = dict(line.split()[::-1] for line in (raw / "SHA256SUMS").read_text().splitlines())
+    on_disk = {"./" + p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file() and p.name != "SHA256SUMS"}
+    assert set(sums) == on_disk and all(sha256_file(raw / f) == h for f, h in sums.items())
