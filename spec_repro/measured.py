@@ -431,6 +431,19 @@ def live_runners(frame: pd.DataFrame) -> str:
     return "; ".join([DISPLAY.get(main, main), *rest])
 
 
+def _live_labels(folder: Path) -> str:
+    """``rowlabels.label_text`` of a live folder's timed runs (its runs.csv: each configuration's runner, weights
+    and engine configuration as recorded; a table older than the runner labels ran on the V1 runner, forced)."""
+    from .rowlabels import label_text
+
+    r = _live_runs(folder)
+    if "engine_config" not in r.columns:
+        r = r.assign(engine_config="v1-forced", runner="v1")
+    r = r[r["engine_config"].isin(LIVE_CONFIGS)]
+    cols = [c for c in ("config", "runner", "weights", "engine_config") if c in r.columns]
+    return label_text(r[cols].drop_duplicates().rename(columns={"config": "method"}).to_dict("records"))
+
+
 def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     """Measured vLLM speedups with REAL weights (default ``data/gpu/v1-runner/agreement``: Qwen2.5-Coder-1.5B, the
     package's EAGLE head, code-edit, the V1 runner forced; or a V2 hybrid folder, ``reproduce --profile gpu``'s:
@@ -460,8 +473,8 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
             "tok_s_min", "tok_s_max", "acceptance_length", "ceiling_tok_s", "weights", "engine_config", "acceptance",
             "stalled", "stall_reason"]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
-            f"measured vLLM throughput, real weights, {live_runners(sd)}: "
-            f"{manifest_line(folder, [folder / 'runs.csv'])}")
+            _labelled(f"measured vLLM throughput, real weights, {live_runners(sd)}: "
+                      f"{manifest_line(folder, [folder / 'runs.csv'])}", _live_labels(folder)))
 
 
 V2_SOURCE = ("measured vLLM 0.25.0 throughput, its default engine, uninstrumented, real weights, one H200; no SD "
@@ -634,5 +647,5 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
         s["engine_config"] = "v1-forced"
     s["model"] = [f"{m} (real weights, {DISPLAY.get(e, e)})"
                   for m, e in zip(s["model"].astype(str), s["engine_config"])]
-    return s.reset_index(drop=True), (f"measured (vLLM step logs, real weights, {live_runners(s)}): "
-                                      f"{manifest_line(folder, [f])}")
+    return s.reset_index(drop=True), _labelled(f"measured (vLLM step logs, real weights, {live_runners(s)}): "
+                                               f"{manifest_line(folder, [f])}", _live_labels(folder))

@@ -292,3 +292,18 @@ def test_a_repeat_cut_by_the_deadline_is_left_out():
     pr = paired_ratios(live, workload="sharegpt", select=v2summary.SELECT).set_index("config")
     skip = r[(r["workload"] == "sharegpt") & (r["config"] == "gpu-pr24344-skip") & (r["stage"] == "grid")]
     assert skip["repeat"].nunique() == 4 and pr.loc["gpu-pr24344-skip", "pairs"] == 3   # EAGLE's 4th was cut
+
+
+def test_the_summary_rows_of_the_v2_run_name_each_configurations_runner():
+    """The reproduce summary's row labels (rowlabels) of the H100 V2 run's speedups and steps come from its runs'
+    recorded runners: the hybrids, EAGLE and no SD on V2, n-gram on V1 (the source's words alone would read V1)."""
+    from spec_repro import measured as M
+    from spec_repro.rowlabels import row_labels
+
+    live = data_dir() / "gpu" / "live"
+    for _, src in (M.live_speedups(live), M.live_steps(live)):
+        lab = row_labels("", src)
+        assert lab["runner"] == ("eagle v2, gpu-eagle-only v2, gpu-pr24344 v2, gpu-pr24344-skip v2, ngram v1, "
+                                 "none v2"), lab
+        assert lab["configuration"] == "v1-forced/v2-forced" and lab["weights"].startswith("real")
+    assert row_labels("", M.live_speedups()[1])["runner"] == "v1"          # the committed V1-runner study
