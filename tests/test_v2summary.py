@@ -307,3 +307,13 @@ def test_the_summary_rows_of_the_v2_run_name_each_configurations_runner():
                                  "none v2"), lab
         assert lab["configuration"] == "v1-forced/v2-forced" and lab["weights"].startswith("real")
     assert row_labels("", M.live_speedups()[1])["runner"] == "v1"          # the committed V1-runner study
+
+
+def test_the_v2_runs_step_model_fits_its_own_steps():
+    """data/gpu/live: the step model fitted on the V2 run's no-SD and EAGLE-alone steps (live_model, uniform
+    batches) prices those same configurations within 10% at every workload and batch size (in sample); the
+    hybrids, out of sample, are the verdict's line (tests above)."""
+    p = pd.read_csv(data_dir() / "gpu" / "live" / "predicted.csv")
+    ins = p[p["fitted_on"] == "in sample"]
+    assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 16
+    assert ins["ratio_per_bs"].between(0.9, 1.1).all(), ins[["workload", "config", "batch_size", "ratio_per_bs"]]
