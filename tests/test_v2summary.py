@@ -315,5 +315,5 @@ def test_the_v2_runs_step_model_fits_its_own_steps():
     hybrids, out of sample, are the verdict's line (tests above)."""
     p = pd.read_csv(data_dir() / "gpu" / "live" / "predicted.csv")
     ins = p[p["fitted_on"] == "in sample"]
-    assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 16
+    assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 18
     assert ins["ratio_per_bs"].between(0.9, 1.1).all(), ins[["workload", "config", "batch_size", "ratio_per_bs"]]
