@@ -431,15 +431,14 @@ def live_runners(frame: pd.DataFrame) -> str:
     return "; ".join([DISPLAY.get(main, main), *rest])
 
 
-def _live_labels(folder: Path) -> str:
-    """``rowlabels.label_text`` of a live folder's timed runs (its runs.csv: each configuration's runner, weights
+def _live_labels(runs: pd.DataFrame) -> str:
+    """``rowlabels.label_text`` of a live folder's timed runs (``_live_runs``: each configuration's runner, weights
     and engine configuration as recorded; a table older than the runner labels ran on the V1 runner, forced)."""
     from .rowlabels import label_text
 
-    r = _live_runs(folder)
-    if "engine_config" not in r.columns:
-        r = r.assign(engine_config="v1-forced", runner="v1")
-    r = r[r["engine_config"].isin(LIVE_CONFIGS)]
+    if "engine_config" not in runs.columns:
+        runs = runs.assign(engine_config="v1-forced", runner="v1")
+    r = runs[runs["engine_config"].isin(LIVE_CONFIGS)]
     cols = [c for c in ("config", "runner", "weights", "engine_config") if c in r.columns]
     return label_text(r[cols].drop_duplicates().rename(columns={"config": "method"}).to_dict("records"))
 
@@ -457,7 +456,8 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
     folder = Path(folder or v1_runner_dir("agreement"))
     if not (folder / "runs.csv").exists():
         return None, f"measured (vLLM live): no runs under {folder}"
-    t = live.throughput(_live_runs(folder), out=folder, workload="code-edit")
+    runs = _live_runs(folder)
+    t = live.throughput(runs, out=folder, workload="code-edit")
     t = t[(t["model"] == live.QWEN) & t["engine_config"].isin(LIVE_CONFIGS)]
     base = t[t["config"] == "none"].set_index("batch_size")["tok_s"]
     sd = t[t["config"] != "none"].copy()
@@ -474,7 +474,7 @@ def live_speedups(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]
             "stalled", "stall_reason"]
     return (sd[cols].sort_values(["batch_size", "method"]).reset_index(drop=True),
             _labelled(f"measured vLLM throughput, real weights, {live_runners(sd)}: "
-                      f"{manifest_line(folder, [folder / 'runs.csv'])}", _live_labels(folder)))
+                      f"{manifest_line(folder, [folder / 'runs.csv'])}", _live_labels(runs)))
 
 
 V2_SOURCE = ("measured vLLM 0.25.0 throughput, its default engine, uninstrumented, real weights, one H200; no SD "
@@ -648,4 +648,4 @@ def live_steps(folder: Path | None = None) -> tuple[pd.DataFrame | None, str]:
     s["model"] = [f"{m} (real weights, {DISPLAY.get(e, e)})"
                   for m, e in zip(s["model"].astype(str), s["engine_config"])]
     return s.reset_index(drop=True), _labelled(f"measured (vLLM step logs, real weights, {live_runners(s)}): "
-                                               f"{manifest_line(folder, [f])}", _live_labels(folder))
+                                               f"{manifest_line(folder, [f])}", _live_labels(_live_runs(folder)))
