@@ -414,9 +414,9 @@ def _live_runs(folder: Path):
 
 def live_runners(frame: pd.DataFrame) -> str:
     """How a live table's rows ran (``live_speedups``' or ``live_steps``' frame, or a runs table: its
-    ``engine_config`` and ``method``, ``config`` or ``proposers``): ``V1 runner (forced)`` (the committed V1 studies; a table
-    without ``engine_config`` predates the runner labels and ran there too), or e.g. ``V2 runner (forced); ngram:
-    V1 runner (forced)`` where configurations differ (vLLM 0.25 runs n-gram on V1 only)."""
+    ``engine_config`` and ``method``, ``config`` or ``proposers``): ``V1 runner (forced)`` (the committed V1
+    studies; a table without ``engine_config`` predates the runner labels and ran there too), or e.g. ``V2 runner
+    (forced); ngram: V1 runner (forced)`` where configurations differ (vLLM 0.25 runs n-gram on V1 only)."""
     from .engines.vllm.labels import DISPLAY
 
     if "engine_config" not in frame.columns:

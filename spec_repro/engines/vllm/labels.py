@@ -16,8 +16,8 @@ the V1 runner (``runner_patches``) and the V2 runner (``runner_v2_patches``); th
   configuration and vLLM 0.25's rules, for runs recorded before vLLM was asked).
 
 Engine configurations (``engine_config``): ``default`` only where vLLM chose everything (no forced runner, no forced
-async scheduling); ``v1-forced`` the V1 runner forced, vLLM's own scheduling (``default`` in
-tables that predate the runner labels); ``study-like`` V1 forced and synchronous (the study's vLLM 0.10). ``relabel_runs`` turns an
+async scheduling); ``v1-forced`` the V1 runner forced, vLLM's own scheduling (``default`` in tables that predate
+the runner labels); ``study-like`` V1 forced and synchronous (the study's vLLM 0.10). ``relabel_runs`` turns an
 older runs table (``default`` on a forced V1 runner, ``vllm-default``) into these labels.
 """
 from __future__ import annotations
