@@ -11,9 +11,11 @@
 #            bash gpu/stage_cache.sh 60 qwen2.5-coder-1.5b; bash gpu/travel.sh light
 #   calls: bash gpu/live_job.sh vllm c1 .. c7        carry [".stage/cN"]   (c6 and c7 in one call)
 #          bash gpu/live_job.sh piece pNN            carry [".carry/pNN"]
-#          bash gpu/live_job.sh setup                carry [".stage/run", ".carry/extra"]
+#          bash gpu/live_job.sh setup                carry [".stage/run", ".carry/extra"] (RESUME=.carry/resume and
+#                                                    that folder too: a returned run's stages, gzip'd, placed first)
 #          LEFT=<budget_left_s> bash gpu/live_job.sh start      (detached; stops RESERVE s before the lease ends)
-#          or LEFT=<budget_left_s> bash gpu/live_job.sh v2start (reproduce --profile gpu's V2 grid: plans/v2hybrid.json)
+#          or LEFT=<budget_left_s> bash gpu/live_job.sh v2start (reproduce --profile gpu's V2 grid: plans/v2hybrid.json;
+#                                                    ONLY="lossless grid": those stages and the tables only)
 #          sleep S; bash gpu/live_job.sh status live|repro (the logs' tails; that folder so far packed into $OUT)
 #          bash gpu/live_job.sh pack live            (the results folder in files of at most 15 MiB)
 #   here:  bash gpu/travel.sh restore; the results unpacked and summarized.
@@ -91,6 +93,10 @@ case "$1" in
       $PY -c "from spec_repro import models; models.convert('$m')" > $R/log_convert_$m.txt 2>&1 \
         || { tail -n 5 $R/log_convert_$m.txt; exit 4; }
     done
+    if [ -n "${RESUME:-}" ]; then      # a returned run's finished stages (gzip'd) placed first: v2run skips them
+      mkdir -p $R/repro/gpu && cp -r $RESUME/. $R/repro/gpu/ && find $R/repro/gpu -name '*.gz' -exec gunzip -f {} +
+      find $R/repro/gpu -type f | head -n 20
+    fi
     tail -n 2 $R/log_convert_*.txt; ls /root/cache/models/*/ $HEAD ;;
   start)      # the run, detached (setsid): survives between calls. LEFT=S: the lease's budget_left_s now
     detach run ;;   # RESERVE (default 60 s): the last pack call + margin
@@ -114,13 +120,15 @@ case "$1" in
     echo PIPE_FINISHED ;;
   v2start)    # the V2-runner hybrid job (gpu/plans/v2hybrid.json), detached; LEFT=S as for start
     detach v2run ;;
-  v2run)      # the GPU part of `reproduce --profile gpu` (gpu_profile run: lossless, its gate and the timer's cost,
+  v2run)      # the GPU part of `reproduce --profile gpu` (gpu_profile run: lossless and its gate, the timer's cost,
               # the grid, the profile, the tables; traces and llama when the deadline leaves time) into $R/repro/gpu;
               # resumable: a finished stage or engine is skipped
     END=${END:-$(( $(date +%s) + 1100 ))}
     D=$R/repro/gpu
     head_into $D || { echo PIPE_FINISHED; exit 3; }
-    $PY -m spec_repro.engines.vllm.gpu_profile run --out $D --head $HEAD --deadline $(left) >> $R/log_v.txt 2>&1
+    $PY -m spec_repro.engines.vllm.gpu_profile run --out $D --head $HEAD --deadline $(left) --timeout 1500 \
+      ${ONLY:+--only $ONLY} \
+      >> $R/log_v.txt 2>&1
     echo "gpu_profile rc=$?" >> $R/log_v.txt
     echo PIPE_FINISHED ;;
   stop)       # the detached pipeline and every engine it started (a run that must restart in another order)

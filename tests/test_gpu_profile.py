@@ -15,13 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the_default_engine():
     g = G.grid_specs("/h", "/m")
     assert list(g) == ["lossless", "grid", "llama"]
-    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-rotate", "v2hybrid-grid-none", "v2hybrid-grid-ngram"]
+    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-none", "v2hybrid-grid-rotate", "v2hybrid-grid-ngram"]
     # every Qwen engine runs the V2 runner (forced, as vLLM picks it for EAGLE) but vLLM's n-gram (V1 only)
     for st in G.V2_STAGES:
         for s in g[st]:
             want = ("v1", "v1-forced") if s["name"].endswith("-ngram") else ("v2", "v2-forced")
             assert (s["config"]["model_runner"], s["engine_config"]) == want, s["name"]
-    rot = g["grid"][0]["config"]
+    rot = g["grid"][1]["config"]
     assert rot["hybrid_rotate"] == ["off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip"] and rot["k"] == 5
     assert G.STAGES.index("lossless") < G.STAGES.index("grid") < G.STAGES.index("profile") < G.STAGES.index("tables")
     # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)

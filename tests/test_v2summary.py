@@ -110,9 +110,27 @@ def test_summarize_labels_every_run_from_the_resolved_config_and_computes_the_ov
         want = 1 - statistics.mean(p[True] / p[False] for p in pairs.values())
         assert table.loc[b, "overhead"] == pytest.approx(want, abs=1e-5)
         assert table.loc[b, "within_limit"] == (want <= 0.03) and table.loc[b, "config"] == "none"
+        assert table.loc[b, "timer"] == "drain"       # no variant recorded: the timer that built rows at the sampler
     man = json.loads((out / "MANIFEST.json").read_text())
     assert {"overhead.csv", "ratios.csv", "lossless.csv"} <= set(man)
     assert "v2-forced" in man["_device_runs"]["engine_configs"]
+
+
+def test_overhead_table_pairs_each_timer_variant_with_the_off_runs_of_its_repeat(raw):
+    """The recorded on / off runs relabelled as two variants (their own tok/s, so the arithmetic is checked, not a
+    measurement): each variant's overhead is 1 - mean over repeats of variant / off in the same repeat."""
+    runs, _, _ = v2summary.load_v2(raw)
+    ov = runs[runs["task"] == "overhead"].copy()
+    on = ov[ov["instrumented"]]
+    ov["timer"] = ov["instrumented"].map({True: "timer", False: "off"})
+    hooks = on.assign(timer="hooks", output_tok_per_s=on["output_tok_per_s"] * 1.5)
+    t = v2summary.overhead_table(pd.concat([ov, hooks])).set_index(["timer", "batch_size"])
+    assert set(t.index.get_level_values(0)) == {"timer", "hooks"}
+    for b in (1, 64):
+        off = ov[(~ov["instrumented"]) & (ov["batch_size"] == b)].set_index("repeat")["output_tok_per_s"]
+        mine = on[on["batch_size"] == b].set_index("repeat")["output_tok_per_s"]
+        assert t.loc[("timer", b), "overhead"] == pytest.approx(1 - (mine / off).mean(), abs=1e-9)
+        assert t.loc[("hooks", b), "overhead"] == pytest.approx(1 - (1.5 * mine / off).mean(), abs=1e-9)
 
 
 def test_a_failed_summarize_leaves_the_folder_byte_identical(raw, grid, monkeypatch):

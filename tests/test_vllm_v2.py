@@ -474,14 +474,15 @@ def test_engine_and_specs_route_policies_to_their_runner():
             want = "v1" if s["config"]["method"] == "ngram" else "v2"
             assert s["name"].startswith(f"v2hybrid-{st}-") and s["config"]["model_runner"] == want
             E.engine_env(E.VLLMConfig(**s["config"], step_log="/tmp/x.jsonl"))      # every config is accepted
-    rot, none, ngram = v2hybrid.stage_specs("grid", "/h", model_dir="/m")
-    assert rot["config"]["hybrid_rotate"] == list(v2hybrid.ROTATE) and rot["tasks"][0]["batch_sizes"] == [1, 8, 32, 64]
+    none, rot, ngram = v2hybrid.stage_specs("grid", "/h", model_dir="/m")
+    assert rot["config"]["hybrid_rotate"] == list(v2hybrid.ROTATE) and rot["tasks"][1]["batch_sizes"] == [1, 8, 32, 64]
     # the comparison's single proposers in the same stage: no SD on V2 with the same prompts and shapes, n-gram on V1
     assert none["config"]["method"] == "none" and none["engine_config"] == "v2-forced"
-    assert {k: v for k, v in none["tasks"][0].items() if k != "repeats"} == \
-        {k: v for k, v in rot["tasks"][0].items() if k != "repeats"} and none["tasks"][0]["repeats"] == 3
+    assert {k: v for k, v in none["tasks"][1].items() if k != "repeats"} == \
+        {k: v for k, v in rot["tasks"][1].items() if k != "repeats"} and none["tasks"][1]["repeats"] == 3
     assert ngram["engine_config"] == "v1-forced" and ngram["config"]["k"] == v2hybrid.NGRAM_K
-    assert ngram["tasks"][0]["batch_sizes"] == [1, 8, 32, 64] and ngram["tasks"][0]["workloads"] == ["code-edit"]
+    assert ngram["tasks"][0]["batch_sizes"] == [1, 8, 32, 64]
+    assert ngram["tasks"][0]["workloads"] == rot["tasks"][1]["workloads"] == ["code-edit", "sharegpt"]
 
 
 def test_check_lossless_needs_every_output_equal():
@@ -538,9 +539,100 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
     from spec_repro.engines.vllm import gpu_profile
 
     assert gpu_profile.V2_STAGES == v2hybrid.STAGES == ("lossless", "grid")
-    # the lossless engines then time the timer: no SD, and the rotated EAGLE engine on its `off` policy (jobs)
+    # the grid's V2 engines time the timer first (no SD, and the rotated EAGLE engine on its `off` policy: jobs),
+    # every variant against vLLM's own methods; the lossless engines only check outputs
+    from spec_repro.engines.vllm.common import TIMER_VARIANTS
+
     for s in v2hybrid.stage_specs("lossless", "/h", model_dir="/m"):
-        assert [t["type"] for t in s["tasks"]] == ["hybrid", "overhead"] and s["tasks"][1]["order"] == "abba"
+        assert [t["type"] for t in s["tasks"]] == ["hybrid"]
+    for s in v2hybrid.stage_specs("grid", "/h", model_dir="/m")[:2]:
+        ov = s["tasks"][0]
+        assert ov["type"] == "overhead" and ov["variants"][:2] == ["off", "timer"]
+        assert set(ov["variants"]) <= set(TIMER_VARIANTS) and ov["repeats"] >= 8
         # the engine batches the overhead task's largest batch (max_num_seqs 1 ran its bs 64 one request at a time)
-        assert s["config"]["max_num_seqs"] >= max(s["tasks"][1]["batch_sizes"]), s["config"]["max_num_seqs"]
+        assert s["config"]["max_num_seqs"] >= max(ov["batch_sizes"]), s["config"]["max_num_seqs"]
     assert "eng.set_hybrid(HYBRID_OFF)" in (Path(v2hybrid.__file__).parent / "jobs.py").read_text()
+
+
+def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
+    """Each repeat runs the variants rotated by the repeat (every variant takes every place), each with its own
+    op="instrument" arguments and recording flag; the runs carry their variant; the engine ends on the timer."""
+    from spec_repro.engines.vllm.common import TIMER_VARIANTS
+    from spec_repro.engines.vllm.jobs import overhead_task
+
+    calls, recs = [], []
+
+    class Eng:
+        cfg = types.SimpleNamespace(hybrid_rotate=None)
+
+        def steps(self, op, **kw):
+            calls.append((op, kw))
+
+        def run_batch(self, prompt, b, max_tokens, run_id, record=True, label=""):
+            calls.append(("run", run_id, record))
+            return types.SimpleNamespace(run_id=run_id, instrumented=None)
+
+    names = ["off", "timer", "hooks", "step", "drain"]
+    task = {"batch_sizes": [1, 64], "repeats": 5, "max_tokens": 8, "variants": names}
+    overhead_task(Eng(), task, lambda r, **kw: recs.append((r, kw)), [1, 2, 3])
+    warm = [c for c in calls if c[0] == "run" and c[1].startswith("warmup")]
+    assert [c[1] for c in warm] == ["warmup-overhead-b1", "warmup-overhead-b64"] and not any(c[2] for c in warm)
+    timed = [(r.run_id, kw["timer"], kw["repeat"], r.instrumented) for r, kw in recs]
+    assert len(timed) == 5 * 2 * 5
+    for rep in range(5):
+        order = [t for run_id, t, r, _ in timed if r == rep and run_id.startswith("overhead-b1-")]
+        assert order == names[rep:] + names[:rep]
+    for name in names:      # every place in the order, once each
+        assert sorted(o.index(name) for o in ([t for run_id, t, r, _ in timed if r == rep
+                                                and run_id.startswith("overhead-b1-")] for rep in range(5))) == \
+            list(range(5))
+    v = TIMER_VARIANTS
+    assert {t: i for _, t, _, i in timed} == {n: v[n]["on"] and v[n]["record"] for n in names}
+    # before each timed run: the variant's instrument call, and the run records only where the variant does
+    for i, c in enumerate(calls):
+        if c[0] == "run" and c[1].startswith("overhead-"):
+            name = c[1].split("-")[2]
+            assert calls[i - 1] == ("instrument", {k: v[name][k] for k in ("on", "parts", "defer") if k in v[name]})
+            assert c[2] == v[name]["record"]
+    assert calls[-1] == ("instrument", {"on": True, "parts": None, "defer": True})
+
+
+def test_v2_timer_parts_and_deferred_rows(clean, tmp_path):
+    """parts=["step"] wraps only the step's bounds (no phase marks: every second in t_other); the deferred timer
+    builds no row during the steps, all at flush, the same rows as building them at the sampler."""
+    rows = {}
+    for mode, parts, defer in (("drain", None, False), ("timer", None, True), ("step", ["step"], True)):
+        rec = step_timer.StepRecorder(str(tmp_path / f"{mode}.jsonl"))
+        rec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Ev, current_stream=lambda: "s"))
+        rec._rank_ok = True
+        step_timer._REC[:] = [os.getpid(), rec]
+        RV._V2["classes"] = _classes()
+        assert RV.instrument_v2(True, parts=parts, defer=defer) is True and rec.defer is defer
+        run, prev, built = FakeRunner(None, "cpu"), None, []
+        for i in range(8):
+            _Ev.clock[0] = float(i)
+            out = _step(run, _so(["a"], K, first=i == 0), _batch(["a"], [3], 0 if i == 0 else K, [5]),
+                        [[1]] if i == 0 else [[1, 2]])
+            if prev is not None:
+                prev.get_output()
+            prev = out
+            built.append(len(rec._lines) + rec.rows_written)
+        prev.get_output()
+        if defer:
+            assert built == [0] * 8 and len(rec.pending) == 8      # nothing built while the steps ran
+        else:
+            assert built[-1] > 0
+        rec.flush()
+        rows[mode] = [json.loads(x) for x in open(tmp_path / f"{mode}.jsonl")]
+        assert RV.instrument_v2(False) is False
+        keys = set(RV._V2["orig"])
+        for k in keys:                                              # vLLM's methods back
+            owner, meth = k.rsplit(".", 1)
+            assert RV._V2["classes"][owner].__dict__[meth] is RV._V2["orig"][k]
+    host = ("t_sched", "t_gap", "t_other", "t_total")     # the host's gaps between steps: real time, not the fake
+    assert [{k: v for k, v in r.items() if k not in host} for r in rows["drain"]] == \
+        [{k: v for k, v in r.items() if k not in host} for r in rows["timer"]] and len(rows["timer"]) == 8
+    assert [r["accepted_per_req"] for r in rows["step"]] == [r["accepted_per_req"] for r in rows["timer"]]
+    assert all(r["t_verify"] == r["t_draft"] == r["t_reject"] == 0 for r in rows["step"])
+    with pytest.raises(ValueError, match="unknown timer parts"):
+        RV.instrument_v2(True, parts=["phase"])

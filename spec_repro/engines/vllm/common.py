@@ -16,6 +16,18 @@ ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (
 ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)
 HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
 
+#: the V2 step timer's variants an overhead task times against vLLM's own methods (``off``), each the ``op=
+#: "instrument"`` arguments and whether the run records: ``timer`` is what every timed run uses (all parts, rows
+#: built at flush); ``hooks`` its wrappers installed but recording nothing (their Python alone); ``step`` only a
+#: row per step (its bounds and accepted counts); ``drain`` rows also built at the sampler, as the V1 timer does
+TIMER_VARIANTS = {
+    "off": {"on": False, "record": False},
+    "timer": {"on": True, "record": True, "parts": None, "defer": True},
+    "hooks": {"on": True, "record": False, "parts": None, "defer": True},
+    "step": {"on": True, "record": True, "parts": ["step"], "defer": True},
+    "drain": {"on": True, "record": True, "parts": None, "defer": False},
+}
+
 
 def host_probe(n: int = 100_000) -> float:
     """Milliseconds a fixed pure-Python loop takes here now (~3-5 ms on an idle core): a reading of the host

@@ -28,7 +28,7 @@ a profile or a trace file that finished under ``out`` is never run again, so a k
 One GPU suffices (the 1.5B target and the 8B dims each fit one); larger targets go through vLLM's own tensor or
 pipeline parallelism (``VLLMConfig(tensor_parallel_size=...)`` in a job of ``data/gpu/jobs.json``).
 
-    python -m spec_repro.engines.vllm.gpu_profile run --out DIR [--head DIR] [--deadline S]   # the GPU part alone
+    python -m spec_repro.engines.vllm.gpu_profile run --out DIR [--head DIR] [--deadline S] [--only STAGE ...]
     python -m spec_repro.engines.vllm.gpu_profile status --out DIR
 """
 from __future__ import annotations
@@ -122,13 +122,14 @@ def _need_gpu() -> None:
 
 
 def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | None = None,
-        timeout_s: float = 600, progress=print, reserve_s: float = NOTEBOOK_RESERVE_S) -> dict:
+        timeout_s: float = 600, progress=print, reserve_s: float = NOTEBOOK_RESERVE_S,
+        only: list[str] | None = None) -> dict:
     """Run the grid's unfinished stages into ``out``; returns :func:`status` after. ``deadline_s``: seconds from
     now after which no stage starts (an engine spec needs 120 s left, the profile ``PROFILE_S``, the traces stage
     ``TRACES_S``), keeping ``reserve_s`` for the notebooks; what did not run is named in the log and
     ``out/gpu_profile.json``. A lossless gate that fails stops every GPU stage after it (the tables still show
     it). ``deadline_s`` = 0: nothing starts, no GPU is needed: the notebooks then run on what ``out`` holds (a
-    GPU run's folder copied to a laptop)."""
+    GPU run's folder copied to a laptop). ``only``: the stages to run (default all; the tables always)."""
     from ... import models
     from .jobs import run_specs
     from .live_profile import default_head, profile_hybrid_task
@@ -144,8 +145,10 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
     def left() -> float | None:
         return None if t_end is None else t_end - time.time()
 
+    if only and set(only) - set(STAGES):
+        raise SystemExit(f"error: unknown stages {sorted(set(only) - set(STAGES))}: {', '.join(STAGES)}")
     before = status(out)
-    gpu_stages = [s for s in STAGES if s != "tables"]
+    gpu_stages = [s for s in STAGES if s != "tables" and (not only or s in only)]
     starts = deadline_s is None or deadline_s > reserve_s    # else nothing can start: no GPU needed
     if starts and not all(before[s] for s in gpu_stages):
         _need_gpu()
@@ -164,6 +167,9 @@ def run(out: str | Path, *, head: str | Path | None = None, deadline_s: float | 
             continue
         if not starts and stage != "tables":
             log["stages"][stage] = "not started (deadline 0)"
+            continue
+        if stage not in gpu_stages and stage != "tables":
+            log["stages"][stage] = "not asked"
             continue
         if stop and stage != "tables":
             log["stages"][stage] = f"not started: {stop}"
@@ -248,13 +254,14 @@ def main(argv=None) -> int:
     r.add_argument("--head", help="the EAGLE head (default: the package's, in the cache)")
     r.add_argument("--deadline", type=float, help="seconds from now after which no stage starts")
     r.add_argument("--timeout", type=float, default=600, help="seconds per engine spec")
+    r.add_argument("--only", nargs="+", choices=STAGES, help="these stages only (the tables always)")
     s = sub.add_parser("status")
     s.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "status":
         print(json.dumps(status(a.out)))
         return 0
-    st = run(a.out, head=a.head, deadline_s=a.deadline, timeout_s=a.timeout, reserve_s=0)
+    st = run(a.out, head=a.head, deadline_s=a.deadline, timeout_s=a.timeout, reserve_s=0, only=a.only)
     print(json.dumps(st))
     return 0
 

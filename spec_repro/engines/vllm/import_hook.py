@@ -11,7 +11,8 @@ import hook, so the model runner is patched in whichever process imports it (the
 
 Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs={...})``, see
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
-``op="instrument"`` with ``on=False`` restores vLLM's original methods, V1's and V2's (for overhead measurements),
+``op="instrument"`` with ``on=False`` restores vLLM's original methods, V1's and V2's (for overhead measurements;
+``parts=`` / ``defer=`` install a variant of the V2 timer: ``common.TIMER_VARIANTS``),
 ``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="hybrid"`` with
 ``policy=`` switches the installed hybrid between runs (``set_hybrid``: one engine measures EAGLE alone, the idle
 hybrid and the hybrids interleaved, so engine-to-engine host noise cancels), ``op="probe"`` times
@@ -209,7 +210,7 @@ def _worker_rpc(self, op: str = "status", **kw):
         rec.set_context(**kw)
     elif op == "instrument":
         instrument(bool(kw.get("on", True)))
-        instrument_v2(bool(kw.get("on", True)))
+        instrument_v2(bool(kw.get("on", True)), parts=kw.get("parts"), defer=kw.get("defer"))
     elif op == "hybrid":
         set_hybrid(kw.get("policy"))
     elif op == "probe":      # the host's speed in THIS process (the engine core's worker), between runs

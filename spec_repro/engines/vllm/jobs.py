@@ -172,27 +172,7 @@ def run_spec(spec: dict, out: Path) -> None:
                                          if reps else {}))
                     record(r, task="batches", **({"repeat": rep} if reps else {}))
         elif ty == "overhead":
-            # the same engine, instrumentation removed (vLLM's own methods) vs installed and recording,
-            # interleaved so drifts hit both
-            # "abba": every other repeat measures on before off, so a drift within a pair cancels out
-            prompt = study_prompt(task["prompt_len"], vocab, seed=1)
-            extra = {}
-            if eng.cfg.hybrid_rotate:       # a rotated engine times EAGLE alone: its `off` policy, labelled eagle
-                from .common import HYBRID_OFF
-                from .hybrid_jobs import rotated_run_config
-
-                eng.set_hybrid(HYBRID_OFF)
-                extra = {"config": rotated_run_config(vars(eng.cfg), HYBRID_OFF)}
-            for rep in range(task["repeats"]):
-                for b in task["batch_sizes"]:
-                    order = (True, False) if task.get("order") == "abba" and rep % 2 else (False, True)
-                    for on in order:
-                        eng.steps("instrument", on=on)
-                        r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{'on' if on else 'off'}-{rep}",
-                                          label="overhead", record=on)
-                        r.instrumented = on
-                        record(r, task="overhead", repeat=rep, **extra)
-            eng.steps("instrument", on=True)
+            overhead_task(eng, task, record, study_prompt(task["prompt_len"], vocab, seed=1))
         elif ty == "profile":
             rs = eng.profile(task["batch_sizes"], task["prompt_lens"], task["decode_tokens"],
                              max_kv_tokens=task["max_kv_tokens"], vocab_size=vocab, progress=tqdm)
@@ -215,6 +195,34 @@ def run_spec(spec: dict, out: Path) -> None:
             raise ValueError(f"unknown task type {ty!r}")
     eng.close()
     _append(res_path, {"kind": "done", "spec": spec["name"], "seconds": time.time() - t0})
+
+
+def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
+    """The timer's cost in one engine: its variants (``common.TIMER_VARIANTS``; default vLLM's own methods,
+    ``off``, and the installed timer) interleaved so drifts hit each: repeat r runs them rotated by r (a Latin
+    square; for two variants abba), so every variant takes every place in the order. A rotated engine times EAGLE
+    alone (its ``off`` policy, labelled eagle). The engine ends with the timer every run uses installed."""
+    from .common import HYBRID_OFF, TIMER_VARIANTS
+
+    extra = {}
+    if eng.cfg.hybrid_rotate:
+        from .hybrid_jobs import rotated_run_config
+
+        eng.set_hybrid(HYBRID_OFF)
+        extra = {"config": rotated_run_config(vars(eng.cfg), HYBRID_OFF)}
+    names = list(task.get("variants") or ("off", "timer"))
+    for b in task["batch_sizes"]:       # each shape once, untimed, before any variant is timed on it
+        eng.run_batch(prompt, b, task["max_tokens"], run_id=f"warmup-overhead-b{b}", record=False)
+    for rep in range(task["repeats"]):
+        for b in task["batch_sizes"]:
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                v = TIMER_VARIANTS[name]
+                eng.steps("instrument", **{k: v[k] for k in ("on", "parts", "defer") if k in v})
+                r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{name}-{rep}",
+                                  label="overhead", record=v["record"])
+                r.instrumented = v["on"] and v["record"]
+                record(r, task="overhead", repeat=rep, timer=name, **extra)
+    eng.steps("instrument", **{k: v for k, v in TIMER_VARIANTS["timer"].items() if k != "record"})
 
 
 def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False, only: list[str] | None = None,

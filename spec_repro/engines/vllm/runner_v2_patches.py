@@ -6,7 +6,14 @@ Installed by the import hook when the worker imports V2's runner module (vLLM im
 runs V2: ``v1/worker/gpu_worker.py``), with ``SPEC_REPRO_STEP_LOG`` set. Before anything is wrapped every method in
 ``TIMER_WRAPPED`` is checked against ``v2_contract.json`` (``v2_contract.check``: present, same parameters as
 vLLM 0.25.0); on a difference nothing is wrapped and one line says why (status ``v2_disabled_reason``).
-``instrument_v2(False)`` puts vLLM's own methods back (``op="instrument", on=False``: the overhead reference).
+``instrument_v2(False)`` puts vLLM's own methods back (``op="instrument", on=False``: the overhead reference);
+``instrument_v2(True, parts=..., defer=...)`` installs some of the timer (``TIMER_PARTS``) or builds its rows at
+the sampler as V1 does (``defer=False``): the variants whose cost ``common.TIMER_VARIANTS`` names, measured apart.
+
+Rows are built when the engine flushes (after each ``generate`` call), never during a step (``defer``, the
+default): a 1.5B target's V2 step is bound by the host (a 3.4 ms no-SD step against 0.9 ms of weight reads on an
+H100), so whatever the timer does on the host lengthens the step. Building rows at the sampler, as on V1, cost
+EAGLE 0.5-0.9 ms a step there (data/gpu/live, overhead.csv: the ``drain`` variant).
 
 What each phase covers on V2 (events in stream order; each phase is the GPU stream's time between its marks,
 which includes any wait of the stream for the host inside it):
@@ -40,18 +47,21 @@ from .runner_patches import _guard
 from .state import _lock, _state, logger
 from .step_timer import _recorder
 
+#: the timer's parts, each the contract keys it wraps: ``step`` (a row per step: its start and end, and the accepted
+#: counts from the async output) and ``phases`` (the verify / reject / draft marks inside the step)
+TIMER_PARTS = {
+    "step": (f"{C.V2_RUNNER_MODULE}:GPUModelRunner.execute_model",
+             f"{C.V2_RUNNER_MODULE}:GPUModelRunner.sample_tokens",
+             f"{C.V2_ASYNC_MODULE}:AsyncOutput.get_output"),
+    "phases": (f"{C.V2_RUNNER_MODULE}:GPUModelRunner.prepare_attn",
+               f"{C.V2_SAMPLER_MODULE}:Sampler.__call__",
+               f"{C.V2_REJECTION_MODULE}:RejectionSampler.__call__",
+               f"{C.V2_SPEC_MODULE}:AutoRegressiveSpeculator.propose"),
+}
 #: the contract keys the timer wraps (the hybrid's are hybrid_v2.HYBRID_WRAPPED)
-TIMER_WRAPPED = (
-    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.execute_model",
-    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.prepare_attn",
-    f"{C.V2_RUNNER_MODULE}:GPUModelRunner.sample_tokens",
-    f"{C.V2_SAMPLER_MODULE}:Sampler.__call__",
-    f"{C.V2_REJECTION_MODULE}:RejectionSampler.__call__",
-    f"{C.V2_ASYNC_MODULE}:AsyncOutput.get_output",
-    f"{C.V2_SPEC_MODULE}:AutoRegressiveSpeculator.propose",
-)
+TIMER_WRAPPED = tuple(k for keys in TIMER_PARTS.values() for k in keys)
 
-_V2: dict = {"classes": {}, "orig": {}}
+_V2: dict = {"classes": {}, "orig": {}, "installed": ()}
 
 
 def v2_classes(modules: dict) -> dict:
@@ -90,14 +100,28 @@ def _split(key: str):
     return owner, meth
 
 
-def instrument_v2(on: bool) -> bool:
-    """Install (on) or remove (off) the V2 timing wrappers. Returns whether they are installed."""
+def instrument_v2(on: bool, parts=None, defer: bool | None = None) -> bool:
+    """Install (on) or remove (off) the V2 timing wrappers; returns whether they are installed. ``parts``: the
+    ``TIMER_PARTS`` to install (default all); ``defer``: rows built at flush only (default True) or also at the
+    sampler while the GPU runs. Installing again with other parts first puts vLLM's methods back."""
     classes = _V2["classes"]
     if not classes or (on and _state["v2_disabled_reason"]):
         return _state["v2_patched"]
+    names = tuple(parts) if parts else tuple(TIMER_PARTS)
+    unknown = set(names) - set(TIMER_PARTS)
+    if unknown:
+        raise ValueError(f"unknown timer parts {sorted(unknown)}: {', '.join(TIMER_PARTS)}")
+    keys = tuple(k for n in TIMER_PARTS if n in names for k in TIMER_PARTS[n])
     with _lock:
+        if _state["v2_patched"] and (not on or keys != _V2["installed"]):
+            for key in _V2["installed"]:
+                owner, meth = _split(key)
+                setattr(classes[owner], meth, _V2["orig"][key])
+            _state["v2_patched"] = False
+            _V2["installed"] = ()
+            _recorder().cur = None
         if on and not _state["v2_patched"]:
-            for key in TIMER_WRAPPED:
+            for key in keys:
                 owner, meth = _split(key)
                 cls = classes[owner]
                 orig = cls.__dict__[meth]
@@ -106,12 +130,9 @@ def instrument_v2(on: bool) -> bool:
                 w._spec_repro_orig = getattr(orig, "_spec_repro_orig", orig)
                 setattr(cls, meth, w)
             _state["v2_patched"] = True
-        elif not on and _state["v2_patched"]:
-            for key in TIMER_WRAPPED:
-                owner, meth = _split(key)
-                setattr(classes[owner], meth, _V2["orig"][key])
-            _state["v2_patched"] = False
-            _recorder().cur = None
+            _V2["installed"] = keys
+        if on:
+            _recorder().defer = True if defer is None else bool(defer)
     return _state["v2_patched"]
 
 

@@ -1,10 +1,11 @@
 """The step timer: per engine step, CUDA events from a pool, resolved lazily into one JSON row per step.
 
 What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``), with CUDA events taken
-from a pool and resolved lazily: finished steps are turned into rows right after the sampler is launched, while
-the GPU still runs the current forward, so the step gains no synchronize and little host time. Version 3 also
-records every event on a stream looked up once per step and reads the batch shape from the SchedulerOutput
-only when the row is built (off the step's critical path). Measured on the H200: data/gpu/overhead.csv.
+from a pool, recorded on a stream looked up once per step, and resolved lazily (the batch shape is read from the
+SchedulerOutput only when the row is built). Where rows are built: on V1, right after the sampler is launched,
+while the GPU still runs the current forward (the step gains no synchronize and little host time; measured on the
+H200: data/gpu/overhead.csv); on V2 (``defer``), only when the engine flushes after a ``generate`` call, since
+there the host bounds a small target's step and any work on it shows (``runner_v2_patches``).
 
 * ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
 * ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
@@ -54,6 +55,7 @@ class StepRecorder:
     """Collects steps of one process; writes JSON lines to ``path`` (append)."""
 
     AWAIT_STEPS = 3      # drain leaves a step whose async output is unread for up to this many pending steps
+    DEFER_CAP = 4096     # deferred: steps held before drain resolves the finished ones (nothing called flush)
 
     def __init__(self, path: str):
         self.path = path
@@ -68,6 +70,9 @@ class StepRecorder:
         self._rank_ok = None
         self._torch = None
         self._pool: list = []      # CUDA events to reuse (creating them costs host time every step)
+        # deferred (the V2 timer's default): rows are built only at flush (the engine's RPC after each generate
+        # call), none during the steps: the host, which bounds a small target's step, does nothing but record events
+        self.defer = False
         self._lines: list[str] = []
 
     def set_context(self, **kw) -> None:
@@ -131,7 +136,7 @@ class StepRecorder:
         st.index = self.step
         self.step += 1
         self.pending.append(st)
-        if len(self.pending) > 1024:      # nothing drained them (no sampling step): resolve here
+        if len(self.pending) > (2 * self.DEFER_CAP if self.defer else 1024):   # nothing drained them: resolve here
             self.flush()
 
     def drain(self, max_steps: int = 2) -> None:
@@ -141,7 +146,11 @@ class StepRecorder:
         would only wait there, so the work is hidden (this keeps the timer's own cost off the step). A step whose
         outputs come with an async output not read yet (async scheduling: the engine core reads step t's while
         step t + 1 runs) waits while at most ``AWAIT_STEPS`` steps are pending, so its row has its accepted
-        counts; ``flush`` resolves everything."""
+        counts; ``flush`` resolves everything. Deferred (``defer``): nothing, until ``DEFER_CAP`` steps wait."""
+        if self.defer:
+            if len(self.pending) < self.DEFER_CAP:
+                return
+            max_steps = len(self.pending)
         n = 0
         while (self.pending and n < max_steps and self.pending[0].marks[-1][1].query()
                and not (self.pending[0].awaiting and len(self.pending) <= self.AWAIT_STEPS)):

@@ -5,16 +5,16 @@
               alone (``off``) and the device-side policies (``gpu-pr24344``, ``gpu-pr24344-skip``,
               ``gpu-eagle-only``); ``check-lossless`` exits 1 unless every hybrid output equals no SD's token for
               token, or the hybrid equals no SD on as many requests as vLLM's own EAGLE does (bf16 near-ties;
-              :func:`check_lossless`): the grid runs only after it passes. The same two engines then time the V2
-              step timer's cost: each run with the timing wrappers installed and removed (``op="instrument"``),
-              interleaved (abba), bs 1 / 8 / 32 / 64, 512-token prompts, 256 tokens (``jobs`` task ``overhead``;
-              the rotated engine on its ``off`` policy: EAGLE alone).
-``grid``      one EAGLE engine rotating ``off``, ``gpu-eagle-only``, ``gpu-pr24344``, ``gpu-pr24344-skip`` shape by
-              shape (a Latin square: ``hybrid_jobs.rotated_order``), code-edit then sharegpt, bs 1 / 8 / 32 / 64, 4
-              repeats, every step timed on V2; then a no-SD V2 engine (the same prompts and shapes, 3 repeats: the
-              step model's no-SD term and the hybrids' no-SD reference) and vLLM's n-gram on the V1 runner (its
-              only runner in vLLM 0.25; ``v1-forced``, timed by the V1 hooks) at k = ``NGRAM_K``, code-edit only,
-              3 repeats (the bs-1 comparison's other single proposer; sharegpt's would not fit the lease).
+              :func:`check_lossless`): the grid runs only after it passes.
+``grid``      a no-SD V2 engine, then one EAGLE engine, each first timing the V2 step timer's cost (``jobs`` task
+              ``overhead``: vLLM's own methods against the timer's variants, ``common.TIMER_VARIANTS``, interleaved,
+              bs 1 / 8 / 32 / 64, 512-token random prompts, 128 tokens, 8 repeats; the EAGLE engine on its ``off``
+              policy: EAGLE alone); then no SD runs code-edit and sharegpt at bs 1 / 8 / 32 / 64, 3 repeats (the step
+              model's no-SD term and the hybrids' no-SD reference), and the EAGLE engine rotates ``off``,
+              ``gpu-eagle-only``, ``gpu-pr24344``, ``gpu-pr24344-skip`` shape by shape (a Latin square:
+              ``hybrid_jobs.rotated_order``), code-edit then sharegpt, 4 repeats, every step timed; last, vLLM's
+              n-gram on the V1 runner (its only runner in vLLM 0.25; ``v1-forced``, timed by the V1 hooks) at k =
+              ``NGRAM_K``, both workloads, 3 repeats.
 
 Every engine but the n-gram one forces the V2 runner (``engine_config`` ``v2-forced``: ``VLLM_USE_V2_MODEL_RUNNER=1``)
 and vLLM's own scheduling (async for EAGLE), Qwen2.5-Coder-1.5B-Instruct (real weights) and the package's EAGLE head
@@ -46,8 +46,11 @@ K = 5
 # over its profile (hybrid_trace_s5.jsonl) at k = 1..7, prices k = 5 within 3% of the fastest k (k = 7: +3% at
 # bs 1, +1-2% at bs 8-64) and 25% above k = 1 at bs 1: no k is measurably better
 NGRAM_K = 5
-OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 256, "batch_sizes": [1, 8, 32, 64],
-                 "repeats": 4, "order": "abba", "vocab_size": 151936}
+OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batch_sizes": [1, 8, 32, 64],
+                 "repeats": 8, "vocab_size": 151936}
+#: the timer variants each engine times (common.TIMER_VARIANTS): EAGLE all of them (where a cost comes from), no SD
+#: the timer every run uses and rows built at the sampler
+OVERHEAD_VARIANTS = {"eagle": ["off", "timer", "hooks", "step", "drain"], "none": ["off", "timer", "drain"]}
 
 
 def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[dict]:
@@ -61,16 +64,16 @@ def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[
         small = dict(batch_sizes=(1,), prompts_per_bs=3, max_tokens=128)
         specs = [hybrid_specs(head, methods=("none",), repeats=1, **small, **kw)[0],
                  rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **small, **kw)]
-        for s in specs:           # the same engines then time the V2 step timer: installed vs removed
-            s["tasks"].append(dict(OVERHEAD_TASK))
-            s["config"]["max_num_seqs"] = max(OVERHEAD_TASK["batch_sizes"])     # batched, not one at a time
         names = ("none", "rotate")
     else:
-        specs = [rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw),
-                 hybrid_specs(head, methods=("none",), repeats=3, **kw)[0],
-                 hybrid_specs(head, methods=("ngram",), repeats=3, workloads=("code-edit",), model_dir=model_dir,
-                              k=NGRAM_K, engine_config="v1-forced")[0]]
-        names = ("rotate", "none", "ngram")
+        specs = [hybrid_specs(head, methods=("none",), repeats=3, **kw)[0],
+                 rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw),
+                 hybrid_specs(head, methods=("ngram",), repeats=3, model_dir=model_dir, k=NGRAM_K,
+                              engine_config="v1-forced")[0]]
+        names = ("none", "rotate", "ngram")
+        for s in specs[:2]:       # the step timer's cost first, in the engines the grid then runs
+            s["tasks"].insert(0, {**OVERHEAD_TASK, "variants": OVERHEAD_VARIANTS[s["config"]["method"]]})
+            s["config"]["max_num_seqs"] = max(max(OVERHEAD_TASK["batch_sizes"]), s["config"]["max_num_seqs"])
     for s, n in zip(specs, names):
         s["name"] = f"v2hybrid-{stage}-{n}"
         # the n-gram engine runs V1 (vLLM 0.25's V2 runner does not take it); every engine is timed
@@ -93,7 +96,7 @@ def estimate(spec: dict, plan: dict | None = None) -> float:
     """A spec's seconds from the V2 grid's measurements (the plan's ``engine_seconds``: engine start, seconds per
     run per method, workload and batch size at 256 tokens, per workload the prompts' loading): per workload and
     batch size, chunks x (repeats + 1 warm-up pass) x the run's seconds, times the policies a rotated engine
-    switches between. An overhead task: 2 runs (timer on, off) per batch size and repeat of 256 steps each (a
+    switches between. An overhead task: a run per timer variant, batch size and repeat, one step a token (a
     random prompt: EAGLE's drafts are rejected, one token a step), priced by the V2 cost model fitted on the same
     grid (``v2fit.step_time``, preset ``qwen2.5-coder-1.5b-h200-v2``)."""
     from ...costmodel import load_cost_model
@@ -113,7 +116,8 @@ def estimate(spec: dict, plan: dict | None = None) -> float:
         elif task["type"] == "overhead":
             cm = load_cost_model(NAME)
             k = spec["config"]["k"] if method == "eagle" else 0
-            t += sum(2 * task["repeats"] * task["max_tokens"] * float(step_time(cm, b, k)) for b in task["batch_sizes"])
+            n = len(task.get("variants") or ("off", "timer"))
+            t += sum(n * task["repeats"] * task["max_tokens"] * float(step_time(cm, b, k)) for b in task["batch_sizes"])
     return t
 
 

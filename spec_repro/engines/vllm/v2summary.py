@@ -43,9 +43,12 @@ FILE_DOCS = {
                      "uniform, hybrid counts), per-request detail left out",
     "lossless.csv": "per run: requests whose greedy output equals the no-SD engine's of the same stage at the "
                     "same batch size (equal / total, the first difference)",
-    "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE) and batch size: tok/s with the timer "
-                    "installed (on) and removed (off), interleaved repeats; overhead = 1 - mean over repeats of "
-                    "on / off (overhead_paired), within_limit: overhead <= 3%",
+    "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE), timer variant and batch size: tok/s "
+                    "with the variant installed (on) and with vLLM's own methods (off), interleaved repeats; "
+                    "overhead = 1 - mean over repeats of on / off (overhead_paired), within_limit: overhead <= 3%. "
+                    "timer: what every timed run uses (rows built after each generate call); hooks: its wrappers "
+                    "recording nothing; step: a row per step without its phases; drain: rows also built at the "
+                    "sampler",
     "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
                   "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
                   "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
@@ -66,11 +69,14 @@ def stage_of(spec) -> str | None:
 
 
 def load_v2(raw: str | Path):
-    """``live_runs.load`` with each run's and step's ``stage``."""
+    """``live_runs.load`` with each run's and step's ``stage``: its engine spec's, or ``overhead`` for the timer's
+    cost runs (random prompts, some with the timer off or partial: never a step model's input)."""
     runs, steps, engines = load(raw)
-    for df in (runs, steps):
-        if len(df):
-            df["stage"] = df["spec"].map(stage_of)
+    if len(runs):
+        runs["stage"] = runs["spec"].map(stage_of).where(runs["task"] != "overhead", "overhead")
+    if len(steps):
+        steps["stage"] = steps["spec"].map(stage_of).where(~steps["run_id"].astype(str).str.startswith("overhead-"),
+                                                           "overhead")
     return runs, steps, engines
 
 
@@ -98,20 +104,33 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
 
 
 def overhead_table(runs):
-    """The timer's cost per engine and batch size (``steps.overhead_table`` of the ``overhead`` runs: on / off
-    interleaved in one engine, ``overhead_paired`` = 1 - mean over repeats of on / off), with the engine's
-    ``config``, ``runner`` and ``engine_config``, ``overhead`` (the paired estimate; the ratio of means where
-    fewer than two pairs ran) and ``within_limit`` (overhead <= 3%)."""
+    """The timer's cost per engine, timer variant (``common.TIMER_VARIANTS``) and batch size: ``steps.
+    overhead_table`` of each variant's runs against the same engine's runs with vLLM's own methods (``off``) in the
+    same repeats, ``overhead_paired`` = 1 - mean over repeats of variant / off, with the engine's ``config``,
+    ``runner`` and ``engine_config``; ``overhead`` (the paired estimate; the ratio of means where fewer than two
+    pairs ran) and ``within_limit`` (overhead <= 3%). Runs without a recorded variant were timed by the timer that
+    built its rows at the sampler (``drain``) or ran without it (``off``)."""
+    import pandas as pd
+
     from .steps import overhead_table as table
 
-    r = runs[runs["task"] == "overhead"]
-    ov = table(r.assign(session=r["engine_config"])).rename(columns={"session": "engine_config"})
+    r = runs[runs["task"] == "overhead"].copy()
+    variant = r["instrumented"].map({True: "drain", False: "off"})
+    r["timer"] = r["timer"].fillna(variant) if "timer" in r.columns else variant
+    r["session"] = r["engine_config"]
+    parts = []
+    for v in [v for v in r["timer"].unique() if v != "off"]:
+        g = r[r["timer"].isin(["off", v])].assign(instrumented=lambda d: d["timer"] == v)
+        t = table(g).rename(columns={"session": "engine_config"})
+        t.insert(2, "timer", v)
+        parts.append(t)
+    ov = pd.concat(parts, ignore_index=True)
     first = r.groupby("spec")[["config", "runner"]].first()
     ov.insert(1, "config", ov["spec"].map(first["config"]))
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
     ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
-    return ov
+    return ov.sort_values(["config", "spec", "timer", "batch_size"], kind="stable").reset_index(drop=True)
 
 
 def _lossless(out: Path) -> dict:
