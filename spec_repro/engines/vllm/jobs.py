@@ -206,8 +206,6 @@ def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
 
     extra = {}
     if eng.cfg.hybrid_rotate:
-        from .hybrid_jobs import rotated_run_config
-
         eng.set_hybrid(HYBRID_OFF)
         extra = {"config": rotated_run_config(vars(eng.cfg), HYBRID_OFF)}
     names = list(task.get("variants") or ("off", "timer"))
