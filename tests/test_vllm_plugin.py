@@ -29,6 +29,22 @@ def _sched(new=(), cached=(), spec=None):
         scheduled_spec_decode_tokens=spec or {})
 
 
+@pytest.mark.parametrize("so", [
+    _sched(cached=[("a", 10, 3, 4), ("b", 12, 5, 4)], spec={"a": [1, 2, 3], "b": [4, 5, 6]}),     # decode
+    _sched(cached=[("a", 10, 3, 1), ("b", 12, 5, 1)]),                                            # decode, no SD
+    _sched(new=[("c", [1, 2, 3], 3)], cached=[("a", 10, 3, 4)], spec={"a": [1, 2, 3]}),           # mixed
+    _sched(new=[("c", [1, 2, 3], 3)]),                                                            # prefill
+    _sched(cached=[("a", 10, 0, 1), ("b", 12, 5, 1)]),       # a 1-token prefill chunk beside a decode: mixed
+    _sched(cached=[("a", 10, 3, 6), ("b", 12, 5, 1)], spec={"a": [1, 2, 3]}),   # 2 tokens past 1 + drafts
+    _sched(cached=[("a", 10, 3, 2), ("b", 12, 5, 4)], spec={"a": [1, 2, 3], "b": [4, 5, 6]}),   # sums short
+], ids=["decode", "decode-none", "mixed", "prefill", "chunk", "resumed", "short"])
+def test_quick_meta_is_step_meta_on_every_kind_of_step(so):
+    """The deferred timer's shape read at the step's start equals the row builder's (without its ``_spec``)."""
+    want = {k: v for k, v in vp.step_meta(so).items() if k != "_spec"}
+    assert vp.quick_meta(so) == want
+    assert vp.quick_meta(so, detail=True) == {k: v for k, v in vp.step_meta(so, detail=True).items() if k != "_spec"}
+
+
 def test_phase_times_partition_the_step():
     marks = [("start", 0.0), ("fwd0", 0.001), ("fwd1", 0.007), ("samp0", 0.0072), ("samp1", 0.0075),
              ("draft0", 0.008), ("draft1", 0.0095), ("end", 0.010)]
@@ -174,12 +190,15 @@ def _fake_torch(streams):
     return types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_FakeEvent, current_stream=current_stream))
 
 
-def test_recorder_builds_rows_lazily_on_a_fake_clock(tmp_path):
+@pytest.mark.parametrize("defer", [False, True], ids=["drain", "deferred"])
+def test_recorder_builds_rows_lazily_on_a_fake_clock(tmp_path, defer):
     """The recorder's whole path (begin, marks, end, drain, flush) with fake CUDA events: one stream lookup per
-    step, the batch shape read when the row is built, and phase times equal to the clock's marks."""
+    step, the batch shape read when the row is built (deferred: at the step's start, no row before flush), and
+    phase times equal to the clock's marks; steps and their events are reused, none allocated per step."""
     streams = []
     rec = vp.StepRecorder(str(tmp_path / "steps.jsonl"))
     rec._torch, rec._rank_ok = _fake_torch(streams), True
+    rec.defer = defer
     rec.set_context(run_id="r", model="m", method="ngram", k=3, batch_size=2)
     clock = _FakeEvent.clock
     for step in range(3):
@@ -203,6 +222,9 @@ def test_recorder_builds_rows_lazily_on_a_fake_clock(tmp_path):
         out = types.SimpleNamespace(req_ids=["a", "b"], sampled_token_ids=[[1, 2, 3, 4], [7]])
         rec.end(out)
     assert len(streams) == 3                       # one lookup per step
+    if defer:
+        assert len(rec.pending) == 3 and rec.rows_written == 0 and not rec._lines
+        assert all(st.so is None and st.meta["phase"] == "decode" for st in rec.pending)   # no SchedulerOutput kept
     rec.flush()
     rows = [json.loads(x) for x in open(tmp_path / "steps.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -213,7 +235,9 @@ def test_recorder_builds_rows_lazily_on_a_fake_clock(tmp_path):
         assert r["kv_tokens"] == 22 + 2 * i and r["num_draft_tokens"] == 6 and r["phase"] == "decode"
         assert r["accepted_per_req"] == {"a": 3, "b": 0} and r["num_accepted_tokens"] == 3
     validate_steps(pd.DataFrame(rows))
-    assert len(rec._pool) >= 8                     # events return to the pool
+    events = {id(e) for st in rec._free for e in st.evs}
+    assert rec._free and not rec.pending and len(events) == 8 * len(rec._free)    # steps return to be reused
+    assert len(rec._free) == (3 if defer else 2)  # drained: each step resolved at the next one's sampler
 
 
 def test_draft_cudagraph_patch_initializes_keys_for_draft_models_only():

@@ -246,7 +246,7 @@ def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
     rec = types.SimpleNamespace(cur=None, ctx={"record": True})
 
     def begin(runner, so):
-        rec.cur = types.SimpleNamespace(marks=[], in_forward=False)
+        rec.cur = types.SimpleNamespace(marks=[], in_forward=False, in_sample=False)
         marks.append("start")
 
     def mark(name):
@@ -254,6 +254,7 @@ def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
         marks.append(name)
 
     rec.begin, rec.mark, rec.drain = begin, mark, lambda: marks.append("drain")
+    rec.watch_gc = lambda on: None
     rec.end = lambda out: (marks.append("end"), setattr(rec, "cur", None))
     step_timer._REC[:] = [os.getpid(), rec]
     RV.install(_classes())
@@ -629,7 +630,9 @@ def test_v2_timer_parts_and_deferred_rows(clean, tmp_path):
         for k in keys:                                              # vLLM's methods back
             owner, meth = k.rsplit(".", 1)
             assert RV._V2["classes"][owner].__dict__[meth] is RV._V2["orig"][k]
-    host = ("t_sched", "t_gap", "t_other", "t_total")     # the host's gaps between steps: real time, not the fake
+    # the host's gaps between steps and its GC pauses (counted deferred): real time, not the fake clock
+    host = ("t_sched", "t_gap", "t_other", "t_total", "t_gc", "gc_full")
+    assert all("t_gc" in r and r["gc_full"] >= 0 for r in rows["timer"]) and "t_gc" not in rows["drain"][0]
     assert [{k: v for k, v in r.items() if k not in host} for r in rows["drain"]] == \
         [{k: v for k, v in r.items() if k not in host} for r in rows["timer"]] and len(rows["timer"]) == 8
     assert [r["accepted_per_req"] for r in rows["step"]] == [r["accepted_per_req"] for r in rows["timer"]]

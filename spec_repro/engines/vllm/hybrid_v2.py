@@ -40,7 +40,7 @@ with probabilistic draft sampling, whose draft logits would not match n-gram's r
 Launches: the merge is ~25 small kernels; on a GPU it is replayed as one CUDA graph per shape (``MergeStep``,
 checked against the eager merge on its first replays; ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager).
 
-The step log's ``hybrid`` entry (with the timer on): requests and tokens on n-gram vs EAGLE (``_V2Counts``:
+The step log's ``hybrid`` entry (with the timer on): requests and tokens on n-gram vs EAGLE (``resolve_counts``:
 a non-blocking copy read when the row is built), ``eagle_skipped``, ``runner: v2``.
 """
 from __future__ import annotations
@@ -197,20 +197,20 @@ class _Done:
         return True
 
 
-class _V2Counts:
-    """A step's ``hybrid`` entry: [requests on n-gram, n-gram tokens] copied without a wait, resolved with the row."""
+#: the counts' copies: one pinned [RING_ROWS, 2] buffer, a row a step (no buffer allocated per step); more rows
+#: than the step timer holds steps before it resolves them (2 x StepRecorder.DEFER_CAP)
+RING_ROWS = 16384
+_RING: list = [None, 0]
 
-    __slots__ = ("buf", "n", "k", "skipped")
 
-    def __init__(self, buf, n: int, k: int, skipped: bool):
-        self.buf, self.n, self.k, self.skipped = buf, n, k, skipped
+def resolve_counts(h) -> dict:
+    """A step's ``hybrid`` entry from its ring row: (row, requests, k, skipped) -> ``gpu_hybrid.summary_row``."""
+    from .gpu_hybrid import summary_row
 
-    def resolve(self) -> dict:
-        from .gpu_hybrid import summary_row
-
-        row = summary_row(self.buf.tolist(), self.n, self.k)
-        row.update(eagle_needed=row["eagle"] > 0, eagle_skipped=bool(self.skipped), runner="v2")
-        return row
+    i, n, k, skipped = h
+    row = summary_row(_RING[0][i].tolist(), n, k)
+    row.update(eagle_needed=row["eagle"] > 0, eagle_skipped=bool(skipped), runner="v2")
+    return row
 
 
 class V2Hybrid:
@@ -334,6 +334,8 @@ def _build(speculator, name: str):
 
 
 def _log_counts(counts, n: int, k: int, skipped: bool) -> None:
+    """The step's [requests on n-gram, n-gram tokens] copied without a wait into the ring's next row; the step
+    keeps only (row, n, k, skipped), resolved with its row (``resolve_counts``)."""
     from . import step_timer
 
     rec = step_timer._REC[1]
@@ -342,9 +344,12 @@ def _log_counts(counts, n: int, k: int, skipped: bool) -> None:
     try:
         import torch
 
-        buf = torch.empty(2, dtype=torch.int64, pin_memory=torch.cuda.is_available())
-        buf.copy_(counts, non_blocking=True)
-        rec.cur.hybrid = _V2Counts(buf, n, k, skipped)
+        if _RING[0] is None:
+            _RING[0] = torch.zeros(RING_ROWS, 2, dtype=torch.int64, pin_memory=torch.cuda.is_available())
+        i = _RING[1]
+        _RING[1] = (i + 1) % RING_ROWS
+        _RING[0][i].copy_(counts, non_blocking=True)
+        rec.cur.hybrid, rec.cur.hybrid_fn = (i, n, k, bool(skipped)), resolve_counts
     except Exception as e:      # the counts are the log's, never the step's
         logger.warning("spec_repro hybrid counts not logged: %s", e)
         print(f"[spec_repro] hybrid counts not logged: {e}", file=sys.stderr, flush=True)

@@ -35,4 +35,4 @@ from .runner_patches import instrument, patch_draft_cudagraphs  # noqa: F401
 from .runner_v2_patches import instrument_v2  # noqa: F401
 from .state import (PLUGIN_VERSION, RUNNER_METHODS, RUNNER_MODULE, SUPPORTED_VERSIONS, WORKER_MODULE,  # noqa: F401
                     _ORIG, _state)
-from .step_timer import StepRecorder, _recorder, build_row, phase_times, step_meta  # noqa: F401
+from .step_timer import StepRecorder, _recorder, build_row, phase_times, quick_meta, step_meta  # noqa: F401

@@ -11,9 +11,10 @@ vLLM 0.25.0); on a difference nothing is wrapped and one line says why (status `
 the sampler as V1 does (``defer=False``): the variants whose cost ``common.TIMER_VARIANTS`` names, measured apart.
 
 Rows are built when the engine flushes (after each ``generate`` call), never during a step (``defer``, the
-default): a 1.5B target's V2 step is bound by the host (a 3.4 ms no-SD step against 0.9 ms of weight reads on an
-H100), so whatever the timer does on the host lengthens the step. Building rows at the sampler, as on V1, cost
-EAGLE 0.5-0.9 ms a step there (data/gpu/live, overhead.csv: the ``drain`` variant).
+default), and nothing a step allocates outlives it (``step_timer._Step``): a 1.5B target's V2 step is bound by
+the host (a 3.4 ms no-SD step against 0.9 ms of weight reads on an H100), so whatever the timer does on the host
+lengthens the step, and vLLM freezes its startup heap, so objects the timer keeps alive across steps make the
+garbage collector's full passes more frequent and longer (data/gpu/live, overhead.csv: the variants).
 
 What each phase covers on V2 (events in stream order; each phase is the GPU stream's time between its marks,
 which includes any wait of the stream for the host inside it):
@@ -131,8 +132,10 @@ def instrument_v2(on: bool, parts=None, defer: bool | None = None) -> bool:
                 setattr(cls, meth, w)
             _state["v2_patched"] = True
             _V2["installed"] = keys
+        rec = _recorder()
         if on:
-            _recorder().defer = True if defer is None else bool(defer)
+            rec.defer = True if defer is None else bool(defer)
+        rec.watch_gc(bool(on and _state["v2_patched"]))
     return _state["v2_patched"]
 
 
@@ -169,8 +172,9 @@ def _sampler_call(orig):
     def __call__(self, logits, input_batch, *args, **kwargs):
         rec = _recorder()
         st = rec.cur
-        if st is None or any(name == "samp0" for name, _ in st.marks):   # not in a step, or nested: untimed
+        if st is None or st.in_sample:      # not in a step, or nested: untimed
             return orig(self, logits, input_batch, *args, **kwargs)
+        st.in_sample = True
         _guard(rec.mark, "fwd1")
         _guard(rec.mark, "samp0")
         out = orig(self, logits, input_batch, *args, **kwargs)

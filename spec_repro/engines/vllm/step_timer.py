@@ -1,11 +1,15 @@
-"""The step timer: per engine step, CUDA events from a pool, resolved lazily into one JSON row per step.
+"""The step timer: per engine step, CUDA events on the step's stream, resolved lazily into one JSON row per step.
 
-What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``), with CUDA events taken
-from a pool, recorded on a stream looked up once per step, and resolved lazily (the batch shape is read from the
-SchedulerOutput only when the row is built). Where rows are built: on V1, right after the sampler is launched,
-while the GPU still runs the current forward (the step gains no synchronize and little host time; measured on the
-H200: data/gpu/overhead.csv); on V2 (``defer``), only when the engine flushes after a ``generate`` call, since
-there the host bounds a small target's step and any work on it shows (``runner_v2_patches``).
+What is timed, per engine step (``GPUModelRunner.execute_model`` + ``sample_tokens``): CUDA events recorded on
+a stream looked up once per step, resolved lazily. A step's record and its events are reused from step to step
+(``_Step``): nothing allocated for a step outlives it. Where rows are built: on V1, right after the sampler is
+launched, while the GPU still runs the current forward (the batch shape read from the SchedulerOutput then; the
+step gains no synchronize and little host time; measured on the H200: data/gpu/overhead.csv); on V2 (``defer``),
+only when the engine flushes after a ``generate`` call, the shape read at the step's start as plain numbers
+(``quick_meta``), since there the host bounds a small target's step and any work on it shows, as does the
+garbage collector: vLLM freezes its startup heap, so whatever the timer kept alive across steps would be walked
+by every full collection (``runner_v2_patches``; each V2 row counts the process's GC pauses: ``t_gc``,
+``gc_full``).
 
 * ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
 * ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
@@ -33,22 +37,42 @@ from .common import ENV_GAP, ENV_PATH, prompt_hash
 
 
 class _Step:
-    __slots__ = ("so", "marks", "host_start", "host_end", "gap", "in_forward", "outputs", "ctx", "stream",
-                 "index", "hybrid", "awaiting")
+    """One step's record, reused: the recorder keeps a free list of these, each with its own CUDA events, so a
+    step allocates nothing that outlives it. Deferred, the batch shape is read at the step's start into plain
+    numbers and its accepted counts into a {req_id: int} dict (neither is a container the garbage collector
+    tracks): holding many steps until flush keeps no SchedulerOutput or event alive that the GC must walk."""
 
-    def __init__(self, so, host_start, gap, ctx, stream):
-        self.so, self.marks, self.host_start, self.host_end = so, [], host_start, None
-        self.gap, self.in_forward, self.outputs, self.ctx, self.stream = gap, False, None, ctx, stream
-        self.index = 0
-        self.hybrid = None          # the live hybrid's choices at this step (LiveHybrid.summary)
-        self.awaiting = False       # its outputs come with an async output's get_output (not read yet)
+    __slots__ = ("so", "evs", "names", "n", "host_start", "host_end", "gap", "in_forward", "in_sample", "outputs",
+                 "ctx", "stream", "index", "hybrid", "hybrid_fn", "awaiting", "meta", "spec", "acc", "gc_s", "gc_full")
+
+    def __init__(self):
+        self.evs: list = []         # CUDA events, created as marks need them and kept with the step
+        self.names: list = []
+        self.reset(None, 0.0, None, None, None)
+
+    def reset(self, so, host_start, gap, ctx, stream) -> None:
+        self.so, self.n, self.host_start, self.host_end, self.gap = so, 0, host_start, None, gap
+        self.in_forward = self.in_sample = self.awaiting = False
+        self.outputs = self.meta = self.spec = self.acc = self.hybrid = self.hybrid_fn = None
+        self.ctx, self.stream, self.index, self.gc_s, self.gc_full = ctx, stream, 0, 0.0, 0
+
+    @property
+    def marks(self) -> list:
+        """(name, event) of the marks recorded so far."""
+        return list(zip(self.names[:self.n], self.evs[:self.n]))
 
     def set_outputs(self, out) -> None:
         self.awaiting = False
         try:
-            self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
+            if self.spec is not None:        # deferred: the accepted counts now, the output dropped
+                spec = self.spec
+                self.acc = {r: max(0, min(len(spec[r]), len(t) - 1))
+                            for r, t in zip(out.req_ids, out.sampled_token_ids) if r in spec and len(t) > 0}
+                self.spec = None
+            else:
+                self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
         except Exception:
-            self.outputs = None
+            self.outputs = self.acc = None
 
 
 class StepRecorder:
@@ -69,11 +93,34 @@ class StepRecorder:
         self.gap_cap = float(os.environ.get(ENV_GAP, "0.05"))
         self._rank_ok = None
         self._torch = None
-        self._pool: list = []      # CUDA events to reuse (creating them costs host time every step)
+        self._free: list[_Step] = []     # steps (and their events) to reuse: nothing per step outlives it
         # deferred (the V2 timer's default): rows are built only at flush (the engine's RPC after each generate
         # call), none during the steps: the host, which bounds a small target's step, does nothing but record events
         self.defer = False
+        self._stream = None              # the stream of the last step (looked up once a step, not once a mark)
         self._lines: list[str] = []
+        self.gc_s, self.gc_full = 0.0, 0     # the process's garbage-collection seconds and full collections so far
+        self._gc_t0 = 0.0
+
+    def watch_gc(self, on: bool) -> None:
+        """Count the process's GC pauses (``gc_callback`` in ``gc.callbacks``) or stop counting them."""
+        import gc
+
+        cb = self.__dict__.setdefault("_gc_cb", self.gc_callback)     # one bound method: removable again
+        if on and cb not in gc.callbacks:
+            gc.callbacks.append(cb)
+        elif not on and cb in gc.callbacks:
+            gc.callbacks.remove(cb)
+
+    def gc_callback(self, phase: str, info: dict) -> None:
+        """``gc.callbacks`` entry (installed with the V2 timer): the process's GC pauses, added to each step's
+        ``t_gc`` / ``gc_full`` (a pause inside a step lengthens it on a host-bound runner)."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t0
+            if info.get("generation") == 2:
+                self.gc_full += 1
 
     def set_context(self, **kw) -> None:
         # a new dict: steps still pending keep the context they ran under
@@ -92,11 +139,6 @@ class StepRecorder:
                 self._rank_ok = True
         return self._rank_ok
 
-    def _event(self, stream):
-        ev = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
-        ev.record(stream)
-        return ev
-
     def begin(self, runner, so) -> None:
         self.cur = None
         if not self.ctx["record"] or not self._recording_rank():
@@ -109,24 +151,47 @@ class StepRecorder:
             self._torch = torch
         now = time.perf_counter()
         gap = None if self.last_host_end is None else now - self.last_host_end
-        # the batch shape is read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a
-        # new SchedulerOutput every step and does not change it afterwards
         stream = self._torch.cuda.current_stream()
-        st = _Step(so, now, gap, self.ctx, stream)
-        st.marks.append(("start", self._event(stream)))
+        if self._stream is None or stream != self._stream:
+            self._stream = stream
+        stream = self._stream            # one Stream object for every step on it (none kept per step)
+        st = self._free.pop() if self._free else _Step()
+        if self.defer:
+            # the shape now, as plain numbers (the SchedulerOutput is not kept until flush)
+            st.reset(None, now, gap, self.ctx, stream)
+            st.meta = quick_meta(so, detail=bool(self.ctx["detail"]))
+            st.spec = so.scheduled_spec_decode_tokens or {}
+            st.gc_s, st.gc_full = self.gc_s, self.gc_full
+        else:
+            # read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a new
+            # SchedulerOutput every step and does not change it afterwards
+            st.reset(so, now, gap, self.ctx, stream)
         self.cur = st
+        self._mark(st, "start")
+
+    def _mark(self, st: _Step, name: str) -> None:
+        i = st.n
+        if i == len(st.evs):
+            st.evs.append(self._torch.cuda.Event(enable_timing=True))
+            st.names.append(name)
+        else:
+            st.names[i] = name
+        st.evs[i].record(st.stream)
+        st.n = i + 1
 
     def mark(self, name: str) -> None:
         st = self.cur
         if st is not None:
-            st.marks.append((name, self._event(st.stream)))
+            self._mark(st, name)
 
     def end(self, out) -> None:
         st, self.cur = self.cur, None
         if st is None:
             return
-        st.marks.append(("end", self._event(st.stream)))
+        self._mark(st, "end")
         st.host_end = self.last_host_end = time.perf_counter()
+        if st.meta is not None:
+            st.gc_s, st.gc_full = self.gc_s - st.gc_s, self.gc_full - st.gc_full
         if out is not None:
             if hasattr(out, "sampled_token_ids") and not hasattr(out, "get_output"):
                 st.set_outputs(out)
@@ -152,7 +217,7 @@ class StepRecorder:
                 return
             max_steps = len(self.pending)
         n = 0
-        while (self.pending and n < max_steps and self.pending[0].marks[-1][1].query()
+        while (self.pending and n < max_steps and self.pending[0].evs[self.pending[0].n - 1].query()
                and not (self.pending[0].awaiting and len(self.pending) <= self.AWAIT_STEPS)):
             self._lines.append(json.dumps(self._row(self.pending.pop(0))))
             n += 1
@@ -178,22 +243,26 @@ class StepRecorder:
         return n
 
     def _row(self, st: _Step) -> dict:
-        marks = st.marks
-        marks[-1][1].synchronize()  # complete already when called from drain(); cheap
-        start = marks[0][1]
-        times = [(name, start.elapsed_time(ev) / 1e3) for name, ev in marks]
-        self._pool.extend(ev for _, ev in marks)
-        st.marks = []
+        evs, names, n = st.evs, st.names, st.n
+        evs[n - 1].synchronize()  # complete already when called from drain(); cheap
+        start = evs[0]
+        times = [(names[i], start.elapsed_time(evs[i]) / 1e3) for i in range(n)]
         phases = phase_times(times)
         gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
         phases["t_other"] += gap
         phases["t_total"] += gap
-        meta = step_meta(st.so, detail=bool(st.ctx["detail"]))
+        meta = st.meta if st.meta is not None else step_meta(st.so, detail=bool(st.ctx["detail"]))
         meta["step"] = st.index
-        st.so = None
-        if st.hybrid is not None:
+        if st.hybrid_fn is not None:
+            meta["hybrid"] = st.hybrid_fn(st.hybrid)       # device counts, by the slot they were copied to
+        elif st.hybrid is not None:
             meta["hybrid"] = st.hybrid.resolve() if hasattr(st.hybrid, "resolve") else st.hybrid   # device counts
-        return build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap)
+        row = build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap, acc=st.acc)
+        if st.meta is not None:
+            row["t_gc"], row["gc_full"] = float(st.gc_s), int(st.gc_full)
+        st.reset(None, 0.0, None, None, None)
+        self._free.append(st)
+        return row
 
 
 def phase_times(marks: list[tuple[str, float]]) -> dict:
@@ -247,21 +316,44 @@ def step_meta(so, detail: bool = False) -> dict:
     return meta
 
 
-def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None) -> dict:
-    """One STEP_COLUMNS row (plus optional fields) from a step's context, shape, phase times and outputs."""
+def quick_meta(so, detail: bool = False) -> dict:
+    """``step_meta`` without its per-request loops where the step is a plain decode step (no new request, every
+    request decoding its 1 + drafts tokens: what most steps are), so the deferred timer can read a step's shape at
+    its start cheaply; any other step (and ``detail``) takes ``step_meta`` itself. Same keys, no ``_spec``."""
+    c = so.scheduled_cached_reqs
+    n_out = getattr(c, "num_output_tokens", None)
+    nsched = so.num_scheduled_tokens
+    spec = so.scheduled_spec_decode_tokens or {}
+    n, batched = len(nsched), int(so.total_num_scheduled_tokens)
+    nd = sum(map(len, spec.values())) if spec else 0
+    if detail or so.scheduled_new_reqs or not n_out or len(c.req_ids) != n or batched != n + nd or min(n_out) <= 0:
+        meta = step_meta(so, detail=detail)
+        meta.pop("_spec", None)
+        return meta
+    # every scheduled request is a cached one with output tokens, and the tokens add up to 1 + drafts each (each
+    # request is scheduled at least that many): each is a decode step's request
+    return {"num_reqs": n, "batched_tokens": batched, "kv_tokens": int(sum(c.num_computed_tokens)),
+            "num_draft_tokens": int(nd), "phase": "decode"}
+
+
+def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None, acc=None) -> dict:
+    """One STEP_COLUMNS row (plus optional fields) from a step's context, shape, phase times and outputs (or
+    the accepted counts already read from them: ``acc``)."""
     spec = meta.get("_spec", {})
-    acc: dict[str, int] = {}
-    if outputs is not None:
-        for rid, n in zip(*outputs):
-            if rid in spec and n > 0:
-                acc[rid] = max(0, min(spec[rid], n - 1))
+    known = outputs is not None or acc is not None
+    if acc is None:
+        acc = {}
+        if outputs is not None:
+            for rid, n in zip(*outputs):
+                if rid in spec and n > 0:
+                    acc[rid] = max(0, min(spec[rid], n - 1))
     row = {"run_id": ctx["run_id"], "engine": ctx["engine"], "model": ctx["model"], "method": ctx["method"],
            "k": int(ctx["k"]), "batch_size": int(ctx["batch_size"]), "step": int(meta.get("step", 0)),
            "num_reqs": meta["num_reqs"], "batched_tokens": meta["batched_tokens"], "kv_tokens": meta["kv_tokens"],
            **{k: float(v) for k, v in phases.items()},
            "num_draft_tokens": meta["num_draft_tokens"], "num_accepted_tokens": int(sum(acc.values())),
            "phase": meta["phase"], "accepted_per_req": acc, "t_sched": float(gap),
-           "outputs_known": outputs is not None}
+           "outputs_known": known}
     if raw_gap is not None:
         row["t_gap"] = float(raw_gap)
     for key in ("req_info", "new_reqs", "hybrid"):
