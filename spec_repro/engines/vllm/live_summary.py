@@ -105,10 +105,19 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
 
 
 def write_runs_steps(runs, steps, out: Path) -> None:
-    """``runs.csv`` and ``steps.parquet`` (per-request detail left out)."""
+    """``runs.csv`` and ``steps.parquet`` (per-request detail left out). The tables read them back before the
+    manifest is written, so a manifest seeded in the stage (a folder summarized again) gets their new sha256 now."""
+    from ...provenance import sha256_file, update_entry
+
     write_via(runs.to_csv, out / "runs.csv", index=False)
     keep = [c for c in steps.columns if c not in ("accepted_per_req",)]
     write_via(steps[keep].to_parquet, out / "steps.parquet", compression="zstd", index=False)
+    man = out / "MANIFEST.json"
+    for name in ("runs.csv", "steps.parquet"):
+        try:
+            update_entry(man, name, sha256=sha256_file(out / name))
+        except (KeyError, FileNotFoundError):   # no seeded manifest, or no entry: nothing recorded to mismatch
+            pass
 
 
 def write_lossless(results_files, out: Path) -> None:
