@@ -335,3 +335,22 @@ def test_the_v2_runs_step_model_fits_its_own_steps():
     ins = p[p["fitted_on"] == "in sample"]
     assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 18
     assert ins["ratio_per_bs"].between(0.9, 1.1).all(), ins[["workload", "config", "batch_size", "ratio_per_bs"]]
+
+
+def test_summarizing_again_over_changed_records_rewrites_the_folder(raw, tmp_path):
+    """A folder summarized before (its MANIFEST.json records runs.csv's sha256) summarized again after the raw
+    records changed: the tables read the new runs.csv back without a changed-file error, and the manifest records
+    the new files."""
+    from spec_repro.manifests import verify_recorded
+
+    out = tmp_path / "live"
+    assert v2hybrid.main(["summarize", "--raw", str(raw), "--out", str(out)]) == 0
+    before = (out / "runs.csv").read_bytes()
+    f = raw / "grid" / "results.jsonl"
+    recs = f.read_text().splitlines()
+    last_run = max(i for i, x in enumerate(recs) if '"kind": "run"' in x)
+    f.write_text("\n".join(recs[:last_run] + recs[last_run + 1:]) + "\n")       # one run fewer
+    assert v2hybrid.main(["summarize", "--raw", str(raw), "--out", str(out)]) == 0
+    assert (out / "runs.csv").read_bytes() != before
+    for name in ("runs.csv", "steps.parquet", "overhead.csv", "ratios.csv"):
+        verify_recorded(out / name)
