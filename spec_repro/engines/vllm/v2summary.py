@@ -40,7 +40,8 @@ FILE_DOCS = {
                 "what ran, read from each engine's resolved vLLM config: runner (v1/v2) beside runner_forced, "
                 "async_scheduling beside async_scheduling_forced, instrumented, engine_config",
     "steps.parquet": "every step the plugin timed (the V1 and V2 timers' columns, stage, spec, engine_config, "
-                     "uniform, hybrid counts), per-request detail left out",
+                     "uniform, hybrid counts; t_gc / gc_full: the process's GC seconds and full collections inside "
+                     "the step, where the V2 timer counted them), per-request detail left out",
     "lossless.csv": "per run: requests whose greedy output equals the no-SD engine's of the same stage at the "
                     "same batch size (equal / total, the first difference)",
     "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE), timer variant and batch size: tok/s "
