@@ -354,3 +354,23 @@ def test_summarizing_again_over_changed_records_rewrites_the_folder(raw, tmp_pat
     assert (out / "runs.csv").read_bytes() != before
     for name in ("runs.csv", "steps.parquet", "overhead.csv", "ratios.csv"):
         verify_recorded(out / name)
+
+
+def test_host_adjusted_overhead_recovers_a_known_cost_under_host_drift():
+    """Runs whose tok/s follow the host probe exactly (y = base x (1 - cost) x probe^-0.3, the probe drifting
+    over a factor of two): the paired ratio is thrown off by the drift, the host-adjusted estimate is the cost."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    cost = {"off": 0.0, "timer": 0.02, "drain": 0.08}
+    rows = []
+    for rep in range(8):
+        for v, c in cost.items():
+            probe = float(rng.uniform(3.0, 6.0))
+            rows.append({"spec": "s", "batch_size": 8, "repeat": rep, "timer": v, "engine_probe_ms": probe,
+                         "engine_probe_end_ms": probe, "output_tok_per_s": 1000 * (1 - c) * probe ** -0.3})
+    h = v2summary.host_adjusted(pd.DataFrame(rows)).set_index("timer")
+    for v in ("timer", "drain"):
+        assert h.loc[v, "overhead_host"] == pytest.approx(cost[v], abs=1e-9)
+        assert h.loc[v, "overhead_host_ci95"] < 1e-6
+    assert v2summary.host_adjusted(pd.DataFrame(rows).drop(columns="engine_probe_ms")).empty

@@ -49,7 +49,8 @@ FILE_DOCS = {
                     "overhead = 1 - mean over repeats of on / off (overhead_paired), within_limit: overhead <= 3%. "
                     "timer: what every timed run uses (rows built after each generate call); hooks: its wrappers "
                     "recording nothing; step: a row per step without its phases; drain: rows also built at the "
-                    "sampler",
+                    "sampler; overhead_host (± overhead_host_ci95): the same with the engine worker's host "
+                    "speed, probed before and after each run, held fixed (host_adjusted)",
     "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
                   "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
                   "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
@@ -127,12 +128,48 @@ def overhead_table(runs):
         t.insert(2, "timer", v)
         parts.append(t)
     ov = pd.concat(parts, ignore_index=True)
+    host = host_adjusted(r)
+    if len(host):
+        ov = ov.merge(host, on=["spec", "timer", "batch_size"], how="left")
     first = r.groupby("spec")[["config", "runner"]].first()
     ov.insert(1, "config", ov["spec"].map(first["config"]))
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
     ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
     return ov.sort_values(["config", "spec", "timer", "batch_size"], kind="stable").reset_index(drop=True)
+
+
+def host_adjusted(r):
+    """Each variant's overhead with the host's speed held fixed: per engine spec and batch size, least squares of
+    log tok/s on the variant (against ``off``) and the log of the engine worker's host probe (``engine_probe_ms``
+    and ``engine_probe_end_ms``, read just before and after each run, outside its timed window: a 1.5B target's V2
+    step is host work, and the host's speed drifts run to run). ``overhead_host`` = 1 - exp(the variant's
+    coefficient), ``overhead_host_ci95`` = 1.96 x its standard error; empty where no run has a probe."""
+    import numpy as np
+    import pandas as pd
+
+    need = {"engine_probe_ms", "engine_probe_end_ms"}
+    if not need <= set(r.columns):
+        return pd.DataFrame()
+    r = r.dropna(subset=sorted(need))
+    rows = []
+    for (spec, b), g in r.groupby(["spec", "batch_size"]):
+        vs = sorted(set(g["timer"]) - {"off"})
+        if "off" not in set(g["timer"]) or not vs:
+            continue
+        X = np.column_stack([np.ones(len(g))] + [(g["timer"] == v).to_numpy(float) for v in vs]
+                            + [np.log((g["engine_probe_ms"] + g["engine_probe_end_ms"]).to_numpy(float) / 2)])
+        y = np.log(g["output_tok_per_s"].to_numpy(float))
+        dof = len(y) - X.shape[1]
+        if dof < 2:
+            continue
+        beta = np.linalg.lstsq(X, y, rcond=None)[0]
+        res = y - X @ beta
+        cov = (res @ res / dof) * np.linalg.pinv(X.T @ X)
+        for i, v in enumerate(vs, start=1):
+            rows.append({"spec": spec, "timer": v, "batch_size": b, "overhead_host": 1 - np.exp(beta[i]),
+                         "overhead_host_ci95": 1.96 * np.sqrt(cov[i, i])})
+    return pd.DataFrame(rows)
 
 
 def _lossless(out: Path) -> dict:
