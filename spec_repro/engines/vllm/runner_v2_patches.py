@@ -13,8 +13,9 @@ the sampler as V1 does (``defer=False``): the variants whose cost ``common.TIMER
 Rows are built when the engine flushes (after each ``generate`` call), never during a step (``defer``, the
 default), and nothing a step allocates outlives it (``step_timer._Step``): a 1.5B target's V2 step is bound by
 the host (a 3.4 ms no-SD step against 0.9 ms of weight reads on an H100), so whatever the timer does on the host
-lengthens the step, and vLLM freezes its startup heap, so objects the timer keeps alive across steps make the
-garbage collector's full passes more frequent and longer (data/gpu/live, overhead.csv: the variants).
+lengthens the step; and vLLM freezes its startup heap, so objects a timer keeps alive across steps are what the
+garbage collector's full passes walk (the likely cost of a timer that kept every step until flush: no SD 13%
+slower at bs 1, data/gpu/raw/v2timer-h100-retaining; the variants' costs: data/gpu/live/timer/overhead.csv).
 
 What each phase covers on V2 (events in stream order; each phase is the GPU stream's time between its marks,
 which includes any wait of the stream for the host inside it):
