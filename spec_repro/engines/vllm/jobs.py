@@ -215,12 +215,17 @@ def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
         for b in task["batch_sizes"]:
             for name in names[rep % len(names):] + names[:rep % len(names)]:
                 v = TIMER_VARIANTS[name]
-                eng.steps("instrument", **{k: v[k] for k in ("on", "parts", "defer") if k in v})
+                eng.steps("instrument", **_instrument_args(v))
                 r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{name}-{rep}",
                                   label="overhead", record=v["record"])
                 r.instrumented = v["on"] and v["record"]
                 record(r, task="overhead", repeat=rep, timer=name, **extra)
-    eng.steps("instrument", **{k: v for k, v in TIMER_VARIANTS["timer"].items() if k != "record"})
+    eng.steps("instrument", **_instrument_args(TIMER_VARIANTS["timer"]))
+
+
+def _instrument_args(variant: dict) -> dict:
+    """A timer variant's ``op="instrument"`` arguments (its ``record`` goes to the run, not the plugin)."""
+    return {k: variant[k] for k in ("on", "parts", "defer") if k in variant}
 
 
 def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False, only: list[str] | None = None,

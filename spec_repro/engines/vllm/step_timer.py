@@ -56,18 +56,12 @@ class _Step:
         self.outputs = self.meta = self.spec = self.acc = self.hybrid = self.hybrid_fn = None
         self.ctx, self.stream, self.index, self.gc_s, self.gc_full = ctx, stream, 0, 0.0, 0
 
-    @property
-    def marks(self) -> list:
-        """(name, event) of the marks recorded so far."""
-        return list(zip(self.names[:self.n], self.evs[:self.n]))
-
     def set_outputs(self, out) -> None:
         self.awaiting = False
         try:
             if self.spec is not None:        # deferred: the accepted counts now, the output dropped
-                spec = self.spec
-                self.acc = {r: max(0, min(len(spec[r]), len(t) - 1))
-                            for r, t in zip(out.req_ids, out.sampled_token_ids) if r in spec and len(t) > 0}
+                self.acc = accepted(out.req_ids, map(len, out.sampled_token_ids),
+                                    {r: len(v) for r, v in self.spec.items()})
                 self.spec = None
             else:
                 self.outputs = (list(out.req_ids), [len(x) for x in out.sampled_token_ids])
@@ -336,17 +330,18 @@ def quick_meta(so, detail: bool = False) -> dict:
             "num_draft_tokens": int(nd), "phase": "decode"}
 
 
+def accepted(req_ids, n_sampled, n_drafts: dict) -> dict:
+    """{req_id: draft tokens accepted} of one step: a request that verified ``n_drafts[r]`` drafts and sampled
+    ``n`` tokens accepted ``n - 1`` of them (the last is the target's own), at most its drafts."""
+    return {r: max(0, min(n_drafts[r], n - 1)) for r, n in zip(req_ids, n_sampled) if r in n_drafts and n > 0}
+
+
 def build_row(ctx: dict, meta: dict, phases: dict, outputs, gap: float = 0.0, raw_gap=None, acc=None) -> dict:
     """One STEP_COLUMNS row (plus optional fields) from a step's context, shape, phase times and outputs (or
     the accepted counts already read from them: ``acc``)."""
-    spec = meta.get("_spec", {})
     known = outputs is not None or acc is not None
     if acc is None:
-        acc = {}
-        if outputs is not None:
-            for rid, n in zip(*outputs):
-                if rid in spec and n > 0:
-                    acc[rid] = max(0, min(spec[rid], n - 1))
+        acc = accepted(*outputs, meta.get("_spec", {})) if outputs is not None else {}
     row = {"run_id": ctx["run_id"], "engine": ctx["engine"], "model": ctx["model"], "method": ctx["method"],
            "k": int(ctx["k"]), "batch_size": int(ctx["batch_size"]), "step": int(meta.get("step", 0)),
            "num_reqs": meta["num_reqs"], "batched_tokens": meta["batched_tokens"], "kv_tokens": meta["kv_tokens"],
