@@ -49,7 +49,10 @@ def test_the_live_folder_is_the_v2_run_and_its_raw_records_verify():
 
     runs = pd.read_csv(GPU / "live" / "runs.csv")
     assert set(zip(runs["config"] == "ngram", runs["engine_config"])) == {(False, "v2-forced"), (True, "v1-forced")}
-    raw = GPU / "raw" / "v2hybrid-h100"
-    sums = dict(line.split()[::-1] for line in (raw / "SHA256SUMS").read_text().splitlines())
-    on_disk = {"./" + p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file() and p.name != "SHA256SUMS"}
-    assert set(sums) == on_disk and all(sha256_file(raw / f) == h for f, h in sums.items())
+    for name in ("v2hybrid-h100-grid", "v2hybrid-h100"):          # the grid, and the lossless gate beside it
+        raw = GPU / "raw" / name
+        sums = dict(line.split()[::-1] for line in (raw / "SHA256SUMS").read_text().splitlines())
+        on_disk = {"./" + p.relative_to(raw).as_posix() for p in raw.rglob("*")
+                   if p.is_file() and p.name != "SHA256SUMS"}
+        assert set(sums) == on_disk and all(sha256_file(raw / f) == h for f, h in sums.items())
+    assert (runs["stage"] == "grid").sum() > 400 and (runs["stage"] == "overhead").sum() > 300   # whole grid, 20 reps

@@ -293,13 +293,14 @@ def test_the_hbm_ceiling_is_the_measuring_gpus(tmp_path):
 
 
 def test_a_repeat_cut_by_the_deadline_is_left_out():
-    """data/gpu/live (the H100 run): the deadline cut n-gram's second bs-1 repeat after its first 2 of 8 chunks (its
-    fastest prompts) and the rotated engine's last sharegpt bs-1 repeat mid-way: neither enters tok/s or a pair."""
+    """data/gpu/live/drain-timer (an H100 run cut by its deadline): the deadline cut n-gram's second bs-1 repeat
+    after its first 2 of 8 chunks (its fastest prompts) and the rotated engine's last sharegpt bs-1 repeat mid-way:
+    neither enters tok/s or a pair."""
     from spec_repro.engines.vllm.live_runs import read_runs
     from spec_repro.engines.vllm.live_tables import paired_ratios
     from spec_repro.engines.vllm.live_throughput import throughput
 
-    live = data_dir() / "gpu" / "live"
+    live = data_dir() / "gpu" / "live" / "drain-timer"
     r = read_runs(live)
     ng = r[(r["config"] == "ngram") & (r["batch_size"] == 1)]
     per = ng.groupby("repeat").agg(n=("wall_s", "size"), tok=("output_tokens", "sum"), wall=("wall_s", "sum"))
@@ -328,10 +329,11 @@ def test_the_summary_rows_of_the_v2_run_name_each_configurations_runner():
 
 
 def test_the_v2_runs_step_model_fits_its_own_steps():
-    """data/gpu/live: the step model fitted on the V2 run's no-SD and EAGLE-alone steps (live_model, uniform
-    batches) prices those same configurations within 10% at every workload and batch size (in sample); the
-    hybrids, out of sample, are the verdict's line (tests above)."""
-    p = pd.read_csv(data_dir() / "gpu" / "live" / "predicted.csv")
+    """data/gpu/live/drain-timer: the step model fitted on the V2 run's no-SD and EAGLE-alone steps (live_model,
+    uniform batches) prices those same configurations within 10% at every workload and batch size (in sample); the
+    hybrids, out of sample, are the verdict's line (tests above). (data/gpu/live's host drifted more: in sample
+    0.87-1.08 there, its README.)"""
+    p = pd.read_csv(data_dir() / "gpu" / "live" / "drain-timer" / "predicted.csv")
     ins = p[p["fitted_on"] == "in sample"]
     assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 18
     assert ins["ratio_per_bs"].between(0.9, 1.1).all(), ins[["workload", "config", "batch_size", "ratio_per_bs"]]
