@@ -384,6 +384,66 @@ def test_merge_graph_replays_equal_the_eager_merge(capsys):
     assert capsys.readouterr().err.count("CUDA graphs OFF") == 1
 
 
+def _mirror_run(flag_prefill=True, seed=7, steps=40):
+    """V2's buffers stepped as vLLM steps them: requests arrive at freed slots (the prompt staged over whatever
+    the last occupant left, ``is_prefilling_np`` on that step), each step appends 1..k+1 tokens a row, one step
+    is never seen by the hybrid (the policy off: the speculator's step count jumps) and appends past the tail.
+    Yields per step (the merge over a device mirror, the merge over vLLM's buffer read directly)."""
+    rng = np.random.default_rng(seed)
+    max_reqs, max_len, k, V = 5, 400, K, 3
+    src = torch.tensor(rng.integers(0, V, size=(max_reqs, max_len)), dtype=torch.int32)   # stale rows
+    total = torch.zeros(max_reqs, dtype=torch.int32)
+    rs = types.SimpleNamespace(all_token_ids=types.SimpleNamespace(gpu=src), total_len=types.SimpleNamespace(gpu=total))
+    mirrored = HV.V2Hybrid("gpu-pr24344", graphs=True, capture=_graph_like_capture)
+    direct = HV.V2Hybrid("gpu-pr24344", graphs=False)
+    mirror, call = HV.TokenMirror(), 0
+    live, free = {}, list(range(max_reqs))
+    for step in range(steps):
+        fresh = set()
+        if step in (0, 12, 25):                        # arrivals (a finished request's slot is reused at 12, 25)
+            if step:
+                free.append(live.pop(sorted(live)[0]))
+            while free and len(live) < 4:
+                r = f"r{step}-{len(live)}"
+                live[r] = free.pop()
+                p = rng.integers(0, V, size=int(rng.integers(5, 60)))
+                src[live[r], :len(p)] = torch.tensor(p, dtype=torch.int32)
+                total[live[r]] = len(p)
+                fresh.add(r)
+        unseen = step == 18                            # the hybrid does not see this step: more than a tail
+        for r, slot in live.items():
+            n = int(rng.integers(1, k + 2)) + (k + 1 if unseen else 0)
+            t0 = int(total[slot])
+            src[slot, t0:t0 + n] = torch.tensor(rng.integers(0, V, size=n), dtype=torch.int32)
+            total[slot] = t0 + n
+        call += 2 if unseen else 1
+        if unseen:
+            continue
+        ids = sorted(live)
+        slots = np.array([live[r] for r in ids], dtype=np.int32)
+        ib = types.SimpleNamespace(num_reqs=len(ids), idx_mapping=torch.tensor(slots), idx_mapping_np=slots,
+                                   is_prefilling_np=np.array([flag_prefill and r in fresh for r in ids]),
+                                   seq_lens_cpu_upper_bound=total[torch.tensor(slots).long()] + 1)
+        eagle = torch.tensor(rng.integers(10, 20, size=(len(ids), k)), dtype=torch.int64)
+        got = mirrored.step(rs, ib, eagle, max_len, mirror, call)
+        want = direct.step(rs, ib, eagle, max_len)
+        yield [o.tolist() for o in got], [o.tolist() for o in want], mirror, mirrored.merge
+
+
+def test_the_mirrored_lookup_equals_the_lookup_over_vllms_buffer():
+    """The lookup over the device mirror proposes what the lookup over vLLM's (host-memory) buffer does at every
+    step: whole rows copied where vLLM prefills and after an unseen step, the last 1 + k positions otherwise (in
+    the merge's graph); the mirror grew with the widest lookup. Unflagged prefills would leave the last occupant's
+    tokens in a reused slot: the check can fail."""
+    n = 0
+    for got, want, mirror, merge in _mirror_run():
+        assert got == want
+        n += 1
+    assert n == 39 and mirror.tok.shape[1] >= 256
+    assert merge.off_reason is None and merge.replays > 0      # the tail copy ran inside the (stand-in) graphs
+    assert any(g != w for g, w, *_ in _mirror_run(flag_prefill=False))
+
+
 def test_skip_gate_uses_the_latest_flag_that_arrived():
     done = []
 

@@ -16,11 +16,19 @@ The wrap. ``AutoRegressiveSpeculator.propose`` is wrapped: vLLM's EAGLE drafts a
 ``all_token_ids`` (up to ``total_len``: the prompt and every token emitted, this step's included) and
 ``gpu_hybrid.mix`` puts n-gram's tokens where it matched (EAGLE's after its continuation ends) and EAGLE's row
 elsewhere; the merged ``[num_reqs, k]`` tensor (EAGLE's dtype) is returned in place of EAGLE's. The speculator's
-own ``draft_tokens`` are left as EAGLE wrote them (its next draft step reads them). No ``DeviceHistory`` is kept:
-vLLM's own buffer is read, so resumed, preempted and chunked requests need no bookkeeping here. The lookup reads
-only the first W columns, W = the batch's host-side upper bound on sequence length + 1
-(``input_batch.seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256, at most
-``max_model_len``. ``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
+own ``draft_tokens`` are left as EAGLE wrote them (its next draft step reads them). The lookup reads only the
+first W columns, W = the batch's host-side upper bound on sequence length + 1 (``input_batch.
+seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256, at most ``max_model_len``.
+``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
+
+vLLM keeps ``all_token_ids`` in host memory mapped to the device (UVA: it is ``[max_num_reqs, max_model_len]``,
+"for a large but not-frequently-accessed tensor"). A lookup that reads B x W of it every step reads over PCIe:
+on the H100 grid (data/gpu/live) the idle machinery's drafting grew with B x W, from +0.1 ms a step at bs 1 to
++1.1 ms at sharegpt bs 64 (median). So the lookup reads a device copy (:class:`TokenMirror`): a request's whole
+row is copied on the steps vLLM prefills it (``input_batch.is_prefilling_np``: new, resumed and chunked requests,
+whatever vLLM staged into the row), every row of the batch when the step before was not seen (a policy switched
+on, the hybrid off in between), and otherwise only each row's last ``1 + k`` positions (the most one step
+appends), inside the merge's graph.
 
 Policies: ``gpu-pr24344`` (the rule), ``gpu-eagle-only`` (the same kernels, every row EAGLE's: the machinery's
 cost, idle) and ``gpu-pr24344-skip``: PR #24344 with EAGLE's drafting skipped when no request needs it. On V2
@@ -89,6 +97,47 @@ def v2_merge(all_token_ids, total_len, idx_mapping, eagle, width: int, use_ngram
     return draft, chose, nv
 
 
+def sync_tail(mirror, src, total_len, idx_mapping, tail: int) -> None:
+    """Copy each batch row's last ``tail`` positions (``total_len - tail`` .. ``total_len - 1`` of its slot) from
+    vLLM's buffer ``src`` into ``mirror`` (as wide as the lookup reads): ``num_reqs x tail`` reads of ``src``, no
+    host sync."""
+    import torch
+
+    r = idx_mapping.to(torch.int64).clamp_min(0)[:, None]
+    pos = total_len.index_select(0, r[:, 0]).to(torch.int64)[:, None] - tail + torch.arange(tail, device=r.device)
+    pos = pos.clamp(0, int(mirror.shape[1]) - 1)
+    mirror[r, pos] = src[r, pos]
+
+
+class TokenMirror:
+    """A device copy of the rows of vLLM's token buffer the lookup reads (module docstring: vLLM's is in host
+    memory). ``fill`` copies whole rows (``slots`` a host array, or every row of ``rows`` when None) up to
+    ``width``; :func:`sync_tail`, inside the merge, the rest. The copy grows with the widest lookup, at most
+    vLLM's row; ``seen``: the speculator's step it was last brought up to date at."""
+
+    def __init__(self):
+        self.tok = None
+        self.seen = None
+
+    def fill(self, src, width: int, rows=None, slots=None) -> None:
+        import torch
+
+        n_rows, max_len = int(src.shape[0]), int(src.shape[1])
+        width = max(1, min(int(width), max_len))
+        have = 0 if self.tok is None else int(self.tok.shape[1])
+        if width > have:
+            grown = torch.zeros(n_rows, min(max_len, max(width, 2 * have)), dtype=src.dtype, device=src.device)
+            if have:
+                grown[:, :have] = self.tok
+            self.tok = grown
+        if slots is not None:
+            if len(slots) == 0:
+                return
+            rows = torch.as_tensor(slots, dtype=torch.int64).to(src.device, non_blocking=True)
+        idx = rows.to(torch.int64).clamp_min(0)
+        self.tok[idx, :width] = src[idx, :width]
+
+
 class MergeStep:
     """One step's merge, ``(draft, counts [2], every row matched)``: eager (:meth:`eager`, ~25 kernels launched from
     Python), or on a CUDA device one graph replay per shape (batch size, lookup width, k): the host then copies the
@@ -108,33 +157,42 @@ class MergeStep:
         self.graphs = torch.cuda.is_available() if graphs is None else bool(graphs)
         self.checks, self._capture, self.max_graphs = int(checks), capture or _cuda_capture, int(max_graphs)
         self._g: dict = {}
+        self._ptr = None
         self.off_reason: str | None = None
         self.replays = 0
 
-    def eager(self, tok, total, rows, eagle, width: int):
+    def eager(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0):
         from .gpu_hybrid import step_summary
 
+        if src is not None and tail > 0:
+            sync_tail(tok, src, total, rows, tail)
         draft, chose, nv = v2_merge(tok, total, rows, eagle, width, use_ngram=self.use_ngram)
         return draft, step_summary(chose, nv, int(eagle.shape[1])), chose.all()
 
-    def __call__(self, tok, total, rows, eagle, width: int):
+    def __call__(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0):
+        """The merge over ``tok`` (vLLM's buffer, or a :class:`TokenMirror`'s with ``src`` vLLM's buffer and ``tail``
+        the positions a step may append: those are copied first, in the same graph)."""
         if not self.graphs or rows.shape[0] == 0:
-            return self.eager(tok, total, rows, eagle, width)
+            return self.eager(tok, total, rows, eagle, width, src, tail)
+        if self._g and tok.data_ptr() != self._ptr:        # the mirror grew: the graphs read the old buffer
+            self._g = {}
+        self._ptr = tok.data_ptr()
         key = (int(rows.shape[0]), int(width), int(eagle.shape[1]), rows.dtype, eagle.dtype, tok.data_ptr(),
-               total.data_ptr())
+               total.data_ptr(), None if src is None else src.data_ptr(), int(tail))
         if key not in self._g and len(self._g) >= self.max_graphs:
-            return self.eager(tok, total, rows, eagle, width)
+            return self.eager(tok, total, rows, eagle, width, src, tail)
         try:
             g = self._g.get(key)
             if g is None:
                 g = {"rows": rows.clone(), "eagle": eagle.clone(), "checks": self.checks}
-                g["replay"], g["out"] = self._capture(lambda: self.eager(tok, total, g["rows"], g["eagle"], width))
+                g["replay"], g["out"] = self._capture(
+                    lambda: self.eager(tok, total, g["rows"], g["eagle"], width, src, tail))
                 self._g[key] = g
             g["rows"].copy_(rows)
             g["eagle"].copy_(eagle)
             g["replay"]()
             if g["checks"] > 0:
-                want = self.eager(tok, total, rows, eagle, width)
+                want = self.eager(tok, total, rows, eagle, width, src, tail)
                 if not all(bool((a == b).all()) for a, b in zip(g["out"], want)):
                     self._off("a graph replay differed from the eager merge")
                     return want
@@ -229,12 +287,26 @@ class V2Hybrid:
         self.merge = MergeStep(self.use_ngram, graphs=graphs, capture=capture)
         self.steps = self.skipped = 0
 
-    def step(self, req_states, input_batch, eagle, max_len: int):
-        """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate."""
+    def step(self, req_states, input_batch, eagle, max_len: int, mirror: TokenMirror | None = None,
+             call: int | None = None):
+        """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate. With a
+        ``mirror`` (the speculator's; ``call``: its step count) the lookup reads the device copy, brought up to
+        date here (whole rows where vLLM prefills, or all when the step before was not seen) and in the merge."""
         n = int(input_batch.num_reqs)
         w = lookup_width(input_batch.seq_lens_cpu_upper_bound, n, max_len)
-        draft, counts, all_matched = self.merge(req_states.all_token_ids.gpu, req_states.total_len.gpu,
-                                                input_batch.idx_mapping[:n], eagle[:n], w)
+        src, total, rows = req_states.all_token_ids.gpu, req_states.total_len.gpu, input_batch.idx_mapping[:n]
+        if mirror is None:
+            draft, counts, all_matched = self.merge(src, total, rows, eagle[:n], w)
+        else:
+            pre = getattr(input_batch, "is_prefilling_np", None)
+            slots = getattr(input_batch, "idx_mapping_np", None)
+            if mirror.seen is None or call != mirror.seen + 1 or pre is None or slots is None:
+                mirror.fill(src, w, rows=rows)
+            else:
+                mirror.fill(src, w, slots=slots[:n][pre[:n]])
+            mirror.seen = call
+            draft, counts, all_matched = self.merge(mirror.tok, total, rows, eagle[:n], w, src=src,
+                                                    tail=int(eagle.shape[1]) + 1)
         if self.gate is not None:
             self.gate.push(all_matched)
         self.steps += 1
@@ -272,7 +344,10 @@ def patch_hybrid_v2(classes: dict) -> bool:
 
     def propose(self, input_batch, *args, **kwargs):
         now = _state["hybrid_now"] or name
-        if now == HYBRID_OFF or kwargs.get("dummy_run"):
+        if kwargs.get("dummy_run"):
+            return orig_propose(self, input_batch, *args, **kwargs)
+        self._spec_repro_calls = call = self.__dict__.get("_spec_repro_calls", 0) + 1   # every drafting step
+        if now == HYBRID_OFF:
             return orig_propose(self, input_batch, *args, **kwargs)
         hy = _v2_hybrid(self, now)
         if hy is None:
@@ -285,7 +360,8 @@ def patch_hybrid_v2(classes: dict) -> bool:
             self._spec_repro_skip_decode = False
         hy.skipped += bool(skip)
         try:
-            draft, counts = hy.step(self._spec_repro_req_states, input_batch, eagle, self.max_model_len)
+            mirror = self.__dict__.setdefault("_spec_repro_mirror", TokenMirror())   # one for every policy
+            draft, counts = hy.step(self._spec_repro_req_states, input_batch, eagle, self.max_model_len, mirror, call)
         except Exception as e:          # never break the engine: this policy off, EAGLE's drafts go on
             self._spec_repro_hybrids[now] = None
             _hybrid_off(f"{now}: {type(e).__name__}: {e}")
