@@ -384,6 +384,32 @@ def test_merge_graph_replays_equal_the_eager_merge(capsys):
     assert capsys.readouterr().err.count("CUDA graphs OFF") == 1
 
 
+def test_merge_graphs_pad_a_shrinking_batch_and_count_only_its_requests():
+    """Requests finish one by one (6 -> 1 rows): the graphs are kept per padded batch (1, 2, 4, 8), the padding
+    repeats the last request, and the drafts, counts and every-row-matched flag equal the eager merge's over the
+    real rows (a repeated row that matched would otherwise count twice: it does here)."""
+    rng = np.random.default_rng(11)
+    tok = torch.tensor(rng.integers(0, 2, size=(8, 96)), dtype=torch.int32)      # two symbols: n-gram matches
+    total = torch.tensor(rng.integers(20, 60, size=8), dtype=torch.int32)
+
+    def run(step):
+        out = []
+        for n in (6, 6, 5, 5, 5, 3, 3, 3, 2, 2, 1, 1, 7, 7):
+            idx = torch.tensor(rng.permutation(8)[:n], dtype=torch.int32)
+            eagle = torch.tensor(rng.integers(5, 9, size=(n, K)), dtype=torch.int64)
+            out.append([o.tolist() for o in step(tok, total, idx, eagle, 64)])
+        return out
+
+    rng = np.random.default_rng(12)
+    want = run(HV.MergeStep(True, graphs=False))
+    rng = np.random.default_rng(12)
+    st = HV.MergeStep(True, graphs=True, capture=_graph_like_capture)
+    assert run(st) == want and st.off_reason is None
+    assert sorted(k[0] for k in st._g) == [1, 2, 4, 8] and st.replays == 14 - 2 * 4   # 8 holds 6, 5 and 7
+    assert any(c[1][0] > 0 for c in want)
+    assert [HV.padded_batch(n) for n in (1, 2, 3, 5, 8, 9, 17, 64)] == [1, 2, 4, 8, 8, 16, 24, 64]
+
+
 def _mirror_run(flag_prefill=True, seed=7, steps=40):
     """V2's buffers stepped as vLLM steps them: requests arrive at freed slots (the prompt staged over whatever
     the last occupant left, ``is_prefilling_np`` on that step), each step appends 1..k+1 tokens a row, one step

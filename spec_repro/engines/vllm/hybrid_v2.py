@@ -18,7 +18,8 @@ The wrap. ``AutoRegressiveSpeculator.propose`` is wrapped: vLLM's EAGLE drafts a
 elsewhere; the merged ``[num_reqs, k]`` tensor (EAGLE's dtype) is returned in place of EAGLE's. The speculator's
 own ``draft_tokens`` are left as EAGLE wrote them (its next draft step reads them). The lookup reads only the
 first W columns, W = the batch's host-side upper bound on sequence length + 1 (``input_batch.
-seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256, at most ``max_model_len``.
+seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256 times a power of two, at most
+``max_model_len``.
 ``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
 
 vLLM keeps ``all_token_ids`` in host memory mapped to the device (UVA: it is ``[max_num_reqs, max_model_len]``,
@@ -72,9 +73,20 @@ WINDOW_BUCKET = 256
 
 def lookup_width(seq_lens_upper, num_reqs: int, max_len: int, bucket: int = WINDOW_BUCKET) -> int:
     """Columns of the token buffer the lookup reads: the batch's upper bound on sequence length (a CPU tensor or
-    array) + 1 (this step's bonus token), rounded up to ``bucket``, at most ``max_len``."""
+    array) + 1 (this step's bonus token), rounded up to ``bucket`` times a power of two (a few widths, so a few
+    graphs: the lookup over the device copy costs little per column), at most ``max_len``."""
     ub = int(seq_lens_upper[:num_reqs].max()) + 1 if num_reqs else 1
-    return int(min(max_len, -(-ub // bucket) * bucket))
+    w = bucket
+    while w < ub:
+        w *= 2
+    return int(min(max_len, w))
+
+
+def padded_batch(n: int) -> int:
+    """The batch a graph of the merge is captured for: 1, 2, 4, 8, then multiples of 8 (vLLM's CUDA-graph sizes)."""
+    if n <= 8:
+        return 1 << max(0, (n - 1).bit_length())
+    return -(-n // 8) * 8
 
 
 def v2_merge(all_token_ids, total_len, idx_mapping, eagle, width: int, use_ngram: bool = True, min_n: int = 3,
@@ -140,7 +152,7 @@ class TokenMirror:
 
 class MergeStep:
     """One step's merge, ``(draft, counts [2], every row matched)``: eager (:meth:`eager`, ~25 kernels launched from
-    Python), or on a CUDA device one graph replay per shape (batch size, lookup width, k): the host then copies the
+    Python), or on a CUDA device one graph replay per shape (padded batch, lookup width, k): the host then copies the
     batch's slot indices and EAGLE's drafts into the graph's static inputs and replays (vLLM's token buffer and
     lengths are read in place: their addresses do not change). The merge writes nothing of vLLM's, so a capture
     needs no scratch state. A shape's first ``checks`` replays are compared with the eager merge (a sync, on those
@@ -148,7 +160,7 @@ class MergeStep:
     eager merge goes on. ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager. At most ``max_graphs`` shapes get a graph."""
 
     def __init__(self, use_ngram: bool, graphs: bool | None = None, checks: int = 2, capture=None,
-                 max_graphs: int = 24):
+                 max_graphs: int = 64):
         import torch
 
         from .gpu_hybrid import _cuda_capture
@@ -161,49 +173,65 @@ class MergeStep:
         self.off_reason: str | None = None
         self.replays = 0
 
-    def eager(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0):
+    def eager(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0, n_live=None):
+        """The merge launched op by op; ``n_live`` (a device scalar): only the first ``n_live`` rows are requests
+        (the rest pad a graph's batch), and only they count in the counts and the every-row-matched flag."""
+        import torch
+
         from .gpu_hybrid import step_summary
 
         if src is not None and tail > 0:
             sync_tail(tok, src, total, rows, tail)
         draft, chose, nv = v2_merge(tok, total, rows, eagle, width, use_ngram=self.use_ngram)
-        return draft, step_summary(chose, nv, int(eagle.shape[1])), chose.all()
+        if n_live is None:
+            return draft, step_summary(chose, nv, int(eagle.shape[1])), chose.all()
+        live = torch.arange(chose.shape[0], device=chose.device) < n_live
+        return draft, step_summary(chose & live, nv, int(eagle.shape[1])), (chose | ~live).all()
 
     def __call__(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0):
         """The merge over ``tok`` (vLLM's buffer, or a :class:`TokenMirror`'s with ``src`` vLLM's buffer and ``tail``
-        the positions a step may append: those are copied first, in the same graph)."""
-        if not self.graphs or rows.shape[0] == 0:
+        the positions a step may append: those are copied first, in the same graph). A graph is kept per padded
+        batch (:func:`padded_batch`: requests finish one by one, so a batch passes through every size) and width."""
+        n = int(rows.shape[0])
+        if not self.graphs or n == 0:
             return self.eager(tok, total, rows, eagle, width, src, tail)
         if self._g and tok.data_ptr() != self._ptr:        # the mirror grew: the graphs read the old buffer
             self._g = {}
         self._ptr = tok.data_ptr()
-        key = (int(rows.shape[0]), int(width), int(eagle.shape[1]), rows.dtype, eagle.dtype, tok.data_ptr(),
-               total.data_ptr(), None if src is None else src.data_ptr(), int(tail))
+        b = padded_batch(n)
+        key = (b, int(width), int(eagle.shape[1]), rows.dtype, eagle.dtype, tok.data_ptr(), total.data_ptr(),
+               None if src is None else src.data_ptr(), int(tail))
         if key not in self._g and len(self._g) >= self.max_graphs:
             return self.eager(tok, total, rows, eagle, width, src, tail)
         try:
             g = self._g.get(key)
             if g is None:
-                g = {"rows": rows.clone(), "eagle": eagle.clone(), "checks": self.checks}
+                g = {"rows": rows[-1:].expand(b).clone(), "eagle": eagle[-1:].expand(b, -1).clone(),
+                     "n": rows.new_full((), n), "checks": self.checks}
                 g["replay"], g["out"] = self._capture(
-                    lambda: self.eager(tok, total, g["rows"], g["eagle"], width, src, tail))
+                    lambda: self.eager(tok, total, g["rows"], g["eagle"], width, src, tail, g["n"]))
                 self._g[key] = g
-            g["rows"].copy_(rows)
-            g["eagle"].copy_(eagle)
+            g["rows"][:n].copy_(rows)
+            g["eagle"][:n].copy_(eagle)
+            if b > n:                          # padding: the last request again (its tail copy is the same)
+                g["rows"][n:].copy_(rows[-1:].expand(b - n))
+                g["eagle"][n:].copy_(eagle[-1:].expand(b - n, -1))
+            g["n"].fill_(n)
             g["replay"]()
             if g["checks"] > 0:
                 want = self.eager(tok, total, rows, eagle, width, src, tail)
-                if not all(bool((a == b).all()) for a, b in zip(g["out"], want)):
+                got = (g["out"][0][:n], g["out"][1], g["out"][2])
+                if not all(bool((a == w).all()) for a, w in zip(got, want)):
                     self._off("a graph replay differed from the eager merge")
                     return want
                 g["checks"] -= 1
                 return want
         except Exception as e:              # never break the engine for a faster path
             self._off(f"{type(e).__name__}: {e}")
-            return self.eager(tok, total, rows, eagle, width)
+            return self.eager(tok, total, rows, eagle, width, src, tail)
         self.replays += 1
         draft, counts, flag = g["out"]      # counts and flag are copied out at once (stream order); the draft is
-        return draft.clone(), counts, flag  # a fresh tensor, as vLLM's own propose hands over
+        return draft[:n].clone(), counts, flag  # a fresh tensor, as vLLM's own propose hands over
 
     def _off(self, why: str) -> None:
         self.graphs, self._g = False, {}
