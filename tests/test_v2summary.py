@@ -376,3 +376,18 @@ def test_host_adjusted_overhead_recovers_a_known_cost_under_host_drift():
         assert h.loc[v, "overhead_host"] == pytest.approx(cost[v], abs=1e-9)
         assert h.loc[v, "overhead_host_ci95"] < 1e-6
     assert v2summary.host_adjusted(pd.DataFrame(rows).drop(columns="engine_probe_ms")).empty
+
+
+def test_timer_host_share_is_the_timers_own_seconds_over_the_runs_wall():
+    """Two timed runs of one shape: 10 steps of 0.1 ms own host time in a 0.01 s run (10%) and 10 of 0.2 ms in
+    0.04 s (5%): 0.15 ms a step, 7.5% of the wall on average; runs of a variant whose steps lack t_timer give
+    nothing, and a folder without t_timer no columns."""
+    runs = pd.DataFrame({"spec": "s", "run_id": ["a", "b", "c"], "timer": ["timer", "timer", "drain"],
+                         "batch_size": 8, "wall_s": [0.01, 0.04, 0.02]})
+    steps = pd.DataFrame({"spec": "s", "run_id": ["a"] * 10 + ["b"] * 10 + ["c"] * 10,
+                          "t_timer": [1e-4] * 10 + [2e-4] * 10 + [None] * 10})
+    t = v2summary.timer_host(runs, steps).set_index("timer")
+    assert list(t.index) == ["timer"]
+    assert t.loc["timer", "timer_host_ms"] == pytest.approx(0.15)
+    assert t.loc["timer", "timer_host_share"] == pytest.approx(0.075)
+    assert v2summary.timer_host(runs, steps.drop(columns="t_timer")).empty

@@ -43,6 +43,7 @@ The per-request accepted counts come from ``AsyncOutput.get_output`` (no extra s
 from __future__ import annotations
 
 import sys
+import time
 
 from . import v2_contract as C
 from .runner_patches import _guard
@@ -212,7 +213,9 @@ def _get_output(orig):
         res = orig(self, *args, **kwargs)
         st = getattr(self, "_spec_repro_step", None)
         if st is not None:
+            t0 = time.perf_counter()
             st.set_outputs(res)
+            st.self_s += time.perf_counter() - t0
             self._spec_repro_step = None
         return res
     return get_output

@@ -9,7 +9,7 @@ only when the engine flushes after a ``generate`` call, the shape read at the st
 (``quick_meta``), since there the host bounds a small target's step and any work on it shows, as does the
 garbage collector: vLLM freezes its startup heap, so whatever the timer kept alive across steps would be walked
 by every full collection (``runner_v2_patches``; each V2 row counts the process's GC pauses: ``t_gc``,
-``gc_full``).
+``gc_full``, and the timer's own host seconds in the step: ``t_timer``).
 
 * ``t_verify``: target forward = ``_model_forward`` start to the end of ``execute_model`` (logits included);
 * ``t_reject``: ``_sample`` (the rejection sampler with SD; the plain sampler without);
@@ -43,7 +43,8 @@ class _Step:
     tracks): holding many steps until flush keeps no SchedulerOutput or event alive that the GC must walk."""
 
     __slots__ = ("so", "evs", "names", "n", "host_start", "host_end", "gap", "in_forward", "in_sample", "outputs",
-                 "ctx", "stream", "index", "hybrid", "hybrid_fn", "awaiting", "meta", "spec", "acc", "gc_s", "gc_full")
+                 "ctx", "stream", "index", "hybrid", "hybrid_fn", "awaiting", "meta", "spec", "acc", "gc_s", "gc_full",
+                 "self_s")
 
     def __init__(self):
         self.evs: list = []         # CUDA events, created as marks need them and kept with the step
@@ -55,6 +56,8 @@ class _Step:
         self.in_forward = self.in_sample = self.awaiting = False
         self.outputs = self.meta = self.spec = self.acc = self.hybrid = self.hybrid_fn = None
         self.ctx, self.stream, self.index, self.gc_s, self.gc_full = ctx, stream, 0, 0.0, 0
+        self.self_s = 0.0       # the timer's own host seconds in this step (begin, marks, end, the outputs' read:
+        #                         each adds its perf_counter span; the wrappers' calls themselves are not in it)
 
     def set_outputs(self, out) -> None:
         self.awaiting = False
@@ -162,8 +165,10 @@ class StepRecorder:
             st.reset(so, now, gap, self.ctx, stream)
         self.cur = st
         self._mark(st, "start")
+        st.self_s += time.perf_counter() - now
 
     def _mark(self, st: _Step, name: str) -> None:
+        t0 = time.perf_counter()
         i = st.n
         if i == len(st.evs):
             st.evs.append(self._torch.cuda.Event(enable_timing=True))
@@ -172,6 +177,7 @@ class StepRecorder:
             st.names[i] = name
         st.evs[i].record(st.stream)
         st.n = i + 1
+        st.self_s += time.perf_counter() - t0
 
     def mark(self, name: str) -> None:
         st = self.cur
@@ -183,7 +189,7 @@ class StepRecorder:
         if st is None:
             return
         self._mark(st, "end")
-        st.host_end = self.last_host_end = time.perf_counter()
+        st.host_end = self.last_host_end = t0 = time.perf_counter()
         if st.meta is not None:
             st.gc_s, st.gc_full = self.gc_s - st.gc_s, self.gc_full - st.gc_full
         if out is not None:
@@ -195,6 +201,7 @@ class StepRecorder:
         st.index = self.step
         self.step += 1
         self.pending.append(st)
+        st.self_s += time.perf_counter() - t0
         if len(self.pending) > (2 * self.DEFER_CAP if self.defer else 1024):   # nothing drained them: resolve here
             self.flush()
 
@@ -253,7 +260,7 @@ class StepRecorder:
             meta["hybrid"] = st.hybrid.resolve() if hasattr(st.hybrid, "resolve") else st.hybrid   # device counts
         row = build_row(st.ctx, meta, phases, st.outputs, gap=gap, raw_gap=st.gap, acc=st.acc)
         if st.meta is not None:
-            row["t_gc"], row["gc_full"] = float(st.gc_s), int(st.gc_full)
+            row["t_gc"], row["gc_full"], row["t_timer"] = float(st.gc_s), int(st.gc_full), float(st.self_s)
         st.reset(None, 0.0, None, None, None)
         self._free.append(st)
         return row

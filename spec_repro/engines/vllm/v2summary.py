@@ -41,7 +41,8 @@ FILE_DOCS = {
                 "async_scheduling beside async_scheduling_forced, instrumented, engine_config",
     "steps.parquet": "every step the plugin timed (the V1 and V2 timers' columns, stage, spec, engine_config, "
                      "uniform, hybrid counts; t_gc / gc_full: the process's GC seconds and full collections inside "
-                     "the step, where the V2 timer counted them), per-request detail left out",
+                     "the step, where the V2 timer counted them; t_timer: the timer's own host seconds in the "
+                     "step, where it counted them), per-request detail left out",
     "lossless.csv": "per run: requests whose greedy output equals the no-SD engine's of the same stage at the "
                     "same batch size (equal / total, the first difference)",
     "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE), timer variant and batch size: tok/s "
@@ -94,7 +95,7 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
     write_runs_steps(runs, steps, out)
     write_lossless(sorted(raw.rglob("results.jsonl")), out)
     if len(runs) and (runs["task"] == "overhead").any():
-        write_via(overhead_table(runs).to_csv, out / "overhead.csv", index=False, float_format="%.6g")
+        write_via(overhead_table(runs, steps).to_csv, out / "overhead.csv", index=False, float_format="%.6g")
     rt = ratio_table(out)
     if len(rt):
         write_via(rt.to_csv, out / "ratios.csv", index=False, float_format="%.6g")
@@ -105,13 +106,16 @@ def _summarize(raw: Path, out: Path, final: Path, command: str) -> dict:
     return {"runs": len(runs), "steps": len(steps), "engines": len(engines)}
 
 
-def overhead_table(runs):
+def overhead_table(runs, steps=None):
     """The timer's cost per engine, timer variant (``common.TIMER_VARIANTS``) and batch size: ``steps.
     overhead_table`` of each variant's runs against the same engine's runs with vLLM's own methods (``off``) in the
     same repeats, ``overhead_paired`` = 1 - mean over repeats of variant / off, with the engine's ``config``,
     ``runner`` and ``engine_config``; ``overhead`` (the paired estimate; the ratio of means where fewer than two
     pairs ran) and ``within_limit`` (overhead <= 3%). Runs without a recorded variant were timed by the timer that
-    built its rows at the sampler (``drain``) or ran without it (``off``)."""
+    built its rows at the sampler (``drain``) or ran without it (``off``). With ``steps`` whose rows carry the
+    timer's own host seconds (``t_timer``), also ``timer_host_ms`` (per step) and ``timer_host_share`` (of the
+    run's wall time: what the timer costs if all of its host work lies on the step's critical path, as on a
+    host-bound runner; :func:`timer_host`)."""
     import pandas as pd
 
     from .steps import overhead_table as table
@@ -136,7 +140,29 @@ def overhead_table(runs):
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
     ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
+    th = timer_host(r, steps)
+    if len(th):
+        ov = ov.merge(th, on=["spec", "timer", "batch_size"], how="left")
     return ov.sort_values(["config", "spec", "timer", "batch_size"], kind="stable").reset_index(drop=True)
+
+
+def timer_host(r, steps):
+    """Per engine spec, timer variant and batch size, from the overhead runs' steps that carry ``t_timer`` (the
+    timer's own host seconds in each step, perf_counter spans of its begin, marks, end and output read):
+    ``timer_host_ms`` = the mean per step, ``timer_host_share`` = the mean over runs of their steps' sum over the
+    run's wall seconds. Empty where no step carries it."""
+    import pandas as pd
+
+    if steps is None or "t_timer" not in getattr(steps, "columns", ()) or steps["t_timer"].isna().all():
+        return pd.DataFrame()
+    s = steps.dropna(subset=["t_timer"])
+    per_run = s.groupby(["spec", "run_id"]).agg(t=("t_timer", "sum"), n=("t_timer", "size")).reset_index()
+    m = r.merge(per_run, on=["spec", "run_id"], how="inner")
+    if m.empty:
+        return pd.DataFrame()
+    m = m.assign(share=m["t"] / m["wall_s"], ms=1e3 * m["t"] / m["n"])
+    return (m.groupby(["spec", "timer", "batch_size"])
+            .agg(timer_host_ms=("ms", "mean"), timer_host_share=("share", "mean")).reset_index())
 
 
 def host_adjusted(r):

@@ -49,6 +49,8 @@ def overhead_line(out: Path) -> tuple[bool, str]:
         parts.append(f"{c}: " + ", ".join(f"bs {b} {o:+.1%}" for b, o in zip(g["batch_size"], g["overhead"])))
         if "overhead_host" in g and g["overhead_host"].notna().all():    # reported beside, not what the line holds
             parts[-1] += " (host speed held fixed: " + ", ".join(f"{o:+.1%}" for o in g["overhead_host"]) + ")"
+        if "timer_host_share" in g and g["timer_host_share"].notna().all():     # beside too: its own host time
+            parts[-1] += " (its own host time: " + ", ".join(f"{o:.1%}" for o in g["timer_host_share"]) + ")"
         ok &= bool(g["within_limit"].all())
     ok &= {"none", "eagle"} <= set(ov["config"])
     return ok, f"{head}: " + "; ".join(parts)
