@@ -240,8 +240,8 @@ def test_v2_timer_rows_and_instrument_off_restores_vllms_methods(clean, tmp_path
 
 
 def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
-    """fwd0 after prepare_attn, fwd1 + samp0 at the sampler's entry (logits in verification, as on V1), draft0/1
-    around the speculator's propose; a dummy run begins no step."""
+    """fwd0 after prepare_attn, fwd1 + samp0 at the sampler's entry as one event (logits in verification, as on
+    V1), draft0/1 around the speculator's propose; a dummy run begins no step."""
     marks = []
     rec = types.SimpleNamespace(cur=None, ctx={"record": True})
 
@@ -249,9 +249,9 @@ def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
         rec.cur = types.SimpleNamespace(marks=[], in_forward=False, in_sample=False)
         marks.append("start")
 
-    def mark(name):
+    def mark(name, *also):                  # names that share one event (fwd1 and samp0)
         rec.cur.marks.append((name, None))
-        marks.append(name)
+        marks.extend((name, *also))
 
     rec.begin, rec.mark, rec.drain = begin, mark, lambda: marks.append("drain")
     rec.watch_gc = lambda on: None

@@ -177,8 +177,7 @@ def _sampler_call(orig):
         if st is None or st.in_sample:      # not in a step, or nested: untimed
             return orig(self, logits, input_batch, *args, **kwargs)
         st.in_sample = True
-        _guard(rec.mark, "fwd1")
-        _guard(rec.mark, "samp0")
+        _guard(rec.mark, "fwd1", "samp0")     # one event: the forward ends where sampling starts
         out = orig(self, logits, input_batch, *args, **kwargs)
         _guard(rec.mark, "samp1")
         _guard(rec.drain)        # finished steps into rows while the GPU runs this one

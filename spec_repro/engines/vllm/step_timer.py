@@ -167,7 +167,8 @@ class StepRecorder:
         self._mark(st, "start")
         st.self_s += time.perf_counter() - now
 
-    def _mark(self, st: _Step, name: str) -> None:
+    def _mark(self, st: _Step, name) -> None:
+        """One CUDA event on the step's stream; ``name``: a mark's name, or a tuple of names sharing the event."""
         t0 = time.perf_counter()
         i = st.n
         if i == len(st.evs):
@@ -179,10 +180,11 @@ class StepRecorder:
         st.n = i + 1
         st.self_s += time.perf_counter() - t0
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, *also: str) -> None:
+        """Mark the current step at ``name`` (and ``also``: more names at the same point, one event)."""
         st = self.cur
         if st is not None:
-            self._mark(st, name)
+            self._mark(st, (name, *also) if also else name)
 
     def end(self, out) -> None:
         st, self.cur = self.cur, None
@@ -247,7 +249,10 @@ class StepRecorder:
         evs, names, n = st.evs, st.names, st.n
         evs[n - 1].synchronize()  # complete already when called from drain(); cheap
         start = evs[0]
-        times = [(names[i], start.elapsed_time(evs[i]) / 1e3) for i in range(n)]
+        times = []
+        for i in range(n):
+            t = start.elapsed_time(evs[i]) / 1e3
+            times += [(nm, t) for nm in names[i]] if isinstance(names[i], tuple) else [(names[i], t)]
         phases = phase_times(times)
         gap = st.gap if (st.gap is not None and st.gap < self.gap_cap) else 0.0
         phases["t_other"] += gap
