@@ -19,8 +19,7 @@ elsewhere; the merged ``[num_reqs, k]`` tensor (EAGLE's dtype) is returned in pl
 own ``draft_tokens`` are left as EAGLE wrote them (its next draft step reads them). The lookup reads only the
 first W columns, W = the batch's host-side upper bound on sequence length + 1 (``input_batch.
 seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256 times a power of two, at most
-``max_model_len``.
-``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
+``max_model_len``. ``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
 
 vLLM keeps ``all_token_ids`` in host memory mapped to the device (UVA: it is ``[max_num_reqs, max_model_len]``,
 "for a large but not-frequently-accessed tensor"). A lookup that reads B x W of it every step reads over PCIe:
