@@ -412,6 +412,14 @@ def _live_runs(folder: Path):
     return runs[runs["stage"] == "grid"] if "stage" in runs.columns else runs
 
 
+def _with_runner(frame: pd.DataFrame) -> pd.DataFrame:
+    """A live table with its runner labels: one older than them (no ``engine_config``) ran on the V1 runner,
+    forced, as every committed table of that age did."""
+    if "engine_config" in frame.columns:
+        return frame
+    return frame.assign(engine_config="v1-forced", **({} if "runner" in frame.columns else {"runner": "v1"}))
+
+
 def live_runners(frame: pd.DataFrame) -> str:
     """How a live table's rows ran (``live_speedups``' or ``live_steps``' frame, or a runs table: its
     ``engine_config`` and ``method``, ``config`` or ``proposers``): ``V1 runner (forced)`` (the committed V1
@@ -419,8 +427,7 @@ def live_runners(frame: pd.DataFrame) -> str:
     (forced); ngram: V1 runner (forced)`` where configurations differ (vLLM 0.25 runs n-gram on V1 only)."""
     from .engines.vllm.labels import DISPLAY
 
-    if "engine_config" not in frame.columns:
-        frame = frame.assign(engine_config="v1-forced")
+    frame = _with_runner(frame)
     col = next(c for c in ("method", "config", "proposers") if c in frame.columns)
     r = frame[frame["engine_config"].isin(LIVE_CONFIGS)]
     by = r.groupby("engine_config")[col].unique()
@@ -436,8 +443,7 @@ def _live_labels(runs: pd.DataFrame) -> str:
     and engine configuration as recorded; a table older than the runner labels ran on the V1 runner, forced)."""
     from .rowlabels import label_text
 
-    if "engine_config" not in runs.columns:
-        runs = runs.assign(engine_config="v1-forced", runner="v1")
+    runs = _with_runner(runs)
     r = runs[runs["engine_config"].isin(LIVE_CONFIGS)]
     cols = [c for c in ("config", "runner", "weights", "engine_config") if c in r.columns]
     return label_text(r[cols].drop_duplicates().rename(columns={"config": "method"}).to_dict("records"))
