@@ -167,6 +167,7 @@ class _Ev:
 
     def record(self, stream=None):
         self.t = self.clock[0]
+        self.stream = stream
 
     def query(self):
         return self.t is not None
@@ -200,6 +201,22 @@ def _step(run, so, batch, new):
     run.step_input = (batch, new)
     assert run.execute_model(so) is None
     return run.sample_tokens(None)
+
+
+def test_v2_timer_records_on_the_runners_cached_stream(clean, tmp_path):
+    """V2's runner caches the stream it runs on (``main_stream``, a cached_property): the deferred timer records its
+    events there without looking the current stream up each step; a runner without it: the current stream."""
+    rec = step_timer.StepRecorder(str(tmp_path / "steps.jsonl"))
+    rec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Ev, current_stream=lambda: "current"))
+    rec._rank_ok = True
+    step_timer._REC[:] = [os.getpid(), rec]
+    assert RV.install(_classes()) is True and rec.defer
+    run = FakeRunner(None, "cpu")
+    _step(run, _so(["a"], K, first=True), _batch(["a"], [7], 0, [5]), [[1]])
+    assert {e.stream for e in rec.pending[-1].evs} == {"current"}
+    run.__dict__["main_stream"] = "main"
+    _step(run, _so(["a"], K), _batch(["a"], [7], K, [5]), [[1, 2]])
+    assert {e.stream for e in rec.pending[-1].evs} == {"main"}
 
 
 def test_v2_timer_rows_and_instrument_off_restores_vllms_methods(clean, tmp_path):

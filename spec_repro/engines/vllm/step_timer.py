@@ -148,10 +148,14 @@ class StepRecorder:
             self._torch = torch
         now = time.perf_counter()
         gap = None if self.last_host_end is None else now - self.last_host_end
-        stream = self._torch.cuda.current_stream()
-        if self._stream is None or stream != self._stream:
-            self._stream = stream
-        stream = self._stream            # one Stream object for every step on it (none kept per step)
+        # V2's runner caches the stream it runs on (``main_stream``: "to avoid lookup overhead"); elsewhere the
+        # current stream, one Stream object kept for every step on it (none per step)
+        stream = getattr(runner, "__dict__", {}).get("main_stream") if self.defer else None
+        if stream is None:
+            stream = self._torch.cuda.current_stream()
+            if self._stream is None or stream != self._stream:
+                self._stream = stream
+            stream = self._stream
         st = self._free.pop() if self._free else _Step()
         if self.defer:
             # the shape now, as plain numbers (the SchedulerOutput is not kept until flush)
