@@ -4,7 +4,7 @@ this run. The H200 numbers committed in data/gpu/overhead.csv came from the same
 ``s3-gpu0``).
 
     python benchmarks/vllm_plugin_overhead.py [--model DIR_WITH_CONFIG_JSON] [--repeats 4] [--max-tokens 512]
-    python benchmarks/vllm_plugin_overhead.py --host      # no GPU: the timer's host time per step
+    python benchmarks/vllm_plugin_overhead.py --host      # no GPU: the timers' host time per step (V1, V2)
 
 ``--host`` drives the recorder with stand-in events on SchedulerOutput-shaped batches and prints the host time
 a step spends in the timer on its critical path (before the forward is launched and after the sampled tokens
@@ -96,9 +96,82 @@ def host_cost(batch_sizes=(1, 64), steps: int = 3000) -> None:
         print(line)
 
 
+def host_cost_v2(batch_sizes=(1, 8, 32, 64), steps: int = 3000) -> None:
+    """The V2 timer as it runs (deferred: ``step_timer`` with ``defer``): its host time a step on the step's path
+    (begin with the shape read, 6 marks, end, the async output's read) and per step at flush (rows built after
+    the generate call, outside the run's timed window), with stand-in events, beside the H100's measured V2 no-SD
+    decode step (data/gpu/live). CUDA event records are not in it (on a GPU each V2 row's ``t_timer`` has them)."""
+    import time
+    import types
+
+    from spec_repro.engines.vllm import step_timer
+
+    class Ev:
+        def __init__(self, enable_timing=True):
+            self.t = 0.0
+
+        def record(self, stream=None):
+            pass
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.0
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Ev, current_stream=lambda: "s"))
+    live = Path(__file__).parents[1] / "data" / "gpu" / "live" / "steps.parquet"
+    ms = {}
+    if live.exists():
+        st = pd.read_parquet(live, columns=["config", "stage", "phase", "batch_size", "t_total"])
+        st = st[(st["config"] == "none") & (st["stage"] == "grid") & (st["phase"] == "decode")]
+        ms = (1e3 * st.groupby("batch_size")["t_total"].median()).to_dict()
+    k = 5
+    for b in batch_sizes:
+        ids = [f"{i}-0a1b2c3d" for i in range(b)]
+        so = types.SimpleNamespace(
+            num_scheduled_tokens={r: 1 + k for r in ids}, scheduled_spec_decode_tokens={r: [-1] * k for r in ids},
+            scheduled_new_reqs=[], total_num_scheduled_tokens=(1 + k) * b,
+            scheduled_cached_reqs=types.SimpleNamespace(req_ids=ids, num_computed_tokens=[600] * b,
+                                                        num_output_tokens=[100] * b))
+        res = types.SimpleNamespace(req_ids=ids, sampled_token_ids=[[1, 2, 3]] * b)
+        runner = types.SimpleNamespace(main_stream="s")
+        with tempfile.TemporaryDirectory() as d:
+            rec = step_timer.StepRecorder(str(Path(d) / "s.jsonl"))
+            rec._torch, rec._rank_ok, rec.defer = fake, True, True
+            rec.set_context(run_id="bench", model="m", method="eagle", k=k, batch_size=b)
+            path = flush = 0.0
+            for i in range(steps):
+                t0 = time.perf_counter()
+                rec.begin(runner, so)
+                rec.mark("fwd0")
+                rec.mark("fwd1", "samp0")
+                rec.mark("samp1")
+                rec.mark("draft0")
+                rec.mark("draft1")
+                out = types.SimpleNamespace(get_output=None)
+                st = rec.cur
+                rec.end(out)
+                st.set_outputs(res)                 # the async output's read (AsyncOutput.get_output)
+                path += time.perf_counter() - t0
+                if i % 128 == 127:                  # a generate call of 128 steps ends: its rows are built
+                    t1 = time.perf_counter()
+                    rec.flush()
+                    flush += time.perf_counter() - t1
+        c, f = 1e6 * path / steps, 1e6 * flush / steps
+        line = f"V2 B={b}: on the step's path {c:.1f} us/step, at flush {f:.1f} us/step"
+        if b in ms:
+            line += f"; H100 no-SD decode step {ms[b]:.2f} ms -> {100 * c / 1e3 / ms[b]:.2f}% of a step on this CPU"
+        print(line)
+
+
 def main() -> int:
     if "--host" in sys.argv[1:]:
         host_cost()
+        host_cost_v2()
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=LLAMA8B, help="a dir with config.json (dummy weights)")
