@@ -25,29 +25,32 @@ from spec_repro.engines.vllm.steps import overhead_table
 from spec_repro.engines.vllm.jobs import LLAMA8B, run_spec
 
 
+class _Event:
+    """A CUDA event's stand-in for the host-time measurements: records nothing, always complete."""
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = 0.0
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
 def host_cost(batch_sizes=(1, 64), steps: int = 3000) -> None:
     import time
     import types
 
     from spec_repro.engines.vllm import plugin as vp
 
-    class Ev:
-        def __init__(self, enable_timing=True):
-            self.t = None
-
-        def record(self, stream=None):
-            self.t = 0.0
-
-        def query(self):
-            return True
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.0
-
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Ev, current_stream=lambda: "s"))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Event, current_stream=lambda: "s"))
     gpu = Path(__file__).parents[1] / "data" / "gpu" / "phase_breakdown.csv"
     ms = {}
     if gpu.exists():
@@ -106,23 +109,7 @@ def host_cost_v2(batch_sizes=(1, 8, 32, 64), steps: int = 3000) -> None:
 
     from spec_repro.engines.vllm import step_timer
 
-    class Ev:
-        def __init__(self, enable_timing=True):
-            self.t = 0.0
-
-        def record(self, stream=None):
-            pass
-
-        def query(self):
-            return True
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.0
-
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Ev, current_stream=lambda: "s"))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Event, current_stream=lambda: "s"))
     live = Path(__file__).parents[1] / "data" / "gpu" / "live" / "steps.parquet"
     ms = {}
     if live.exists():
