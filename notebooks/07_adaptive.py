@@ -47,13 +47,10 @@ import pandas as pd
 
 from spec_repro import analysis as A, plots as P
 
-if backend == "embedded" or traces is not None:
-    trace = A.load_traces(traces, model=model, datasets=datasets)
-else:  # a live run: the torch engine's exact profiler collects fresh traces, then the same analysis follows
-    trace = A.live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=live_requests,
-                         max_new_tokens=live_max_new_tokens)
+# the committed traces, or with a live backend fresh ones; prints their provenance (model, engine, machine, files)
+trace = A.notebook_trace(traces, backend=backend, model=model, datasets=datasets, proposers=proposers,
+                         n_requests=live_requests, max_new_tokens=live_max_new_tokens)
 props = proposers or trace.proposers
-print(A.trace_provenance(trace))   # full provenance: model, engine, machine, date, files
 SOURCE = A.short_source(trace)     # the one-line version used in captions and the summary table
 
 # %% [markdown]

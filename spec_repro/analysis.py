@@ -17,7 +17,7 @@ from .findings import (PAPER, SummaryRow, adaptive_rows, agreement_rows, finding
 from .grids import (ADAPTIVE_BATCH_SIZES, COMBINE_PARTNERS, DRAFTER_STANDINS, adaptive_grid, adaptive_report,
                     adaptive_sets, adaptive_summary, adaptive_table, combine_set, confidence_table, cost_model_for,
                     out_of_sample_params, out_of_sample_policy, simulate_grid, tune_rule)
-from .live import live_trace, live_vllm_job
+from .live import live_trace, live_vllm_job, notebook_trace
 from .measured import (acceptance_agreement, cpu_steps, drafting_sweep, gpu_cost_model_path, gpu_job_specs, gpu_speedups, gpu_steps,
                        gpu_verify_limits, live_rotated_runs, live_runners, live_speedups, live_step_split, live_steps,
                        v2_speedups, v2_table, verify_cost)
@@ -56,5 +56,5 @@ __all__ = [
     # provenance
     "describe_source", "short_source", "trace_provenance",
     # live
-    "live_trace", "live_vllm_job",
+    "live_trace", "live_vllm_job", "notebook_trace",
 ]

@@ -9,7 +9,25 @@ from .traces import Trace
 
 from .tracefiles import read_trace
 
-__all__ = ["live_trace", "live_vllm_job"]
+__all__ = ["live_trace", "live_vllm_job", "notebook_trace"]
+
+
+def notebook_trace(traces=None, *, backend: str = "embedded", model: str | None = None,
+                   datasets: Sequence[str] | None = None, proposers: Sequence[str] | None = None,
+                   n_requests: int = 4, max_new_tokens: int = 64) -> Trace:
+    """A notebook's traces, from its parameters: the committed (or given) trace files, or, with a live ``backend``
+    and no ``traces``, fresh ones from the torch engine's exact profiler (``live_trace``), after which the same
+    analysis follows. Prints their full provenance (model, engine, machine, date, files)."""
+    from .paths import load_traces
+    from .provenance import trace_provenance
+
+    if backend == "embedded" or traces is not None:
+        trace = load_traces(traces, model=model, datasets=datasets)
+    else:
+        trace = live_trace("torch", model=model, datasets=datasets, proposers=proposers, n_requests=n_requests,
+                           max_new_tokens=max_new_tokens)
+    print(trace_provenance(trace))
+    return trace
 
 
 def live_trace(backend: str, *, model: str | None = None, datasets: Sequence[str] | None = None,
