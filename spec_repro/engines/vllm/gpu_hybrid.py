@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["GPU_POLICIES", "V1_GPU_POLICIES", "DeviceHistory", "DeviceStep", "mix", "ngram_propose", "step_summary"]
+__all__ = ["GPU_POLICIES", "V1_GPU_POLICIES", "DeviceHistory", "DeviceStep", "GraphSteps", "mix", "ngram_propose",
+           "step_summary"]
 
 GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only", "gpu-pr24344-skip")
 V1_GPU_POLICIES = ("gpu-pr24344", "gpu-eagle-only")      # the V1 runner's (hybrid_runner); the skip is V2's only
@@ -128,7 +129,36 @@ def _cuda_capture(fn, warmups: int = 2):
     return g.replay, out
 
 
-class DeviceStep:
+class GraphSteps:
+    """The CUDA-graph bookkeeping of a device-side step (:class:`DeviceStep`, ``hybrid_v2.MergeStep``): at most
+    ``max_graphs`` shapes get a graph (``capture``: how; tests pass a stand-in with a graph's semantics), each
+    checked against the eager path on its first ``checks`` replays; a capture that fails or a replay that differs
+    turns graphs off for good (``off_reason``, said once), and the eager path goes on."""
+
+    WHAT = "device-side hybrid", "steps"      # who says it, what goes on eager
+
+    def __init__(self, graphs: bool, checks: int = 2, capture=None, max_graphs: int = 16):
+        self.graphs, self.checks = bool(graphs), int(checks)
+        self._capture, self.max_graphs = capture or _cuda_capture, int(max_graphs)
+        self._g: dict = {}
+        self.off_reason: str | None = None
+        self.replays = 0
+
+    def _full(self, key) -> bool:
+        """No graph for ``key`` and no room for another: its steps run eager."""
+        return key not in self._g and len(self._g) >= self.max_graphs
+
+    def _off(self, why: str) -> None:
+        import sys
+
+        self.graphs, self._g = False, {}
+        if self.off_reason is None:
+            self.off_reason = why
+            who, what = self.WHAT
+            print(f"[spec_repro] {who}: CUDA graphs OFF (eager {what} go on): {why}", file=sys.stderr, flush=True)
+
+
+class DeviceStep(GraphSteps):
     """One step of the device-side hybrid for a batch: this step's tokens into the history, n-gram's lookup, the
     mix with EAGLE's drafts, the step's counts; ``(draft [B, k], counts [2])``.
 
@@ -144,12 +174,8 @@ class DeviceStep:
 
     def __init__(self, history: "DeviceHistory", use_ngram: bool, graphs: bool | None = None, checks: int = 2,
                  capture=None, max_graphs: int = 16):
+        super().__init__(history.device.type == "cuda" if graphs is None else graphs, checks, capture, max_graphs)
         self.h, self.use_ngram = history, bool(use_ngram)
-        self.graphs = history.device.type == "cuda" if graphs is None else bool(graphs)
-        self.checks, self._capture, self.max_graphs = int(checks), capture or _cuda_capture, int(max_graphs)
-        self._g: dict = {}
-        self.off_reason: str | None = None
-        self.replays = 0
         self.last_graph = False
 
     def eager(self, rows, sampled, keep, eagle, vocab_size=None):
@@ -166,7 +192,7 @@ class DeviceStep:
         torch = self.h.torch
         key = (int(rows.shape[0]), int(sampled.shape[1]), int(eagle.shape[1]), sampled.dtype, eagle.dtype,
                vocab_size)
-        if key not in self._g and len(self._g) >= self.max_graphs:   # a ragged tail of batch sizes: eager
+        if self._full(key):                 # a ragged tail of batch sizes: eager
             return self.eager(rows, sampled, keep, eagle, vocab_size)
         try:
             g = self._g.get(key) or self._build(key, rows, sampled, eagle, vocab_size)
@@ -198,15 +224,6 @@ class DeviceStep:
         h.len[h.max_reqs] = scratch_len     # the warm-up and capture wrote only the scratch row
         self._g[key] = g
         return g
-
-    def _off(self, why: str) -> None:
-        import sys
-
-        self.graphs, self._g = False, {}
-        if self.off_reason is None:
-            self.off_reason = why
-            print(f"[spec_repro] device-side hybrid: CUDA graphs OFF (eager steps go on): {why}", file=sys.stderr,
-                  flush=True)
 
     def _checked(self, g, rows, sampled, keep, eagle, vocab_size):
         torch, h = self.h.torch, self.h

@@ -59,6 +59,7 @@ from collections import deque
 
 from . import v2_contract as C
 from .common import ENV_HYBRID, HYBRID_OFF
+from .gpu_hybrid import GraphSteps
 from .hybrid_runner import _hybrid_off
 from .state import _state, logger
 
@@ -149,7 +150,7 @@ class TokenMirror:
         self.tok[idx, :width] = src[idx, :width]
 
 
-class MergeStep:
+class MergeStep(GraphSteps):
     """One step's merge, ``(draft, counts [2], every row matched)``: eager (:meth:`eager`, ~25 kernels launched from
     Python), or on a CUDA device one graph replay per shape (padded batch, lookup width, k): the host then copies the
     batch's slot indices and EAGLE's drafts into the graph's static inputs and replays (vLLM's token buffer and
@@ -158,19 +159,15 @@ class MergeStep:
     steps only); a capture that fails or a replay that differs turns graphs off for good with one message, and the
     eager merge goes on. ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager. At most ``max_graphs`` shapes get a graph."""
 
+    WHAT = "V2 hybrid", "merges"
+
     def __init__(self, use_ngram: bool, graphs: bool | None = None, checks: int = 2, capture=None,
                  max_graphs: int = 64):
         import torch
 
-        from .gpu_hybrid import _cuda_capture
-
+        super().__init__(torch.cuda.is_available() if graphs is None else graphs, checks, capture, max_graphs)
         self.use_ngram = bool(use_ngram)
-        self.graphs = torch.cuda.is_available() if graphs is None else bool(graphs)
-        self.checks, self._capture, self.max_graphs = int(checks), capture or _cuda_capture, int(max_graphs)
-        self._g: dict = {}
         self._ptr = None
-        self.off_reason: str | None = None
-        self.replays = 0
 
     def eager(self, tok, total, rows, eagle, width: int, src=None, tail: int = 0, n_live=None):
         """The merge launched op by op; ``n_live`` (a device scalar): only the first ``n_live`` rows are requests
@@ -200,7 +197,7 @@ class MergeStep:
         b = padded_batch(n)
         key = (b, int(width), int(eagle.shape[1]), rows.dtype, eagle.dtype, tok.data_ptr(), total.data_ptr(),
                None if src is None else src.data_ptr(), int(tail))
-        if key not in self._g and len(self._g) >= self.max_graphs:
+        if self._full(key):
             return self.eager(tok, total, rows, eagle, width, src, tail)
         try:
             g = self._g.get(key)
@@ -231,13 +228,6 @@ class MergeStep:
         self.replays += 1
         draft, counts, flag = g["out"]      # counts and flag are copied out at once (stream order); the draft is
         return draft[:n].clone(), counts, flag  # a fresh tensor, as vLLM's own propose hands over
-
-    def _off(self, why: str) -> None:
-        self.graphs, self._g = False, {}
-        if self.off_reason is None:
-            self.off_reason = why
-            print(f"[spec_repro] V2 hybrid: CUDA graphs OFF (eager merges go on): {why}", file=sys.stderr,
-                  flush=True)
 
 
 class SkipGate:
