@@ -110,9 +110,9 @@ def summary_row(counts: Sequence[int], n_reqs: int, k: int, graph: bool = False)
             "gpu": True, "graph": bool(graph)}
 
 
-def _cuda_capture(fn, warmups: int = 2):
-    """``fn`` captured as a CUDA graph (the usual recipe: warm-up runs on a side stream, then the capture):
-    returns (replay, fn's outputs, written in place by every replay)."""
+def _cuda_capture(fn, warmups: int = 2, pool=None):
+    """``fn`` captured as a CUDA graph (the usual recipe: warm-up runs on a side stream, then the capture) into
+    memory ``pool`` (None: a pool of its own): returns (replay, fn's outputs, written in place by every replay)."""
     import torch
 
     s = torch.cuda.Stream()
@@ -124,7 +124,7 @@ def _cuda_capture(fn, warmups: int = 2):
     g = torch.cuda.CUDAGraph()
     # thread_local: only this thread's calls are checked during the capture; vLLM's own threads (the async
     # output copies) go on as they are
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+    with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
         out = fn()
     return g.replay, out
 
@@ -133,16 +133,29 @@ class GraphSteps:
     """The CUDA-graph bookkeeping of a device-side step (:class:`DeviceStep`, ``hybrid_v2.MergeStep``): at most
     ``max_graphs`` shapes get a graph (``capture``: how; tests pass a stand-in with a graph's semantics), each
     checked against the eager path on its first ``checks`` replays; a capture that fails or a replay that differs
-    turns graphs off for good (``off_reason``, said once), and the eager path goes on."""
+    turns graphs off for good (``off_reason``, said once), and the eager path goes on.
+
+    One memory pool for all of a step's graphs: their memory is the largest graph's, not the sum (the lookup's
+    [B, W, 7] intermediates grow with the history's width). Sharing is safe here because a replay's outputs are
+    consumed (cloned or copied out, in stream order) before any other graph of the step replays, and graphs never
+    run at once; a graph that read another's leftovers would differ from the eager path on its checked replays."""
 
     WHAT = "device-side hybrid", "steps"      # who says it, what goes on eager
 
     def __init__(self, graphs: bool, checks: int = 2, capture=None, max_graphs: int = 16):
         self.graphs, self.checks = bool(graphs), int(checks)
-        self._capture, self.max_graphs = capture or _cuda_capture, int(max_graphs)
+        self._capture, self.max_graphs = capture or self._pooled_capture, int(max_graphs)
         self._g: dict = {}
+        self._pool = None
         self.off_reason: str | None = None
         self.replays = 0
+
+    def _pooled_capture(self, fn):
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return _cuda_capture(fn, pool=self._pool)
 
     def _full(self, key) -> bool:
         """No graph for ``key`` and no room for another: its steps run eager."""
