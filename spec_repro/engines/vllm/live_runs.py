@@ -141,11 +141,9 @@ def load(raw: str | Path):
         df, extra = latest_steps(*read_step_records(f))
         df["t_sched"] = [x.get("t_sched", 0.0) for x in extra]
         df["outputs_known"] = [x.get("outputs_known", True) for x in extra]
-        if any("t_gc" in x for x in extra):     # the V2 timer's GC pauses inside each step (step_timer)
-            df["t_gc"] = [x.get("t_gc") for x in extra]
-            df["gc_full"] = [x.get("gc_full") for x in extra]
-        if any("t_timer" in x for x in extra):  # the V2 timer's own host seconds inside each step
-            df["t_timer"] = [x.get("t_timer") for x in extra]
+        for key in ("t_gc", "gc_full", "t_timer"):   # the V2 timer's GC pauses and own host seconds in each step
+            if any(key in x for x in extra):
+                df[key] = [x.get(key) for x in extra]
         for key in ("ngram", "eagle", "none", "ngram_tokens", "eagle_tokens", "pad_tokens", "pad_accepted"):
             df[f"hybrid_{key}"] = [(x.get("hybrid") or {}).get(key) for x in extra]
         df["spec"] = spec
