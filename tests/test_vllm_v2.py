@@ -438,7 +438,7 @@ def _mirror_run(flag_prefill=True, seed=7, steps=40):
     total = torch.zeros(max_reqs, dtype=torch.int32)
     rs = types.SimpleNamespace(all_token_ids=types.SimpleNamespace(gpu=src), total_len=types.SimpleNamespace(gpu=total))
     mirrored = HV.V2Hybrid("gpu-pr24344", graphs=True, capture=_graph_like_capture)
-    direct = HV.V2Hybrid("gpu-pr24344", graphs=False)
+    direct = HV.MergeStep(True, graphs=False)                # the lookup over vLLM's buffer itself
     mirror, call = HV.TokenMirror(), 0
     live, free = {}, list(range(max_reqs))
     for step in range(steps):
@@ -469,7 +469,8 @@ def _mirror_run(flag_prefill=True, seed=7, steps=40):
                                    seq_lens_cpu_upper_bound=total[torch.tensor(slots).long()] + 1)
         eagle = torch.tensor(rng.integers(10, 20, size=(len(ids), k)), dtype=torch.int64)
         got = mirrored.step(rs, ib, eagle, max_len, mirror, call)
-        want = direct.step(rs, ib, eagle, max_len)
+        want = direct(src, total, ib.idx_mapping, eagle, HV.lookup_width(ib.seq_lens_cpu_upper_bound, len(ids),
+                                                                          max_len))[:2]
         yield [o.tolist() for o in got], [o.tolist() for o in want], mirror, mirrored.merge
 
 

@@ -304,26 +304,22 @@ class V2Hybrid:
         self.merge = MergeStep(self.use_ngram, graphs=graphs, capture=capture)
         self.steps = self.skipped = 0
 
-    def step(self, req_states, input_batch, eagle, max_len: int, mirror: TokenMirror | None = None,
-             call: int | None = None):
-        """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate. With a
-        ``mirror`` (the speculator's; ``call``: its step count) the lookup reads the device copy, brought up to
-        date here (whole rows where vLLM prefills, or all when the step before was not seen) and in the merge."""
+    def step(self, req_states, input_batch, eagle, max_len: int, mirror: TokenMirror, call: int):
+        """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate. The lookup
+        reads ``mirror`` (the speculator's device copy; ``call``: its step count), brought up to date here (whole
+        rows where vLLM prefills, or all when the step before was not seen) and in the merge (the rest)."""
         n = int(input_batch.num_reqs)
         w = lookup_width(input_batch.seq_lens_cpu_upper_bound, n, max_len)
         src, total, rows = req_states.all_token_ids.gpu, req_states.total_len.gpu, input_batch.idx_mapping[:n]
-        if mirror is None:
-            draft, counts, all_matched = self.merge(src, total, rows, eagle[:n], w)
+        pre = getattr(input_batch, "is_prefilling_np", None)
+        slots = getattr(input_batch, "idx_mapping_np", None)
+        if mirror.seen is None or call != mirror.seen + 1 or pre is None or slots is None:
+            mirror.fill(src, w, rows=rows)
         else:
-            pre = getattr(input_batch, "is_prefilling_np", None)
-            slots = getattr(input_batch, "idx_mapping_np", None)
-            if mirror.seen is None or call != mirror.seen + 1 or pre is None or slots is None:
-                mirror.fill(src, w, rows=rows)
-            else:
-                mirror.fill(src, w, slots=slots[:n][pre[:n]])
-            mirror.seen = call
-            draft, counts, all_matched = self.merge(mirror.tok, total, rows, eagle[:n], w, src=src,
-                                                    tail=int(eagle.shape[1]) + 1)
+            mirror.fill(src, w, slots=slots[:n][pre[:n]])
+        mirror.seen = call
+        draft, counts, all_matched = self.merge(mirror.tok, total, rows, eagle[:n], w, src=src,
+                                                tail=int(eagle.shape[1]) + 1)
         if self.gate is not None:
             self.gate.push(all_matched)
         self.steps += 1
