@@ -26,6 +26,9 @@ def test_pair_in_sync(name):
     assert _cells(a) == _cells(b), (f"{name}.py and {name}.ipynb differ: after editing one, run "
                                     f"`jupytext --sync notebooks/{name}.ipynb` (or save in JupyterLab with jupytext)")
     assert b.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent"
+    # the header names no jupytext version: a newer jupytext would rewrite the .py on every save in JupyterLab
+    assert "jupytext_version:" not in py.read_text() and b.metadata["jupytext"].get(
+        "notebook_metadata_filter") == "-jupytext.text_representation.jupytext_version"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
