@@ -22,6 +22,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -133,6 +134,31 @@ def test_overhead_table_pairs_each_timer_variant_with_the_off_runs_of_its_repeat
         assert t.loc[("hooks", b), "overhead"] == pytest.approx(1 - (1.5 * mine / off).mean(), abs=1e-9)
 
 
+def test_toggle_runs_give_the_timers_cost_inside_runs_and_it_is_the_headline(raw):
+    """The recorded on / off runs plus toggle runs whose medians are set by hand (arithmetic, not a measurement):
+    overhead_blocks = 1 - mean over runs of untimed / timed median period, on the timer's rows; the headline
+    takes it, the whole-run estimate stays beside; a toggle run is no variant of its own (half its steps timed)."""
+    runs, _, _ = v2summary.load_v2(raw)
+    ov = runs[runs["task"] == "overhead"].copy()
+    ov["timer"] = ov["instrumented"].map({True: "timer", False: "off"})
+    on = ov[ov["timer"] == "timer"]
+    timed = {1: [1.02, 1.04, 1.01], 64: [5.2, 5.1, 5.3]}
+    tog = pd.concat([on[on["batch_size"] == b].head(3).assign(
+        timer="toggle", toggle_timed_ms=timed[b], toggle_free_ms=[1.0, 1.0, 1.0] if b == 1 else [5.0, 5.0, 5.0])
+        for b in (1, 64)])
+    t = v2summary.overhead_table(pd.concat([ov, tog])).set_index(["timer", "batch_size"])
+    assert set(t.index.get_level_values(0)) == {"timer"}
+    for b in (1, 64):
+        want = 1 - np.mean([(1.0 if b == 1 else 5.0) / x for x in timed[b]])
+        assert t.loc[("timer", b), "overhead_blocks"] == pytest.approx(want, abs=1e-12)
+        assert t.loc[("timer", b), "overhead"] == t.loc[("timer", b), "overhead_blocks"]
+        assert t.loc[("timer", b), "blocks_runs"] == 3 and t.loc[("timer", b), "overhead_blocks_ci95"] > 0
+        off = ov[(ov["timer"] == "off") & (ov["batch_size"] == b)].set_index("repeat")["output_tok_per_s"]
+        mine = on[on["batch_size"] == b].set_index("repeat")["output_tok_per_s"]
+        assert t.loc[("timer", b), "overhead_paired"] == pytest.approx(1 - (mine / off).mean(), abs=1e-9)
+    assert t.loc[("timer", 1), "within_limit"] and not t.loc[("timer", 64), "within_limit"]   # +2.3% / +4.0%
+
+
 def test_a_failed_summarize_leaves_the_folder_byte_identical(raw, grid, monkeypatch):
     before = snapshot(grid)
 
@@ -192,6 +218,11 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     pd.concat([ov, ov.assign(config="eagle")]).to_csv(grid / "overhead.csv", index=False)
     ok, text = line(v2verdict.overhead_line)
     assert not ok and "bs 64 +3.1%" in text
+    # with toggle runs the line holds the estimate inside runs and gives the whole runs' beside
+    ov = ov.assign(overhead_blocks=ov["overhead"], overhead_blocks_ci95=0.004, overhead_paired=0.05)
+    pd.concat([ov, ov.assign(config="eagle")]).to_csv(grid / "overhead.csv", index=False)
+    ok, text = line(v2verdict.overhead_line)
+    assert not ok and "inside runs, ±0.4%/0.4%/0.4%/0.4%; whole runs against vLLM's own: +5.0%" in text
 
     ok, text = line(v2verdict.every_bs_line)     # measured: gpu-pr24344 1.3-2.0x EAGLE at every batch size
     assert ok and "bs 1 gpu-pr24344 2.022x" in text

@@ -119,7 +119,9 @@ def clean(monkeypatch):
         monkeypatch.setitem(_state, key, {"v2_patched": False, "hybrid_installed": False}.get(key))
     monkeypatch.setitem(RV._V2, "classes", {})
     monkeypatch.setitem(RV._V2, "orig", {})
+    monkeypatch.setitem(RV._TOGGLE, "block", 0)
     yield
+    RV.clock_reset()
     for n, cls in _classes().items():
         for meth, fn in saved[n].items():
             if callable(fn) and cls.__dict__.get(meth) is not fn:
@@ -201,6 +203,22 @@ def _step(run, so, batch, new):
     run.step_input = (batch, new)
     assert run.execute_model(so) is None
     return run.sample_tokens(None)
+
+
+def _one_request_steps(n: int, each=None) -> None:
+    """``n`` steps of one request on a stand-in runner (a prefill, then decode steps of k drafts), step t's async
+    output read after step t + 1 was sampled, as async scheduling does; ``each`` called after every step."""
+    run, prev = FakeRunner(None, "cpu"), None
+    for i in range(n):
+        _Ev.clock[0] = float(i)
+        out = _step(run, _so(["a"], K, first=i == 0), _batch(["a"], [3], 0 if i == 0 else K, [5]),
+                    [[1]] if i == 0 else [[1, 2]])
+        if prev is not None:
+            prev.get_output()
+        prev = out
+        if each is not None:
+            each()
+    prev.get_output()
 
 
 def test_v2_timer_records_on_the_runners_cached_stream(clean, tmp_path):
@@ -672,34 +690,117 @@ def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
 
         def steps(self, op, **kw):
             calls.append((op, kw))
+            if op == "clock":       # a toggle run's clock: blocks of 8 steps, the timed ones 10% longer
+                t, clock = 1.0, []
+                for i in range(64):
+                    clock.append(t if (i // 8) % 2 == 0 else -t)
+                    t += 1.1e-3 if (i // 8) % 2 == 0 else 1e-3
+                return [{"clock": clock}]
 
         def run_batch(self, prompt, b, max_tokens, run_id, record=True, label=""):
             calls.append(("run", run_id, record))
             return types.SimpleNamespace(run_id=run_id, instrumented=None)
 
-    names = ["off", "timer", "hooks", "step", "drain"]
-    task = {"batch_sizes": [1, 64], "repeats": 5, "max_tokens": 8, "variants": names}
+    names = ["off", "timer", "hooks", "step", "drain", "toggle"]
+    n = len(names)
+    assert set(names) == set(TIMER_VARIANTS)
+    task = {"batch_sizes": [1, 64], "repeats": n, "max_tokens": 8, "variants": names}
     overhead_task(Eng(), task, lambda r, **kw: recs.append((r, kw)), [1, 2, 3])
     warm = [c for c in calls if c[0] == "run" and c[1].startswith("warmup")]
     assert [c[1] for c in warm] == ["warmup-overhead-b1", "warmup-overhead-b64"] and not any(c[2] for c in warm)
     timed = [(r.run_id, kw["timer"], kw["repeat"], r.instrumented) for r, kw in recs]
-    assert len(timed) == 5 * 2 * 5
-    for rep in range(5):
+    assert len(timed) == n * 2 * n
+    for rep in range(n):
         order = [t for run_id, t, r, _ in timed if r == rep and run_id.startswith("overhead-b1-")]
         assert order == names[rep:] + names[:rep]
     for name in names:      # every place in the order, once each
         assert sorted(o.index(name) for o in ([t for run_id, t, r, _ in timed if r == rep
-                                                and run_id.startswith("overhead-b1-")] for rep in range(5))) == \
-            list(range(5))
+                                                and run_id.startswith("overhead-b1-")] for rep in range(n))) == \
+            list(range(n))
     v = TIMER_VARIANTS
     assert {t: i for _, t, _, i in timed} == {n: v[n]["on"] and v[n]["record"] for n in names}
     # before each timed run: the variant's instrument call, and the run records only where the variant does
     for i, c in enumerate(calls):
         if c[0] == "run" and c[1].startswith("overhead-"):
             name = c[1].split("-")[2]
-            assert calls[i - 1] == ("instrument", {k: v[name][k] for k in ("on", "parts", "defer") if k in v[name]})
+            assert calls[i - 1] == ("instrument", {k: v[name][k] for k in ("on", "parts", "defer", "toggle")
+                                                   if k in v[name]})
             assert c[2] == v[name]["record"]
+            # a toggle run's clock is read right after it, and its medians go with the run's record
+            assert (calls[i + 1][0] == "clock") == (name == "toggle")
+    for r, kw in recs:
+        if kw["timer"] == "toggle":
+            assert kw["toggle_timed_ms"] == pytest.approx(1.1) and kw["toggle_free_ms"] == pytest.approx(1.0)
+        else:
+            assert "toggle_timed_ms" not in kw
     assert calls[-1] == ("instrument", {"on": True, "parts": None, "defer": True})
+
+
+def test_toggle_times_one_block_of_each_pair_and_clocks_every_step(clean, tmp_path):
+    """toggle=2: steps go in pairs of 2-step blocks, one block of each pair timed and the other passed through (no
+    row, no mark: vLLM's call goes straight through), which one drawn per pair from the run's id; every step's
+    execute_model entry is clocked, negative where passed through; a new run's context starts the count, the
+    clock and the draw again; the timed steps' rows equal the plain timer's rows of the same steps."""
+    from spec_repro.engines.vllm.import_hook import _worker_rpc
+
+    rows, n = {}, 24
+    for mode, toggle in (("timer", None), ("toggle", 2)):
+        rec = step_timer.StepRecorder(str(tmp_path / f"{mode}.jsonl"))
+        rec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_Ev, current_stream=lambda: "s"))
+        rec._rank_ok = True
+        step_timer._REC[:] = [os.getpid(), rec]
+        RV._V2["classes"] = _classes()
+        assert RV.instrument_v2(True, toggle=toggle) is True
+        _worker_rpc(None, "context", run_id="overhead-b1-toggle-0", record=True)
+        _one_request_steps(n)
+        clock = _worker_rpc(None, "clock")["clock"]
+        rec.flush()
+        rows[mode] = [json.loads(x) for x in open(tmp_path / f"{mode}.jsonl")]
+        if toggle:
+            timed = [t > 0 for t in clock]
+            assert len(timed) == n and all(b > a for a, b in zip(map(abs, clock), map(abs, clock[1:])))
+            pairs = [timed[j:j + 4] for j in range(0, n, 4)]
+            assert all(p in ([True, True, False, False], [False, False, True, True]) for p in pairs)
+            assert len({tuple(p) for p in pairs}) == 2          # both orders drawn over six pairs
+            _worker_rpc(None, "context", run_id="overhead-b1-toggle-1")
+            assert _worker_rpc(None, "clock")["clock"] == [] and RV._TOGGLE["step"] == 0
+            again = [RV.toggle_timed(i, 2) for i in range(n)]
+            _worker_rpc(None, "context", run_id="overhead-b1-toggle-0")
+            assert [RV.toggle_timed(i, 2) for i in range(n)] == timed != again    # the run's id sets the draw
+        else:
+            assert clock == []                      # no clock unless toggled
+    same = [i for i, t in enumerate(timed) if t]    # the timer's rows of the steps the toggle timed
+    assert [r["step"] for r in rows["toggle"]] == list(range(len(same)))   # the recorder's own count
+    # a timed block's first step adds no host gap across an untimed block before it (t_other stays the step's)
+    assert ["t_gap" in r for r in rows["toggle"]] == [i > 0 and timed[i - 1] for i in same]
+    host = ("t_sched", "t_gap", "t_other", "t_total", "t_gc", "gc_full", "t_timer", "run_id", "step")
+    assert [{k: v for k, v in r.items() if k not in host} for r in rows["toggle"]] == \
+        [{k: v for k, v in rows["timer"][i].items() if k not in host} for i in same]
+    assert RV.instrument_v2(False) is False and RV._TOGGLE["block"] == 0
+    with pytest.raises(ValueError, match="toggle must be"):
+        RV.instrument_v2(True, toggle=-1)
+
+
+def test_toggle_periods_compare_the_arms_of_one_run():
+    """Blocks of 4: timed steps take 1.1 ms, untimed 1.0 ms, the host's speed halves for a stretch (both arms alike)
+    and one step stalls 20 ms; each block's first 2 periods carry 5 ms (the other arm's work) and the first two
+    blocks 9 ms (the prefill): all of it left out, the medians are the arms' own periods."""
+    from spec_repro.engines.vllm.common import toggle_periods
+
+    t, clock, n = 100.0, [], 48
+    for i in range(n):
+        timed = (i // 4) % 2 == 0
+        clock.append(t if timed else -t)
+        p = 1.1e-3 if timed else 1.0e-3
+        p *= 2 if 20 <= i < 36 else 1                       # the host slows for four blocks
+        p += 5e-3 if i % 4 < 2 else 0                       # a block's first periods: left out
+        p += 9e-3 if i < 8 else 0
+        p += 20e-3 if i == 30 else 0                        # a stall: in an arm's tail, beyond the median
+        t += p
+    got = toggle_periods(clock)
+    assert got["toggle_periods"] == (n // 4 - 2) * 2 - 1      # the last step has no next entry
+    assert got["toggle_timed_ms"] == pytest.approx(1.1) and got["toggle_free_ms"] == pytest.approx(1.0)
+    assert toggle_periods(clock[:9]) == {} and toggle_periods([]) == {}
 
 
 def test_v2_timer_parts_and_deferred_rows(clean, tmp_path):
@@ -713,16 +814,8 @@ def test_v2_timer_parts_and_deferred_rows(clean, tmp_path):
         step_timer._REC[:] = [os.getpid(), rec]
         RV._V2["classes"] = _classes()
         assert RV.instrument_v2(True, parts=parts, defer=defer) is True and rec.defer is defer
-        run, prev, built = FakeRunner(None, "cpu"), None, []
-        for i in range(8):
-            _Ev.clock[0] = float(i)
-            out = _step(run, _so(["a"], K, first=i == 0), _batch(["a"], [3], 0 if i == 0 else K, [5]),
-                        [[1]] if i == 0 else [[1, 2]])
-            if prev is not None:
-                prev.get_output()
-            prev = out
-            built.append(len(rec._lines) + rec.rows_written)
-        prev.get_output()
+        built = []
+        _one_request_steps(8, lambda: built.append(len(rec._lines) + rec.rows_written))
         if defer:
             assert built == [0] * 8 and len(rec.pending) == 8      # nothing built while the steps ran
         else:
@@ -745,3 +838,46 @@ def test_v2_timer_parts_and_deferred_rows(clean, tmp_path):
     assert all(r["t_verify"] == r["t_draft"] == r["t_reject"] == 0 for r in rows["step"])
     with pytest.raises(ValueError, match="unknown timer parts"):
         RV.instrument_v2(True, parts=["phase"])
+
+
+def test_the_toggle_estimate_is_null_on_measured_steps_where_a_fixed_order_aliases():
+    """The estimator on measured step sequences: every timed 128-token overhead run of the committed H100 grid
+    (data/gpu/raw/v2hybrid-h100-grid, both engines, bs 1-64, 20 runs each), its steps' times laid end to end as
+    a clock and split into arms by the toggle's own draw, where both arms are timed: 1 - untimed / timed must be
+    null, within 3 standard errors and 2% at every point. Blocks of 8 in a fixed order are not: what recurs every
+    16 steps (a KV block's allocation, no SD bs 64: steps 1-5 of 16 run ~5% longer) falls in one arm, +4-5% at
+    bs 32-64."""
+    import gzip
+
+    from spec_repro.engines.vllm.common import TIMER_VARIANTS, toggle_periods
+    from spec_repro.paths import data_dir
+
+    runs = {}
+    for spec in ("none", "rotate"):
+        with gzip.open(data_dir() / "gpu" / "raw" / "v2hybrid-h100-grid" / "grid" /
+                       f"steps_v2hybrid-grid-{spec}.jsonl.gz", "rt") as f:
+            for line in f:
+                if '"overhead-b' in line:
+                    r = json.loads(line)
+                    runs.setdefault((spec, r["batch_size"], r["run_id"]), []).append(r["t_total"])
+
+    def null(arms):
+        out = {}
+        for (spec, b, rid), t_total in runs.items():
+            t = 100.0 + np.concatenate([[0.0], np.cumsum(t_total)])[:-1]
+            got = toggle_periods(np.where(arms(rid, len(t)), t, -t))
+            out.setdefault((spec, b), []).append(got["toggle_free_ms"] / got["toggle_timed_ms"])
+        assert {len(v) for v in out.values()} == {20} and len(out) == 8
+        return {k: (1 - np.mean(v), np.std(v, ddof=1) / np.sqrt(len(v))) for k, v in out.items()}
+
+    block = TIMER_VARIANTS["toggle"]["toggle"]
+
+    def drawn(rid, n):
+        RV.clock_reset(rid)
+        return np.array([RV.toggle_timed(i, block) for i in range(n)])
+
+    for k, (est, se) in null(drawn).items():        # measured: |estimate| <= 1.5 standard errors, se 0.4-1.0%
+        assert abs(est) < min(3 * se, 0.02) and se < 0.012, (k, est, se)
+    fixed = null(lambda rid, n: (np.arange(n) // 8) % 2 == 0)
+    for k in (("none", 32), ("none", 64)):
+        assert fixed[k][0] > max(0.03, 3 * fixed[k][1]), (k, fixed[k])

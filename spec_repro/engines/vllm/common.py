@@ -19,14 +19,45 @@ HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAG
 #: the V2 step timer's variants an overhead task times against vLLM's own methods (``off``), each the ``op=
 #: "instrument"`` arguments and whether the run records: ``timer`` is what every timed run uses (all parts, rows
 #: built at flush); ``hooks`` its wrappers installed but recording nothing (their Python alone); ``step`` only a
-#: row per step (its bounds and accepted counts); ``drain`` rows also built at the sampler, as the V1 timer does
+#: row per step (its bounds and accepted counts); ``drain`` rows also built at the sampler, as the V1 timer does;
+#: ``toggle`` the timer in blocks of ``toggle`` steps, in each pair of blocks one passed through (which, drawn per
+#: pair), each step's start clocked (:func:`toggle_periods`: timed and untimed steps of one run side by side, under
+#: the same host speed)
 TIMER_VARIANTS = {
     "off": {"on": False, "record": False},
     "timer": {"on": True, "record": True, "parts": None, "defer": True},
+    "toggle": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4},
     "hooks": {"on": True, "record": False, "parts": None, "defer": True},
     "step": {"on": True, "record": True, "parts": ["step"], "defer": True},
     "drain": {"on": True, "record": True, "parts": None, "defer": False},
 }
+
+
+def toggle_periods(clock, skip: int = 2, warm: int = 8) -> dict:
+    """A ``toggle`` run's clock (each step's ``execute_model`` entry, perf_counter seconds, negative where the
+    step was passed through untimed) -> per arm the median period of its steps, in ms: a step's period runs from its
+    entry to the next step's. Left out: the run's first ``warm`` steps (the prefill), the first ``skip`` periods
+    after each change of arm (the other arm's work still lands there: the previous step's async output is read,
+    its host work overlaps) and the run's last step (no next entry). ``toggle_timed_ms`` / ``toggle_free_ms`` and
+    the periods kept, ``toggle_periods``; {} where either arm has none. The medians leave out the host's stalls
+    (milliseconds long, a step in a hundred on a lent H100), which land in either arm by chance; the host's speed,
+    which drifts over tens of steps, is alike in blocks a few steps apart."""
+    import numpy as np
+
+    t = np.asarray(clock, dtype=float)
+    if t.size < 3:
+        return {}
+    timed = t > 0
+    period = np.diff(np.abs(t))
+    change = np.concatenate([[0], np.flatnonzero(timed[1:] != timed[:-1]) + 1])   # where each arm's stretch starts
+    pos = np.arange(t.size) - change[np.searchsorted(change, np.arange(t.size), side="right") - 1]
+    keep = ((np.arange(t.size) >= warm) & (pos >= skip))[:-1]
+    arms = {"timed": period[keep & timed[:-1]], "free": period[keep & ~timed[:-1]]}
+    if any(a.size == 0 for a in arms.values()):
+        return {}
+    return {"toggle_timed_ms": float(np.median(arms["timed"]) * 1e3),
+            "toggle_free_ms": float(np.median(arms["free"]) * 1e3),
+            "toggle_periods": int(keep.sum())}
 
 
 def host_probe(n: int = 100_000) -> float:

@@ -13,7 +13,8 @@ Control from the front process (``LLM.collective_rpc("spec_repro_steps", kwargs=
 ``spec_repro.engines.vllm.VLLMEngine``): ``op="context"`` sets run_id/model/method/k/batch_size/detail/record,
 ``op="instrument"`` with ``on=False`` restores vLLM's original methods, V1's and V2's (for overhead measurements;
 ``parts=`` / ``defer=`` install a variant of the V2 timer: ``common.TIMER_VARIANTS``),
-``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="hybrid"`` with
+``op="flush"`` writes pending rows and returns how many rows were written so far, ``op="clock"`` returns the
+``toggle`` variant's clock of the last run, ``op="hybrid"`` with
 ``policy=`` switches the installed hybrid between runs (``set_hybrid``: one engine measures EAGLE alone, the idle
 hybrid and the hybrids interleaved, so engine-to-engine host noise cancels), ``op="probe"`` times
 ``common.host_probe`` in the worker (``VLLMEngine.engine_probe``: the host's speed where t_draft and t_other
@@ -31,7 +32,7 @@ from .common import ENV_DRAFT_CG, ENV_FORCE, ENV_HYBRID, ENV_PATH, host_probe
 from .hybrid_runner import patch_hybrid, set_hybrid
 from .runner_patches import _guard, instrument, patch_draft_cudagraphs
 from .runner_v2_patches import install as install_v2_timer
-from .runner_v2_patches import instrument_v2, v2_classes
+from .runner_v2_patches import clock_read, clock_reset, instrument_v2, v2_classes
 from .v2_contract import V2_ASYNC_MODULE, V2_REJECTION_MODULE, V2_RUNNER_MODULE, V2_SAMPLER_MODULE, V2_SPEC_MODULE
 from .state import PLUGIN_VERSION, RUNNER_METHODS, RUNNER_MODULE, SUPPORTED_VERSIONS, WORKER_MODULE, _ORIG, _state, \
     logger
@@ -208,9 +209,13 @@ def _worker_rpc(self, op: str = "status", **kw):
     _guard(rec.flush)
     if op == "context":
         rec.set_context(**kw)
+        clock_reset(kw.get("run_id", ""))
     elif op == "instrument":
         instrument(bool(kw.get("on", True)))
-        instrument_v2(bool(kw.get("on", True)), parts=kw.get("parts"), defer=kw.get("defer"))
+        instrument_v2(bool(kw.get("on", True)), parts=kw.get("parts"), defer=kw.get("defer"),
+                      toggle=kw.get("toggle"))
+    elif op == "clock":      # the toggle variant's clock of the run just made (runner_v2_patches._CLOCK)
+        return {"clock": clock_read(), "pid": os.getpid()}
     elif op == "hybrid":
         set_hybrid(kw.get("policy"))
     elif op == "probe":      # the host's speed in THIS process (the engine core's worker), between runs

@@ -219,13 +219,24 @@ def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
                 r = eng.run_batch(prompt, b, task["max_tokens"], run_id=f"overhead-b{b}-{name}-{rep}",
                                   label="overhead", record=v["record"])
                 r.instrumented = v["on"] and v["record"]
-                record(r, task="overhead", repeat=rep, timer=name, **extra)
+                record(r, task="overhead", repeat=rep, timer=name, **extra, **(_toggle_stats(eng) if
+                                                                                 v.get("toggle") else {}))
     eng.steps("instrument", **_instrument_args(TIMER_VARIANTS["timer"]))
 
 
 def _instrument_args(variant: dict) -> dict:
     """A timer variant's ``op="instrument"`` arguments (its ``record`` goes to the run, not the plugin)."""
-    return {k: variant[k] for k in ("on", "parts", "defer") if k in variant}
+    return {k: variant[k] for k in ("on", "parts", "defer", "toggle") if k in variant}
+
+
+def _toggle_stats(eng) -> dict:
+    """The ``toggle`` run just made: its clock from the worker (``op="clock"``, outside the timed window) into
+    ``common.toggle_periods``'s medians; {} without a clock."""
+    from .common import toggle_periods
+
+    st = eng.steps("clock")
+    clock = st[0].get("clock") if st and isinstance(st[0], dict) else None
+    return toggle_periods(clock) if clock else {}
 
 
 def run_job(name: str, out: Path, timeout_s: float = 420, dry_run: bool = False, only: list[str] | None = None,

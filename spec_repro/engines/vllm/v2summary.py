@@ -47,7 +47,10 @@ FILE_DOCS = {
                     "same batch size (equal / total, the first difference)",
     "overhead.csv": "the V2 step timer's cost per engine (no SD, EAGLE), timer variant and batch size: tok/s "
                     "with the variant installed (on) and with vLLM's own methods (off), interleaved repeats; "
-                    "overhead = 1 - mean over repeats of on / off (overhead_paired), within_limit: overhead <= 3%. "
+                    "overhead_paired = 1 - mean over repeats of on / off; overhead_blocks (± overhead_blocks_ci95, "
+                    "blocks_runs): the timer's cost inside toggle runs, its timed steps' median period against "
+                    "the untimed steps' of the same run (toggle_table); overhead: overhead_blocks where toggle "
+                    "runs exist, else overhead_paired; within_limit: overhead <= 3%. "
                     "timer: what every timed run uses (rows built after each generate call); hooks: its wrappers "
                     "recording nothing; step: a row per step without its phases; drain: rows also built at the "
                     "sampler; overhead_host (± overhead_host_ci95): the same with the engine worker's host "
@@ -125,7 +128,7 @@ def overhead_table(runs, steps=None):
     r["timer"] = r["timer"].fillna(variant) if "timer" in r.columns else variant
     r["session"] = r["engine_config"]
     parts = []
-    for v in [v for v in r["timer"].unique() if v != "off"]:
+    for v in [v for v in r["timer"].unique() if v not in ("off", "toggle")]:   # toggle: half its steps timed
         g = r[r["timer"].isin(["off", v])].assign(instrumented=lambda d: d["timer"] == v)
         t = table(g).rename(columns={"session": "engine_config"})
         t = t[t["repeats"] > 0]          # an engine that did not time this variant
@@ -139,11 +142,38 @@ def overhead_table(runs, steps=None):
     ov.insert(1, "config", ov["spec"].map(first["config"]))
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
+    blocks = toggle_table(r)
+    if len(blocks):
+        ov = ov.merge(blocks, on=["spec", "timer", "batch_size"], how="left")
+        ov["overhead"] = ov["overhead_blocks"].fillna(ov["overhead"])
     ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
     th = timer_host(r, steps)
     if len(th):
         ov = ov.merge(th, on=["spec", "timer", "batch_size"], how="left")
     return ov.sort_values(["config", "spec", "timer", "batch_size"], kind="stable").reset_index(drop=True)
+
+
+def toggle_table(r):
+    """The timer's cost inside runs, per engine spec and batch size (as the ``timer`` variant's): each ``toggle``
+    run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks of a
+    few steps alternate, so both arms run under the same host speed, which drifts 4-12% run to run on a lent H100
+    and swamps a whole-run comparison). ``overhead_blocks`` = 1 - the mean over runs of untimed / timed (a step
+    advances as many tokens timed or not: the lossless timer changes no draft), ``overhead_blocks_ci95`` = 1.96 x
+    its standard error, ``blocks_runs``. Empty without toggle runs."""
+    import numpy as np
+    import pandas as pd
+
+    need = {"toggle_timed_ms", "toggle_free_ms"}
+    if not need <= set(r.columns):
+        return pd.DataFrame()
+    g = r[r["timer"] == "toggle"].dropna(subset=sorted(need))
+    rows = []
+    for (spec, b), x in g.groupby(["spec", "batch_size"]):
+        ratio = (x["toggle_free_ms"] / x["toggle_timed_ms"]).to_numpy(float)
+        rows.append({"spec": spec, "timer": "timer", "batch_size": b, "overhead_blocks": 1 - ratio.mean(),
+                     "overhead_blocks_ci95": 1.96 * ratio.std(ddof=1) / np.sqrt(len(ratio)) if len(ratio) > 1
+                     else np.nan, "blocks_runs": len(ratio)})
+    return pd.DataFrame(rows)
 
 
 def timer_host(r, steps):
