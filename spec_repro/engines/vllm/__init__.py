@@ -1,7 +1,8 @@
 """The study's methods in vLLM, one package (importing it needs neither vLLM nor a GPU).
 
-``engine``: configuration and engine (``VLLMConfig``, ``VLLMEngine``, ``RunResult``, ...; re-exported here, so
-``from spec_repro.engines.vllm import VLLMConfig`` works); ``plugin``: per-step phase timing as a vLLM general
+``engine``: configuration and engine (``VLLMConfig``, ``VLLMEngine``, ...; re-exported here, so
+``from spec_repro.engines.vllm import VLLMConfig`` works); ``metrics``: what a run measures (vLLM's spec-decode
+counters, ``RunResult``); ``plugin``: per-step phase timing as a vLLM general
 plugin (entry point ``spec_repro.engines.vllm.plugin:register``); ``jobs``: the runner of the device jobs
 (``python -m spec_repro.engines.vllm.jobs``); ``steps``: step tables -> phase breakdown, overhead, HBM floor;
 ``summary``: raw device outputs -> ``data/gpu``; ``agreement``: vLLM's acceptance against this package's;
