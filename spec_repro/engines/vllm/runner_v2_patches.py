@@ -42,6 +42,7 @@ exceed the wall time where host and GPU overlap (the same convention as the V1 r
 The per-request accepted counts come from ``AsyncOutput.get_output`` (no extra synchronize)."""
 from __future__ import annotations
 
+import random
 import sys
 import time
 
@@ -70,7 +71,7 @@ _V2: dict = {"classes": {}, "orig": {}, "installed": ()}
 #: generator seeded by the run's id (a fixed order would alias with what recurs every 16 steps, as a KV block's
 #: allocation does: +4-5% on no SD at bs 32-64 from that alone); every step's ``execute_model`` entry goes to
 #: ``_CLOCK`` (perf_counter, negative where passed through: ``common.toggle_periods``)
-_TOGGLE: dict = {"block": 0, "step": 0, "first": True, "rng": None}
+_TOGGLE: dict = {"block": 0, "step": 0, "first": True, "rng": random.Random(0)}
 _CLOCK: list = []
 CLOCK_CAP = 1 << 16
 
@@ -78,7 +79,6 @@ CLOCK_CAP = 1 << 16
 def clock_reset(run_id: str = "") -> None:
     """A new run (``op="context"``): its steps count from 0, its clock starts empty, its blocks' order is drawn
     from ``run_id`` (crc32: the same in every process)."""
-    import random
     import zlib
 
     _TOGGLE["step"] = 0
