@@ -138,9 +138,9 @@ def _split(key: str):
 def instrument_v2(on: bool, parts=None, defer: bool | None = None, toggle: int | None = None) -> bool:
     """Install (on) or remove (off) the V2 timing wrappers; returns whether they are installed. ``parts``: the
     ``TIMER_PARTS`` to install (default all); ``defer``: rows built at flush only (default True) or also at the
-    sampler while the GPU runs; ``toggle``: record blocks of that many steps, every other one passed through and
-    every step clocked (``_TOGGLE``; default 0: every step recorded, no clock). Installing again with other parts
-    first puts vLLM's methods back."""
+    sampler while the GPU runs; ``toggle``: blocks of that many steps, of each pair one recorded and one passed
+    through (drawn), every step clocked (``_TOGGLE``; default 0: every step recorded, no clock). Installing again
+    with other parts first puts vLLM's methods back."""
     if toggle is not None and int(toggle) < 0:
         raise ValueError(f"toggle must be a number of steps >= 0, got {toggle!r}")
     _TOGGLE["block"] = int(toggle or 0) if on else 0
