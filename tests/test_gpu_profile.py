@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spec_repro.engines.vllm import gpu_profile as G
+from spec_repro.engines.vllm.hybrid_jobs import config_label
 from spec_repro.locations import v1_runner_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the_default_engine():
     g = G.grid_specs("/h", "/m")
     assert list(g) == ["lossless", "grid", "llama"]
-    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-none", "v2hybrid-grid-rotate", "v2hybrid-grid-ngram"]
+    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-none", "v2hybrid-grid-rotate", "v2hybrid-grid-eagle-k3",
+                                              "v2hybrid-grid-ngram"]
     # every Qwen engine runs the V2 runner (forced, as vLLM picks it for EAGLE) but vLLM's n-gram (V1 only)
     for st in G.V2_STAGES:
         for s in g[st]:
@@ -23,6 +25,15 @@ def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the
             assert (s["config"]["model_runner"], s["engine_config"]) == want, s["name"]
     rot = g["grid"][1]["config"]
     assert rot["hybrid_rotate"] == ["off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip"] and rot["k"] == 5
+    # EAGLE alone at its best fixed k in an engine of its own (vLLM's EAGLE, no hybrid installed), named in tables
+    best = g["grid"][2]
+    assert (best["config"]["method"], best["config"]["k"], best["config"].get("hybrid")) == ("eagle", 3, None)
+    assert config_label(best["config"]) == "eagle-k3" and config_label(rot) == "rotate"
+    assert [t["type"] for t in best["tasks"]] == ["hybrid"] and best["tasks"][0]["repeats"] == 3
+    assert best["tasks"][0] == g["grid"][0]["tasks"][-1]        # no SD's shapes, workloads and tokens
+    from spec_repro.engines.vllm.engine import VLLMConfig, speculative_config
+
+    assert speculative_config(VLLMConfig(**best["config"]))["num_speculative_tokens"] == 3
     assert G.STAGES.index("lossless") < G.STAGES.index("grid") < G.STAGES.index("profile") < G.STAGES.index("tables")
     # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)
     assert [s["name"] for s in g["llama"]] == ["llama8b-none-default-s2", "llama8b-ngram-default-s2"]

@@ -117,6 +117,35 @@ def test_summarize_labels_every_run_from_the_resolved_config_and_computes_the_ov
     assert "v2-forced" in man["_device_runs"]["engine_configs"]
 
 
+def test_the_fastest_eagle_alone_is_read_whatever_its_k(tmp_path):
+    """data/gpu/v2grid's co-resident no SD, EAGLE k = 5 and EAGLE k = 3 engines (real weights, the H200), the k = 3
+    engine named ``eagle-k3`` as the V2 grid names its own: each row's ``vs_best_eagle`` is over the faster EAGLE
+    alone at that batch size (k = 3 on code-edit here, 787 against 691 tok/s at bs 1)."""
+    keep = ("v2grid-none-k0", "v2grid-eagle-k5", "v2grid-eagle-k3")
+    recs = []
+    for x in gzip.open(V2GRID, "rt"):
+        d = json.loads(x) if x.strip() else {}
+        if d.get("spec") in keep and d.get("group") and d.get("kind") in ("engine", "run", "done"):
+            if d["spec"] == "v2grid-eagle-k3" and "config" in d:       # its engine and run records
+                d["config"]["config_name"] = "eagle-k3"
+            d["spec"] = f"v2hybrid-grid-{d['spec']}"
+            recs.append(d)
+    _write(tmp_path / "raw" / "grid" / "results.jsonl", recs)
+    out = tmp_path / "live"
+    assert v2hybrid.main(["summarize", "--raw", str(tmp_path / "raw"), "--out", str(out)]) == 0
+    rt = pd.read_csv(out / "ratios.csv").set_index(["workload", "config", "batch_size"])
+    assert set(rt.index.get_level_values("config")) == {"none", "eagle", "eagle-k3"}
+    for b in (1, 8, 32, 64):
+        k5, k3 = rt.loc[("code-edit", "eagle", b), "tok_s"], rt.loc[("code-edit", "eagle-k3", b), "tok_s"]
+        assert k3 > k5 and rt.loc[("code-edit", "eagle", b), "best_eagle"] == "eagle-k3"
+        assert rt.loc[("code-edit", "eagle", b), "vs_best_eagle"] == pytest.approx(k5 / k3, rel=1e-5)
+        assert rt.loc[("code-edit", "eagle-k3", b), "vs_best_eagle"] == pytest.approx(1.0)
+        assert rt.loc[("code-edit", "none", b), "vs_best_eagle"] == pytest.approx(
+            rt.loc[("code-edit", "none", b), "tok_s"] / k3, rel=1e-5)      # the csv keeps 6 digits
+    assert rt.loc[("code-edit", "eagle", 1), "tok_s"] == pytest.approx(690.9, abs=0.1)
+    assert rt.loc[("code-edit", "eagle-k3", 1), "tok_s"] == pytest.approx(787.0, abs=0.1)
+
+
 def test_overhead_table_pairs_each_timer_variant_with_the_off_runs_of_its_repeat(raw):
     """The recorded on / off runs relabelled as two variants (their own tok/s, so the arithmetic is checked, not a
     measurement): each variant's overhead is 1 - mean over repeats of variant / off in the same repeat."""
@@ -248,9 +277,32 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     rt.loc[b1, "vs_best_other"] = 0.99
     rt.to_csv(grid / "ratios.csv", index=False)
     assert not line(v2verdict.bs1_line)[0]
+    # EAGLE alone faster at another k (an engine of its own): the hybrid must hold the line against it too
+    rt.loc[b1, "vs_best_other"] = 1.01
+    rt["best_eagle"], rt["vs_best_eagle"] = "eagle-k3", 1.049
+    rt.to_csv(grid / "ratios.csv", index=False)
+    ok, text = line(v2verdict.bs1_line)
+    assert not ok and "1.049x eagle-k3 (EAGLE alone, its own engine" in text
+    rt["vs_best_eagle"] = 1.051
+    rt.to_csv(grid / "ratios.csv", index=False)
+    assert line(v2verdict.bs1_line)[0]
+    rt.loc[rt["batch_size"] == 64, "vs_best_eagle"] = 0.97
+    rt.to_csv(grid / "ratios.csv", index=False)
+    ok, text = line(v2verdict.every_bs_line)
+    assert not ok and "0.970x eagle-k3 (EAGLE alone, its own engine: a ratio of means) (pays" in text
+    rt["best_eagle"] = "eagle"                  # the grid's own k the fastest: the paired ratio alone holds the line
+    rt.to_csv(grid / "ratios.csv", index=False)
+    assert line(v2verdict.bs1_line)[0] and "eagle-k3" not in line(v2verdict.bs1_line)[1]
 
     ok, text = line(v2verdict.prediction_line)   # measured: 1.199x its prediction at bs 1
     assert not ok and "code-edit gpu-pr24344: 0.887-1.199" in text
+    pr = pd.read_csv(grid / "predicted.csv")      # EAGLE alone at another k: printed beside, not held to the line
+    held = ok, text
+    pd.concat([pr, pr[pr["config"] == "eagle"].assign(config="eagle-k3", ratio_per_bs=0.5)]).to_csv(
+        grid / "predicted.csv", index=False)
+    ok, text = line(v2verdict.prediction_line)
+    assert ok == held[0] and text.startswith(held[1]) and "EAGLE alone at another k" in text
+    assert "code-edit eagle-k3: 0.500-0.500" in text
     assert line(v2verdict.labels_line)[0]
     runs = pd.read_csv(grid / "runs.csv")
     runs.loc[0, "weights"] = None

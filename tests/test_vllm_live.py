@@ -118,6 +118,13 @@ def test_walk_counts_steps_and_ragged_batches_by_hand():
     assert host["seconds"] > dev["seconds"] + 100 * host["steps"]
     idle = live._walk([a], "gpu-eagle-only", priced)          # EAGLE's steps, its drafting and the term
     assert idle["steps"] == eagle["steps"] and idle["seconds"] == idle["steps"] * (1.0 + 2.5 + 0.25)
+    # EAGLE alone at another k (eagle-k<N>): at most N + 1 tokens a step, N tokens drafted and N + 1 verified
+    c = {"prompt_len": 10, "acc": {"eagle": [6] * L, "ngram": [1] * L}, "draft_len": {"ngram": [0] * L}}
+    per_tok = {**priced, "F_uniform": [0, 0.01, 1.0]}
+    k3, k5 = live._walk([c], "eagle-k3", per_tok), live._walk([c], "eagle", per_tok)
+    assert k3 == live._walk([c], "eagle", per_tok, k=3)
+    assert k3["steps"] == -(-(L - 1) // 4) and k5["steps"] == -(-(L - 1) // 6)
+    assert k3["seconds"] == pytest.approx(k3["steps"] * (1.0 + 0.01 * 4 + 3 * 0.5))
 
 
 def test_predicted_table_is_what_the_committed_data_give():

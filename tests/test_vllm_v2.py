@@ -597,7 +597,12 @@ def test_engine_and_specs_route_policies_to_their_runner():
             want = "v1" if s["config"]["method"] == "ngram" else "v2"
             assert s["name"].startswith(f"v2hybrid-{st}-") and s["config"]["model_runner"] == want
             E.engine_env(E.VLLMConfig(**s["config"], step_log="/tmp/x.jsonl"))      # every config is accepted
-    none, rot, ngram = v2hybrid.stage_specs("grid", "/h", model_dir="/m")
+    none, rot, best, ngram = v2hybrid.stage_specs("grid", "/h", model_dir="/m")
+    # EAGLE alone at its best fixed k: the V2 engine of EAGLE alone as vLLM runs it (no hybrid), timed
+    env = E.engine_env(E.VLLMConfig(**best["config"], step_log="/tmp/x.jsonl"))
+    assert best["config"]["k"] == v2hybrid.EAGLE_BEST_K == 3 and best["engine_config"] == "v2-forced"
+    assert not any("HYBRID" in k for k in env) and best["tasks"] == none["tasks"][1:]
+    assert any("HYBRID" in k for k in E.engine_env(E.VLLMConfig(**rot["config"], step_log="/tmp/x.jsonl")))
     assert rot["config"]["hybrid_rotate"] == list(v2hybrid.ROTATE) and rot["tasks"][1]["batch_sizes"] == [1, 8, 32, 64]
     # the comparison's single proposers in the same stage: no SD on V2 with the same prompts and shapes, n-gram on V1
     assert none["config"]["method"] == "none" and none["engine_config"] == "v2-forced"
@@ -653,10 +658,23 @@ def test_the_v2hybrid_plan_runs_the_lossless_check_first_and_fits():
     plan = json.loads((Path(__file__).resolve().parents[1] / "gpu/plans/v2hybrid.json").read_text())
     names = [s["stage"] for s in plan["stages"]]
     assert names.index("lossless") < names.index("grid")
+    # one lease runs what is not resumed (RESUME places finished specs: the lossless gate, vLLM's n-gram on V1);
+    # from scratch the job takes two leases, each stage priced at least at its estimate
     for st in v2hybrid.STAGES:
-        want = sum(v2hybrid.estimate(s) for s in v2hybrid.stage_specs(st, "/h", model_dir="/m"))
-        have = next(s["seconds"] for s in plan["stages"] if s["stage"] == st)
-        assert want <= have <= 1.3 * want + 60, (st, want, have)
+        stage = next(s for s in plan["stages"] if s["stage"] == st)
+        specs = v2hybrid.stage_specs(st, "/h", model_dir="/m")
+        want = sum(v2hybrid.estimate(s) for s in specs)
+        assert want <= stage["seconds_from_scratch"], (st, want, stage)
+        if stage.get("resumed"):
+            assert stage["seconds"] <= 60, stage
+            continue
+        left = [s for s in specs if s["name"] not in stage.get("resumed_specs", ())]
+        assert len(left) == len(specs) - len(stage.get("resumed_specs", ())) > 0
+        want = sum(v2hybrid.estimate(s) for s in left)
+        assert want <= stage["seconds"] <= 1.3 * want + 60, (st, want, stage["seconds"])
+    scratch = sum(s.get("seconds_from_scratch", s.get("seconds", s.get("seconds_each", 0) * s.get("calls", 1)))
+                  for s in plan["stages"])
+    assert scratch > plan["limit_s"]            # from scratch: more than one lease, so the plan says two
     sh = (Path(__file__).resolve().parents[1] / "gpu/live_job.sh").read_text()
     assert "spec_repro.engines.vllm.gpu_profile run" in sh         # reproduce --profile gpu's GPU part: the gate first
     from spec_repro.engines.vllm import gpu_profile

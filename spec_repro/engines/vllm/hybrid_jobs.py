@@ -50,10 +50,13 @@ def hybrid_method(m: str) -> tuple[str, str | None, bool]:
 
 def config_label(cfg: dict) -> str:
     """The ``hybrid_specs`` method an engine config runs (the inverse of :func:`hybrid_method`): vLLM's method, the
-    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``."""
+    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``; an engine that names its configuration (``config_name``,
+    e.g. ``eagle-k3``: EAGLE alone at another k than the grid's) goes by that name."""
     pol = cfg.get("hybrid")
     if cfg.get("hybrid_rotate"):
         return "rotate"          # the engine; each of its runs names the policy it ran (rotated_run_config)
+    if cfg.get("config_name"):
+        return cfg["config_name"]
     if not pol:
         return cfg.get("method")
     from .gpu_hybrid import GPU_POLICIES

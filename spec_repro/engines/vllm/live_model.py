@@ -207,9 +207,14 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     """One chunk of requests decoded together, step by step, as the live engine runs ``config``: returns tokens,
     steps, seconds (the model's), ragged steps. ``host``: the host terms (overhead, drafting, the hybrid's own
     work; not the target's forward or the prefill) times this (a run's ``host_index``). ``adaptive-rule[-pad]``:
-    each request's steps are the simulator's (``rule_steps``), its host machinery the hybrid's own term."""
+    each request's steps are the simulator's (``rule_steps``), its host machinery the hybrid's own term.
+    ``eagle-k<N>``: EAGLE alone at k = N (its drafting priced per token drafted, its forward by the tokens it
+    verifies)."""
     import numpy as np
 
+    fixed_k = re.fullmatch(r"eagle-k(\d+)", config)      # EAGLE alone at another k than the fits' (out of sample)
+    if fixed_k:
+        config, k = "eagle", int(fixed_k.group(1))
     B = len(reqs)
     p = np.ones(B, int)                                  # tokens produced (1 after prefill)
     P = np.array([r["prompt_len"] for r in reqs])

@@ -52,7 +52,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     per-batch-size host terms (``predicted_per_bs_tok_s``, ``ratio_per_bs``); ``host_scaled``: also each run
     predicted at its own host speed (``predict_runs`` with ``fit_step_model(host_scaled=True)``, the same split in
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
-    own runs' t_other, its drafting from the idle hybrid's fitted term. ``workload``: the runs, steps and fits of
+    own runs' t_other, its drafting from the idle hybrid's fitted term. EAGLE alone at another k (``eagle-k<N>``, an
+    engine of its own) is predicted out of sample by the EAGLE path's terms. ``workload``: the runs, steps and fits of
     that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
     idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/v1-runner/adaptive-rule's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
@@ -68,7 +69,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     kw = dict(configs=("none", "eagle"), ragged=False, workload=workload, select=select)
     fits = {None: fit_step_model(out, per_bs=per_bs, **kw)}
     fits.update({i: fit_step_model(out, hybrid_configs=(i,), per_bs=per_bs, **kw) for i in idles})
-    model_of = {"none": None, "eagle": None, **{i: i for i in idles}, **{h: idle_of.get(h) for h in hybrids}}
+    model_of = {"none": None, "eagle": None, **{i: i for i in idles}, **{h: idle_of.get(h) for h in hybrids},
+                **{c: None for c in res["config"] if re.fullmatch(r"eagle-k\d+", c)}}   # EAGLE alone at another k
     import pandas as pd
 
     def pred(by_bs: bool):

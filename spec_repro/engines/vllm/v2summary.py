@@ -22,6 +22,7 @@ folder). ``v2verdict`` reads them back.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ...io import write_via
@@ -29,6 +30,7 @@ from .live_runs import OUT, load, read_runs, select_rows
 from .live_summary import summarize as _staged, write_lossless, write_manifest, write_runs_steps
 
 SELECT = {"engine_config": "v2-forced", "stage": "grid"}      # the runs and steps the V2 tables read
+EAGLE_ALONE = ("eagle",)       # vLLM's EAGLE alone at the grid's k (5); ``eagle-k<N>``: at k = N, in its own engine
 HYBRIDS = ("gpu-pr24344", "gpu-pr24344-skip")                 # predicted out of sample, held against EAGLE alone
 IDLE = "gpu-eagle-only"        # the device-side machinery with every request on EAGLE: the hybrids' own term
 OVERHEAD_LIMIT = 0.03          # the V2 timer may cost at most this share of throughput
@@ -58,12 +60,15 @@ FILE_DOCS = {
     "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
                   "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
                   "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
-                  "n-gram V1 engine's and the faster of the two (separate engines: means over repeats); lossless "
+                  "n-gram V1 engine's and the faster of the two; vs_best_eagle: over the fastest EAGLE alone at that "
+                  "batch size (best_eagle: eagle = k 5 in the rotated engine, eagle-k3 = k 3 in an engine of its own) "
+                  "(separate engines: means over repeats); lossless "
                   "(the lossless stage's comparison where it ran the shape), equal / compared requests and EAGLE "
                   "alone's",
     "predicted.csv": "each configuration's measured tok/s beside its prediction over the profile of the no-SD "
                      "outputs (hybrid_trace*.jsonl): the step model fitted on this run's no SD and EAGLE-alone V2 "
-                     "steps, the hybrids' own term on gpu-eagle-only's (the hybrids out of sample); ratio_per_bs = "
+                     "steps at k 5, the hybrids' own term on gpu-eagle-only's (the hybrids and EAGLE alone at "
+                     "another k, eagle-k3, out of sample); ratio_per_bs = "
                      "measured / predicted with per-batch-size host terms, ratio_host each run at its host speed",
 }
 
@@ -254,7 +259,8 @@ def ratio_table(out: str | Path):
     a repeat's tokens over its wall time, mean over repeats) with its runner and engine_config; ``vs_eagle_*``
     (``live_tables.paired_ratios``: over EAGLE alone in the same rotated V2 engine, repeat by repeat); ``vs_none``
     (over the no-SD V2 engine), ``vs_ngram`` (over vLLM's n-gram on V1), ``vs_best_other`` (over the faster of
-    those two), each a ratio of means across engines; ``lossless`` with ``equal`` / ``compared`` requests and EAGLE
+    those two), ``vs_best_eagle`` (over the fastest EAGLE alone, ``best_eagle``: the grid's k = 5 or ``eagle-k<N>``
+    in an engine of its own), each a ratio of means; ``lossless`` with ``equal`` / ``compared`` requests and EAGLE
     alone's ``eagle_equal`` / ``eagle_compared`` at the same shape (``_lossless``; empty: not compared)."""
     import pandas as pd
 
@@ -281,6 +287,11 @@ def ratio_table(out: str | Path):
         per = lambda c: t["batch_size"].map(tok[c] if c in tok.index.get_level_values(0) else {})   # noqa: E731
         t["vs_none"], t["vs_ngram"] = t["tok_s"] / per("none"), t["tok_s"] / per("ngram")
         t["vs_best_other"] = t["tok_s"] / pd.concat([per("none"), per("ngram")], axis=1).max(axis=1)
+        alone = [c for c in t["config"].unique() if c in EAGLE_ALONE or re.fullmatch(r"eagle-k\d+", c)]
+        if alone:       # the fastest EAGLE alone at each batch size, whatever its k
+            e = pd.concat([per(c).rename(c) for c in alone], axis=1)
+            t["best_eagle"] = e.apply(lambda row: row.idxmax() if row.notna().any() else None, axis=1)
+            t["vs_best_eagle"] = t["tok_s"] / e.max(axis=1)
         pr = paired_ratios(out, base="eagle", workload=wl, select=SELECT).rename(columns=lambda c: c.replace(
             "paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
         t = t.merge(pr, on=["config", "batch_size"], how="left")
