@@ -145,8 +145,10 @@ print(live_src)
 # %%
 if live is not None:
     runners = A.live_runners(live)          # what ran, as the folder recorded it
+    other_k = sorted({int(k) for k in live["method"].str.extract(r"-k(\d+)$")[0].dropna()})   # e.g. eagle-k3
     fig3 = P.speedup_vs_batch(live, title=f"Measured vLLM speedup vs batch size, REAL WEIGHTS, {runners}:\n"
-                              "Qwen2.5-Coder-1.5B, code-edit, k = 5 (below 1: slower than no SD)",
+                              "Qwen2.5-Coder-1.5B, code-edit, k = 5" + "".join(f" (-k{k}: k = {k})" for k in other_k)
+                              + " (below 1: slower than no SD)",
                               source=live_src, style="acceptance")
     if figures_dir: P.save(fig3, "01_live_vllm_speedup_" + ("v2" if runners.startswith("V2") else "v1_forced"),
                            figures_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spec_repro.engines.vllm import gpu_profile as G
-from spec_repro.engines.vllm.hybrid_jobs import config_label
+from spec_repro.engines.vllm.hybrid_jobs import config_label, rotated_run_config, split_k
 from spec_repro.locations import v1_runner_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the_default_engine():
     g = G.grid_specs("/h", "/m")
     assert list(g) == ["lossless", "grid", "llama"]
-    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-none", "v2hybrid-grid-rotate", "v2hybrid-grid-eagle-k3",
+    assert [s["name"] for s in g["grid"]] == ["v2hybrid-grid-none", "v2hybrid-grid-rotate", "v2hybrid-grid-rotate-k3",
                                               "v2hybrid-grid-ngram"]
     # every Qwen engine runs the V2 runner (forced, as vLLM picks it for EAGLE) but vLLM's n-gram (V1 only)
     for st in G.V2_STAGES:
@@ -25,15 +25,22 @@ def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the
             assert (s["config"]["model_runner"], s["engine_config"]) == want, s["name"]
     rot = g["grid"][1]["config"]
     assert rot["hybrid_rotate"] == ["off", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip"] and rot["k"] == 5
-    # EAGLE alone at its best fixed k in an engine of its own (vLLM's EAGLE, no hybrid installed), named in tables
+    # EAGLE alone at its best fixed k and the hybrid at that k, rotated in an engine of their own, named in tables
     best = g["grid"][2]
-    assert (best["config"]["method"], best["config"]["k"], best["config"].get("hybrid")) == ("eagle", 3, None)
-    assert config_label(best["config"]) == "eagle-k3" and config_label(rot) == "rotate"
-    assert [t["type"] for t in best["tasks"]] == ["hybrid"] and best["tasks"][0]["repeats"] == 3
-    assert best["tasks"][0] == g["grid"][0]["tasks"][-1]        # no SD's shapes, workloads and tokens
+    assert (best["config"]["method"], best["config"]["k"]) == ("eagle", 3)
+    assert best["config"]["hybrid_rotate"] == ["off", "gpu-pr24344-skip"]
+    assert [config_label(rotated_run_config(best["config"], p)) for p in best["config"]["hybrid_rotate"]] == \
+        ["eagle-k3", "gpu-pr24344-skip-k3"]
+    assert [config_label(rotated_run_config(rot, p)) for p in rot["hybrid_rotate"]] == list(
+        ("eagle", "gpu-eagle-only", "gpu-pr24344", "gpu-pr24344-skip"))
+    assert [t["type"] for t in best["tasks"]] == ["hybrid"] and best["tasks"][0]["repeats"] == 4
+    assert {k: v for k, v in best["tasks"][0].items() if k != "repeats"} == \
+        {k: v for k, v in g["grid"][0]["tasks"][-1].items() if k != "repeats"}     # no SD's shapes and tokens
     from spec_repro.engines.vllm.engine import VLLMConfig, speculative_config
 
     assert speculative_config(VLLMConfig(**best["config"]))["num_speculative_tokens"] == 3
+    assert [split_k(c) for c in ("eagle-k3", "gpu-pr24344-skip-k3", "eagle", "gpu-pr24344-skip-pad")] == \
+        [("eagle", 3), ("gpu-pr24344-skip", 3), ("eagle", None), ("gpu-pr24344-skip-pad", None)]
     assert G.STAGES.index("lossless") < G.STAGES.index("grid") < G.STAGES.index("profile") < G.STAGES.index("tables")
     # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)
     assert [s["name"] for s in g["llama"]] == ["llama8b-none-default-s2", "llama8b-ngram-default-s2"]

@@ -119,7 +119,7 @@ def test_summarize_labels_every_run_from_the_resolved_config_and_computes_the_ov
 
 def test_the_fastest_eagle_alone_is_read_whatever_its_k(tmp_path):
     """data/gpu/v2grid's co-resident no SD, EAGLE k = 5 and EAGLE k = 3 engines (real weights, the H200), the k = 3
-    engine named ``eagle-k3`` as the V2 grid names its own: each row's ``vs_best_eagle`` is over the faster EAGLE
+    engine's configuration suffixed ``-k3`` as the V2 grid's k = 3 engine: each row's ``vs_best_eagle`` is over the faster EAGLE
     alone at that batch size (k = 3 on code-edit here, 787 against 691 tok/s at bs 1)."""
     keep = ("v2grid-none-k0", "v2grid-eagle-k5", "v2grid-eagle-k3")
     recs = []
@@ -127,7 +127,7 @@ def test_the_fastest_eagle_alone_is_read_whatever_its_k(tmp_path):
         d = json.loads(x) if x.strip() else {}
         if d.get("spec") in keep and d.get("group") and d.get("kind") in ("engine", "run", "done"):
             if d["spec"] == "v2grid-eagle-k3" and "config" in d:       # its engine and run records
-                d["config"]["config_name"] = "eagle-k3"
+                d["config"]["config_suffix"] = "-k3"
             d["spec"] = f"v2hybrid-grid-{d['spec']}"
             recs.append(d)
     _write(tmp_path / "raw" / "grid" / "results.jsonl", recs)
@@ -226,6 +226,31 @@ def test_ratios_pair_each_policy_with_eagle_in_its_repeat(grid):
     assert set(ng["runner"]) == {"v1"} and ng["vs_eagle_median"].isna().all()
 
 
+def test_each_rotated_engine_is_paired_with_its_own_eagle(grid):
+    """A second rotated engine at another k (its configurations suffixed ``-k3``): here the committed rotated
+    engine's code-edit runs again under a second spec name, relabelled ``-k3`` and each repeat moved one on (r -> r
+    + 1 mod 4). Paired with its own ``eagle-k3`` the ratios are the first engine's; paired with the first engine's
+    EAGLE they would not be."""
+    runs = pd.read_csv(grid / "runs.csv")
+    rot = runs[(runs["spec"] == "hybrid-default-rotate-s5") & (runs["task"] == "hybrid")]
+    k3 = rot.assign(spec="hybrid-default-rotate-k3", config=rot["config"] + "-k3", repeat=(rot["repeat"] + 1) % 4,
+                    run_id=rot["run_id"].str.replace(r"-r(\d)$", lambda m: f"-r{(int(m.group(1)) + 1) % 4}",
+                                                     regex=True))
+    pd.concat([runs, k3]).to_csv(grid / "runs.csv", index=False)
+    rt = v2summary.ratio_table(grid).set_index(["workload", "config", "batch_size"])
+    for b in (1, 8, 32, 64):
+        here, there = rt.loc[("code-edit", "gpu-pr24344", b)], rt.loc[("code-edit", "gpu-pr24344-k3", b)]
+        for c in ("vs_eagle_median", "vs_eagle_min", "vs_eagle_max", "vs_eagle_pairs"):
+            assert there[c] == pytest.approx(here[c]), (b, c)
+        assert there["best_eagle"] in ("eagle", "eagle-k3")
+    from spec_repro.engines.vllm.live_tables import paired_ratios
+
+    mixed = paired_ratios(grid, base="eagle", workload="code-edit", select=v2summary.SELECT)    # the wrong base
+    mixed = mixed.set_index(["config", "batch_size"])["paired_median"]
+    assert any(abs(mixed[("gpu-pr24344-k3", b)] - rt.loc[("code-edit", "gpu-pr24344-k3", b), "vs_eagle_median"]) > 1e-3
+               for b in (1, 8, 32, 64))
+
+
 def test_the_hybrid_is_predicted_out_of_sample_from_the_v2_steps(grid):
     p = pd.read_csv(grid / "predicted.csv")
     fit = dict(zip(p["config"], p["fitted_on"]))
@@ -282,14 +307,14 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     rt["best_eagle"], rt["vs_best_eagle"] = "eagle-k3", 1.049
     rt.to_csv(grid / "ratios.csv", index=False)
     ok, text = line(v2verdict.bs1_line)
-    assert not ok and "1.049x eagle-k3 (EAGLE alone, its own engine" in text
+    assert not ok and "1.049x eagle-k3 (EAGLE alone, another engine" in text
     rt["vs_best_eagle"] = 1.051
     rt.to_csv(grid / "ratios.csv", index=False)
     assert line(v2verdict.bs1_line)[0]
     rt.loc[rt["batch_size"] == 64, "vs_best_eagle"] = 0.97
     rt.to_csv(grid / "ratios.csv", index=False)
     ok, text = line(v2verdict.every_bs_line)
-    assert not ok and "0.970x eagle-k3 (EAGLE alone, its own engine: a ratio of means) (pays" in text
+    assert not ok and "0.970x eagle-k3 (EAGLE alone, another engine: a ratio of means) (pays" in text
     rt["best_eagle"] = "eagle"                  # the grid's own k the fastest: the paired ratio alone holds the line
     rt.to_csv(grid / "ratios.csv", index=False)
     assert line(v2verdict.bs1_line)[0] and "eagle-k3" not in line(v2verdict.bs1_line)[1]

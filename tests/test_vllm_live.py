@@ -125,6 +125,9 @@ def test_walk_counts_steps_and_ragged_batches_by_hand():
     assert k3 == live._walk([c], "eagle", per_tok, k=3)
     assert k3["steps"] == -(-(L - 1) // 4) and k5["steps"] == -(-(L - 1) // 6)
     assert k3["seconds"] == pytest.approx(k3["steps"] * (1.0 + 0.01 * 4 + 3 * 0.5))
+    hy3 = live._walk([a, b], "gpu-pr24344-k3", priced)          # a hybrid at another k: its suffix read the same way
+    assert hy3 == live._walk([a, b], "gpu-pr24344", priced, k=3) and hy3["steps"] == -(-(L - 1) // 3)
+    assert hy3["seconds"] == hy3["steps"] * (1.0 + 3 * 0.5 + 0.25)
 
 
 def test_predicted_table_is_what_the_committed_data_give():

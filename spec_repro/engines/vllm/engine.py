@@ -79,8 +79,8 @@ class VLLMConfig:
                                                 # (set_hybrid; "off": vLLM's EAGLE alone), e.g. off, idle, gpu-*
     seed: int = 0
     name: str | None = None                     # label for results; defaults to the model dir's name
-    config_name: str | None = None              # the configuration's name in tables (hybrid_jobs.config_label),
-                                                # e.g. "eagle-k3": EAGLE alone at another k beside a grid's
+    config_suffix: str | None = None            # appended to the configuration's name in tables
+                                                # (hybrid_jobs.config_label), e.g. "-k3": an engine at another k
     extra: dict = field(default_factory=dict)   # passed to vllm.LLM as is
 
     def label(self) -> str:

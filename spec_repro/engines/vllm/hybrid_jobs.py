@@ -50,13 +50,26 @@ def hybrid_method(m: str) -> tuple[str, str | None, bool]:
 
 def config_label(cfg: dict) -> str:
     """The ``hybrid_specs`` method an engine config runs (the inverse of :func:`hybrid_method`): vLLM's method, the
-    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``; an engine that names its configuration (``config_name``,
-    e.g. ``eagle-k3``: EAGLE alone at another k than the grid's) goes by that name."""
-    pol = cfg.get("hybrid")
+    hybrid's policy, ``<policy>-pad`` or ``ngram-pad``; with the engine's ``config_suffix`` after it (``-k3``: an
+    engine at another k than its grid's, e.g. ``eagle-k3``; :func:`split_k` reads it back)."""
     if cfg.get("hybrid_rotate"):
         return "rotate"          # the engine; each of its runs names the policy it ran (rotated_run_config)
-    if cfg.get("config_name"):
-        return cfg["config_name"]
+    lab = _label(cfg)
+    return lab + cfg["config_suffix"] if lab and cfg.get("config_suffix") else lab
+
+
+def split_k(config: str) -> tuple[str, int | None]:
+    """(the configuration without its k suffix, that k) of a table's configuration name: ``eagle-k3`` ->
+    (``eagle``, 3), ``gpu-pr24344-skip-k3`` -> (``gpu-pr24344-skip``, 3), ``eagle`` -> (``eagle``, None): the
+    engine's own k (the grid's)."""
+    import re
+
+    m = re.fullmatch(r"(.+)-k(\d+)", str(config))
+    return (m.group(1), int(m.group(2))) if m else (str(config), None)
+
+
+def _label(cfg: dict) -> str:
+    pol = cfg.get("hybrid")
     if not pol:
         return cfg.get("method")
     from .gpu_hybrid import GPU_POLICIES

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .hybrid_jobs import split_k
 from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows
 
 FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
@@ -208,13 +209,12 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     steps, seconds (the model's), ragged steps. ``host``: the host terms (overhead, drafting, the hybrid's own
     work; not the target's forward or the prefill) times this (a run's ``host_index``). ``adaptive-rule[-pad]``:
     each request's steps are the simulator's (``rule_steps``), its host machinery the hybrid's own term.
-    ``eagle-k<N>``: EAGLE alone at k = N (its drafting priced per token drafted, its forward by the tokens it
-    verifies)."""
+    ``<config>-k<N>`` (``eagle-k3``, ``gpu-pr24344-skip-k3``): that configuration at k = N (EAGLE's drafting
+    priced per token drafted, the forward by the tokens verified, the hybrid's own term as measured at the fits' k)."""
     import numpy as np
 
-    fixed_k = re.fullmatch(r"eagle-k(\d+)", config)      # EAGLE alone at another k than the fits' (out of sample)
-    if fixed_k:
-        config, k = "eagle", int(fixed_k.group(1))
+    config, at_k = split_k(config)                     # an engine at another k than the fits' (out of sample)
+    k = at_k or k
     B = len(reqs)
     p = np.ones(B, int)                                  # tokens produced (1 after prefill)
     P = np.array([r["prompt_len"] for r in reqs])

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ...io import write_via
+from .hybrid_jobs import split_k
 from .live_model import FIT_CONFIGS, fit_step_model, predict, predict_runs
 from .live_profile import load_profiles
 from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows, whole_repeats
@@ -53,7 +54,8 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     predicted at its own host speed (``predict_runs`` with ``fit_step_model(host_scaled=True)``, the same split in
     sample / out of sample; ``predicted_host_tok_s``, ``ratio_host``): the hybrid's host index is read from its
     own runs' t_other, its drafting from the idle hybrid's fitted term. EAGLE alone at another k (``eagle-k<N>``, an
-    engine of its own) is predicted out of sample by the EAGLE path's terms. ``workload``: the runs, steps and fits of
+    engine of its own) is predicted out of sample by the EAGLE path's terms; a hybrid at another k (``hybrids``
+    may name ``<hybrid>-k<N>``) by them and its idle counterpart's term. ``workload``: the runs, steps and fits of
     that workload (``profiles_path`` then the profile of its requests). ``idle`` may map each hybrid to its own
     idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/v1-runner/adaptive-rule's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
@@ -70,7 +72,7 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     fits = {None: fit_step_model(out, per_bs=per_bs, **kw)}
     fits.update({i: fit_step_model(out, hybrid_configs=(i,), per_bs=per_bs, **kw) for i in idles})
     model_of = {"none": None, "eagle": None, **{i: i for i in idles}, **{h: idle_of.get(h) for h in hybrids},
-                **{c: None for c in res["config"] if re.fullmatch(r"eagle-k\d+", c)}}   # EAGLE alone at another k
+                **{c: None for c in res["config"] if split_k(c)[0] == "eagle" and split_k(c)[1]}}   # other k
     import pandas as pd
 
     def pred(by_bs: bool):

@@ -14,13 +14,14 @@
               EAGLE engine rotates ``off``, ``gpu-eagle-only``, ``gpu-pr24344``, ``gpu-pr24344-skip`` shape by
               shape (a Latin square:
               ``hybrid_jobs.rotated_order``), code-edit then sharegpt, 4 repeats, every step timed; then EAGLE
-              alone at its best fixed k (``EAGLE_BEST_K``, configuration ``eagle-k3``) in a V2 engine of its own,
-              both workloads, 3 repeats; last, vLLM's n-gram on the V1 runner (its only runner in vLLM 0.25;
-              ``v1-forced``, timed by the V1 hooks) at k = ``NGRAM_K``, both workloads, 3 repeats.
+              alone at its best fixed k (``EAGLE_BEST_K``) and ``gpu-pr24344-skip`` at that k, rotated in a V2
+              engine of their own (``eagle-k3``, ``gpu-pr24344-skip-k3``), both workloads, 4 repeats; last, vLLM's
+              n-gram on the V1 runner (its only runner in vLLM 0.25; ``v1-forced``, timed by the V1 hooks) at k =
+              ``NGRAM_K``, both workloads, 3 repeats.
 
 Every engine but the n-gram one forces the V2 runner (``engine_config`` ``v2-forced``: ``VLLM_USE_V2_MODEL_RUNNER=1``)
 and vLLM's own scheduling (async for EAGLE), Qwen2.5-Coder-1.5B-Instruct (real weights) and the package's EAGLE head
-at k = 5 (``eagle-k3``: k = 3). ``estimate`` prices a spec from the V2 grid's measured engine starts and seconds per run
+at k = 5 (``rotate-k3``'s engine: k = 3). ``estimate`` prices a spec from the V2 grid's measured engine starts and seconds per run
 (``gpu/plans/v2hybrid.json``'s ``engine_seconds``). ``summarize`` writes the raw folder's tables
 (``v2summary``), ``verdict`` prints what they show (``v2verdict``).
 
@@ -48,13 +49,14 @@ K = 5
 # over its profile (hybrid_trace_s5.jsonl) at k = 1..7, prices k = 5 within 3% of the fastest k (k = 7: +3% at
 # bs 1, +1-2% at bs 8-64) and 25% above k = 1 at bs 1: no k is measurably better
 NGRAM_K = 5
-#: EAGLE alone at its best fixed k, in an engine of its own beside the grid's k = 5 (what a user would run instead of
-#: the hybrid): on vLLM's default engine on the H200 (data/gpu/v2grid, engines resident together) k = 3 ran fastest
-#: at every code-edit batch size, 1.14-1.15x k = 5, and 1.03x / 1.03x / 1.35x / 1.37x k = 5 on sharegpt at bs 1 / 8
-#: / 32 / 64 (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); the step model fitted on the H100 grid
-#: (data/gpu/live) prices k = 3 at 0.96-1.03x k = 5 on code-edit and 1.06-1.12x on sharegpt (bs 1-64): measured
-#: here, the two part
+#: EAGLE alone at its best fixed k (what a user would run instead of the hybrid) and the hybrid at that k, rotated
+#: in an engine of their own beside the grid's k = 5 (configurations ``eagle-k3``, ``gpu-pr24344-skip-k3``): on
+#: vLLM's default engine on the H200 (data/gpu/v2grid, engines resident together) k = 3 ran fastest at every
+#: code-edit batch size, 1.14-1.15x k = 5, and 1.03x / 1.03x / 1.35x / 1.37x k = 5 on sharegpt at bs 1 / 8 / 32 / 64
+#: (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); the step model fitted on the H100 grid (data/gpu/live)
+#: prices k = 3 at 0.96-1.03x k = 5 on code-edit and 1.06-1.13x on sharegpt (bs 1-64): measured here, the two part
 EAGLE_BEST_K = 3
+ROTATE_BEST_K = ("off", "gpu-pr24344-skip")
 OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batch_sizes": [1, 8, 32, 64],
                  "repeats": 12, "vocab_size": 151936}
 #: the timer variants both engines time (any of common.TIMER_VARIANTS): vLLM's own method and the timer every run
@@ -79,13 +81,13 @@ def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[
                  rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **small, **kw)]
         names = ("none", "rotate")
     else:
-        best = hybrid_specs(head, methods=("eagle",), repeats=3, **{**kw, "k": EAGLE_BEST_K})[0]
-        best["config"]["config_name"] = f"eagle-k{EAGLE_BEST_K}"
+        best = rotated_spec(head, policies=ROTATE_BEST_K, repeats=4, **{**kw, "k": EAGLE_BEST_K})
+        best["config"]["config_suffix"] = f"-k{EAGLE_BEST_K}"
         specs = [hybrid_specs(head, methods=("none",), repeats=3, **kw)[0],
                  rotated_spec(head, policies=ROTATE, repeats=len(ROTATE), **kw), best,
                  hybrid_specs(head, methods=("ngram",), repeats=3, model_dir=model_dir, k=NGRAM_K,
                               engine_config="v1-forced")[0]]
-        names = ("none", "rotate", f"eagle-k{EAGLE_BEST_K}", "ngram")
+        names = ("none", "rotate", f"rotate-k{EAGLE_BEST_K}", "ngram")
         for s in specs[:2]:       # the step timer's cost first, in the engines the grid then runs
             s["tasks"].insert(0, {**OVERHEAD_TASK, "variants": list(OVERHEAD_VARIANTS)})
             s["config"]["max_num_seqs"] = max(max(OVERHEAD_TASK["batch_sizes"]), s["config"]["max_num_seqs"])

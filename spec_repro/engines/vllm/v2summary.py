@@ -22,10 +22,10 @@ folder). ``v2verdict`` reads them back.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ...io import write_via
+from .hybrid_jobs import split_k
 from .live_runs import OUT, load, read_runs, select_rows
 from .live_summary import summarize as _staged, write_lossless, write_manifest, write_runs_steps
 
@@ -59,16 +59,16 @@ FILE_DOCS = {
                     "speed, probed before and after each run, held fixed (host_adjusted)",
     "ratios.csv": "per workload, configuration and batch size of the grid stage: tok/s (mean of repeats); "
                   "vs_eagle_*: the run's tok/s over EAGLE alone's in the same rotated engine and repeat (median, "
-                  "min, max over repeats); vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the "
-                  "n-gram V1 engine's and the faster of the two; vs_best_eagle: over the fastest EAGLE alone at that "
-                  "batch size (best_eagle: eagle = k 5 in the rotated engine, eagle-k3 = k 3 in an engine of its own) "
-                  "(separate engines: means over repeats); lossless "
-                  "(the lossless stage's comparison where it ran the shape), equal / compared requests and EAGLE "
-                  "alone's",
+                  "min, max over repeats; a configuration suffixed -k3 over eagle-k3 in the k = 3 engine); "
+                  "vs_none / vs_ngram / vs_best_other: over the no-SD V2 engine's, the n-gram V1 engine's and the "
+                  "faster of the two; vs_best_eagle: over the fastest EAGLE alone at that batch size (best_eagle: "
+                  "eagle = k 5, eagle-k3 = k 3, each in its rotated engine) (across engines: means over repeats); "
+                  "lossless (the lossless stage's comparison where it ran the shape), equal / compared requests "
+                  "and EAGLE alone's",
     "predicted.csv": "each configuration's measured tok/s beside its prediction over the profile of the no-SD "
                      "outputs (hybrid_trace*.jsonl): the step model fitted on this run's no SD and EAGLE-alone V2 "
                      "steps at k 5, the hybrids' own term on gpu-eagle-only's (the hybrids and EAGLE alone at "
-                     "another k, eagle-k3, out of sample); ratio_per_bs = "
+                     "another k, suffixed -k3, out of sample); ratio_per_bs = "
                      "measured / predicted with per-batch-size host terms, ratio_host each run at its host speed",
 }
 
@@ -257,7 +257,8 @@ def _lossless(out: Path) -> dict:
 def ratio_table(out: str | Path):
     """Per workload, configuration and batch size of the grid stage: ``tok_s`` (``live_throughput.throughput``:
     a repeat's tokens over its wall time, mean over repeats) with its runner and engine_config; ``vs_eagle_*``
-    (``live_tables.paired_ratios``: over EAGLE alone in the same rotated V2 engine, repeat by repeat); ``vs_none``
+    (``live_tables.paired_ratios``: over EAGLE alone in the same rotated V2 engine, at its k, repeat by repeat:
+    ``gpu-pr24344-skip-k3`` over ``eagle-k3``); ``vs_none``
     (over the no-SD V2 engine), ``vs_ngram`` (over vLLM's n-gram on V1), ``vs_best_other`` (over the faster of
     those two), ``vs_best_eagle`` (over the fastest EAGLE alone, ``best_eagle``: the grid's k = 5 or ``eagle-k<N>``
     in an engine of its own), each a ratio of means; ``lossless`` with ``equal`` / ``compared`` requests and EAGLE
@@ -287,13 +288,16 @@ def ratio_table(out: str | Path):
         per = lambda c: t["batch_size"].map(tok[c] if c in tok.index.get_level_values(0) else {})   # noqa: E731
         t["vs_none"], t["vs_ngram"] = t["tok_s"] / per("none"), t["tok_s"] / per("ngram")
         t["vs_best_other"] = t["tok_s"] / pd.concat([per("none"), per("ngram")], axis=1).max(axis=1)
-        alone = [c for c in t["config"].unique() if c in EAGLE_ALONE or re.fullmatch(r"eagle-k\d+", c)]
+        alone = [c for c in t["config"].unique() if split_k(c)[0] in EAGLE_ALONE]
         if alone:       # the fastest EAGLE alone at each batch size, whatever its k
             e = pd.concat([per(c).rename(c) for c in alone], axis=1)
             t["best_eagle"] = e.apply(lambda row: row.idxmax() if row.notna().any() else None, axis=1)
             t["vs_best_eagle"] = t["tok_s"] / e.max(axis=1)
-        pr = paired_ratios(out, base="eagle", workload=wl, select=SELECT).rename(columns=lambda c: c.replace(
-            "paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
+        rot = r[r["run_id"].str.contains("@off-", regex=False) & (r["engine_config"] == SELECT["engine_config"])]
+        pr = pd.concat([paired_ratios(out, base=base, workload=wl, select={**SELECT, "spec": spec})   # its own EAGLE
+                        for spec, base in rot.groupby("spec")["config"].first().items()]
+                       or [paired_ratios(out, base="eagle", workload=wl, select=SELECT)])     # none rotated: empty
+        pr = pr.rename(columns=lambda c: c.replace("paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
         t = t.merge(pr, on=["config", "batch_size"], how="left")
         got = [ll.get((wl, c, b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
         eag = [ll.get((wl, "eagle", b), (None, None, None)) for b in t["batch_size"]]
@@ -332,7 +336,7 @@ def predicted_table(out: str | Path):
         have = set(runs.loc[runs["workload"] == wl, "config"])
         if prof is None or not {"none", "eagle", IDLE} <= have:
             continue
-        hyb = tuple(h for h in HYBRIDS if h in have)
+        hyb = tuple(sorted(h for h in have if split_k(h)[0] in HYBRIDS))       # each k the grid ran
         p = predicted_padded(out, prof, idle=IDLE, hybrids=hyb, per_bs=True, host_scaled=True, workload=wl,
                              select=SELECT)
         p.insert(0, "workload", wl)
