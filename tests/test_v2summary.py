@@ -243,6 +243,14 @@ def test_each_rotated_engine_is_paired_with_its_own_eagle(grid):
         for c in ("vs_eagle_median", "vs_eagle_min", "vs_eagle_max", "vs_eagle_pairs"):
             assert there[c] == pytest.approx(here[c]), (b, c)
         assert there["best_eagle"] in ("eagle", "eagle-k3")
+    # the verdict's cost of a hybrid is its step beyond EAGLE alone's in its own engine: the copy's steps 1 ms longer
+    steps = pd.read_parquet(grid / "steps.parquet")
+    srot = steps[steps["spec"] == "hybrid-default-rotate-s5"]
+    pd.concat([steps, srot.assign(spec="hybrid-default-rotate-k3", config=srot["config"] + "-k3",
+                                  t_draft=srot["t_draft"] + 1e-3)]).to_parquet(grid / "steps.parquet", index=False)
+    for b in (8, 32):
+        assert v2verdict._cost(grid, "gpu-pr24344-k3", b) == v2verdict._cost(grid, "gpu-pr24344", b)
+        assert "ms drafting" in v2verdict._cost(grid, "gpu-pr24344", b)
     from spec_repro.engines.vllm.live_tables import paired_ratios
 
     mixed = paired_ratios(grid, base="eagle", workload="code-edit", select=v2summary.SELECT)    # the wrong base

@@ -113,7 +113,8 @@ def _counts(b) -> str:
 
 
 def _cost(out: Path, config: str, bs: int) -> str:
-    """The hybrid's median decode step beyond EAGLE alone's at ``bs`` (code-edit, grid stage): drafting, other."""
+    """The hybrid's median decode step beyond EAGLE alone's at its k at ``bs`` (code-edit, grid stage): drafting,
+    other."""
     import pandas as pd
 
     f = out / "steps.parquet"
@@ -123,9 +124,11 @@ def _cost(out: Path, config: str, bs: int) -> str:
     s = s[(s["phase"] == "decode") & (s["batch_size"] == bs) & s["run_id"].str.startswith("code-edit")
           & (s["stage"] == "grid")]
     med = s.groupby("config")[["t_draft", "t_other"]].median()
-    if config not in med.index or "eagle" not in med.index:
+    k = split_k(config)[1]
+    alone = "eagle" + (f"-k{k}" if k else "")          # EAGLE alone in the hybrid's engine
+    if config not in med.index or alone not in med.index:
         return "no steps"
-    d = 1e3 * (med.loc[config] - med.loc["eagle"])
+    d = 1e3 * (med.loc[config] - med.loc[alone])
     return f"pays {d['t_draft']:+.2f} ms drafting, {d['t_other']:+.2f} ms other a step"
 
 
