@@ -347,6 +347,16 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     assert len(printed) == len(v2verdict.LINES) and all(x[:4] in ("PASS", "FAIL") for x in printed)
 
 
+def test_the_verdicts_hybrid_is_the_fastest_at_any_k():
+    """Of the hybrids at a batch size, the verdict holds the one a user would pick: the highest tok/s (over the
+    fastest EAGLE alone, whatever its k), not the one furthest above its own engine's EAGLE."""
+    rt = pd.DataFrame({"workload": "code-edit", "batch_size": 1,
+                       "config": ["gpu-pr24344-skip", "gpu-pr24344-skip-k3", "eagle", "eagle-k3"],
+                       "vs_eagle_median": [1.27, 1.12, None, None], "vs_best_eagle": [1.10, 1.12, 0.87, 1.0]})
+    assert v2verdict._best(rt, 1)["config"] == "gpu-pr24344-skip-k3"
+    assert v2verdict._best(rt.drop(columns="vs_best_eagle"), 1)["config"] == "gpu-pr24344-skip"    # an older table
+
+
 def test_the_live_readers_name_each_runner_and_read_the_grid_stage_only(grid):
     """A V2 folder as reproduce --profile gpu leaves it: the notebooks' readers say V2 where V2 ran and V1 for
     vLLM's n-gram, and a lossless-stage run (another shape, other outputs) never enters the speedups."""

@@ -5,12 +5,12 @@ PASS or FAIL. A missing file fails its line.
 1. the V2 step timer costs at most 3% of throughput at every batch size, no SD and EAGLE (``overhead``: inside
    ``toggle`` runs where they ran, 1 - the mean over runs of the untimed / timed steps' median period; else 1 -
    the mean over interleaved repeats of timer-on / timer-off tok/s; one engine each; the variant every run uses);
-2. code-edit, bs 1: the best V2 hybrid (at any k the grid ran: ``gpu-pr24344-skip-k3`` at k = 3) runs at least
+2. code-edit, bs 1: the fastest V2 hybrid (at any k the grid ran: ``gpu-pr24344-skip-k3`` at k = 3) runs at least
    1.05x EAGLE alone on V2 (median over repeats of the paired ratio in its rotated engine, at its k) and, where
    EAGLE alone ran faster at the other k (``ratios.csv``'s ``best_eagle``, another engine), 1.05x that too (a
    ratio of means across engines), at least the faster of no SD (V2) and n-gram (V1), and its outputs equal no
    SD's;
-3. code-edit, every batch size: the best V2 hybrid runs at least 0.98x EAGLE alone (the same two ways), or the line
+3. code-edit, every batch size: the fastest V2 hybrid runs at least 0.98x EAGLE alone (the same two ways), or the line
    names the cost it pays (its median decode step's drafting and other host time beyond EAGLE alone's, from the
    step log);
 4. each hybrid's measured tok/s within 10% of its out-of-sample prediction (``ratio_per_bs``);
@@ -67,16 +67,19 @@ def overhead_line(out: Path) -> tuple[bool, str]:
 
 
 def _best(rt, bs: int):
-    """The hybrid row (any k the grid ran) with the highest paired ratio over EAGLE alone in its engine."""
+    """The hybrid row (any k the grid ran) a user would pick: the fastest (``vs_best_eagle``, over the fastest EAGLE
+    alone at that batch size, whatever its k; where the table has none, the paired ratio over EAGLE alone in its
+    engine)."""
     hyb = rt["config"].map(lambda c: split_k(c)[0] in HYBRIDS)
     h = rt[(rt["workload"] == "code-edit") & (rt["batch_size"] == bs) & hyb]
     h = h.dropna(subset=["vs_eagle_median"])
-    return None if not len(h) else h.loc[h["vs_eagle_median"].idxmax()]
+    key = "vs_best_eagle" if "vs_best_eagle" in h and h["vs_best_eagle"].notna().all() else "vs_eagle_median"
+    return None if not len(h) else h.loc[h[key].idxmax()]
 
 
 def bs1_line(out: Path) -> tuple[bool, str]:
     rt = _read(out, "ratios.csv")
-    head = f"code-edit bs 1: best V2 hybrid >= {BS1_MIN}x EAGLE (V2, each k run), >= best of n-gram / no SD, lossless"
+    head = f"code-edit bs 1: fastest V2 hybrid >= {BS1_MIN}x EAGLE (V2, each k run), >= best of n-gram / no SD, lossless"
     b = None if rt is None else _best(rt, 1)
     if b is None:
         return False, f"{head}: no paired hybrid runs in ratios.csv"
@@ -134,7 +137,7 @@ def _cost(out: Path, config: str, bs: int) -> str:
 
 def every_bs_line(out: Path) -> tuple[bool, str]:
     rt = _read(out, "ratios.csv")
-    head = f"code-edit every bs: best V2 hybrid >= {EVERY_BS_MIN}x EAGLE (V2, each k run)"
+    head = f"code-edit every bs: fastest V2 hybrid >= {EVERY_BS_MIN}x EAGLE (V2, each k run)"
     if rt is None:
         return False, f"{head}: no ratios.csv"
     parts, ok = [], True
