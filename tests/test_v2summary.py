@@ -119,8 +119,8 @@ def test_summarize_labels_every_run_from_the_resolved_config_and_computes_the_ov
 
 def test_the_fastest_eagle_alone_is_read_whatever_its_k(tmp_path):
     """data/gpu/v2grid's co-resident no SD, EAGLE k = 5 and EAGLE k = 3 engines (real weights, the H200), the k = 3
-    engine's configuration suffixed ``-k3`` as the V2 grid's k = 3 engine: each row's ``vs_best_eagle`` is over the faster EAGLE
-    alone at that batch size (k = 3 on code-edit here, 787 against 691 tok/s at bs 1)."""
+    engine's configuration suffixed ``-k3`` as the V2 grid's k = 3 engine: each row's ``vs_best_eagle`` is over
+    the faster EAGLE alone at that batch size (k = 3 on code-edit here, 787 against 691 tok/s at bs 1)."""
     keep = ("v2grid-none-k0", "v2grid-eagle-k5", "v2grid-eagle-k3")
     recs = []
     for x in gzip.open(V2GRID, "rt"):

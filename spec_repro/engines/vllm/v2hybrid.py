@@ -21,8 +21,8 @@
 
 Every engine but the n-gram one forces the V2 runner (``engine_config`` ``v2-forced``: ``VLLM_USE_V2_MODEL_RUNNER=1``)
 and vLLM's own scheduling (async for EAGLE), Qwen2.5-Coder-1.5B-Instruct (real weights) and the package's EAGLE head
-at k = 5 (``rotate-k3``'s engine: k = 3). ``estimate`` prices a spec from the V2 grid's measured engine starts and seconds per run
-(``gpu/plans/v2hybrid.json``'s ``engine_seconds``). ``summarize`` writes the raw folder's tables
+at k = 5 (``rotate-k3``'s engine: k = 3). ``estimate`` prices a spec from the V2 grid's measured engine starts and
+seconds per run (``gpu/plans/v2hybrid.json``'s ``engine_seconds``). ``summarize`` writes the raw folder's tables
 (``v2summary``), ``verdict`` prints what they show (``v2verdict``).
 
     python -m spec_repro.engines.vllm.v2hybrid plan [--stage S]                # CPU: specs and estimated seconds

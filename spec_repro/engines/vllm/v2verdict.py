@@ -10,9 +10,9 @@ PASS or FAIL. A missing file fails its line.
    EAGLE alone ran faster at the other k (``ratios.csv``'s ``best_eagle``, another engine), 1.05x that too (a
    ratio of means across engines), at least the faster of no SD (V2) and n-gram (V1), and its outputs equal no
    SD's;
-3. code-edit, every batch size: the fastest V2 hybrid runs at least 0.98x EAGLE alone (the same two ways), or the line
-   names the cost it pays (its median decode step's drafting and other host time beyond EAGLE alone's, from the
-   step log);
+3. code-edit, every batch size: the fastest V2 hybrid runs at least 0.98x EAGLE alone (the same two ways), or the
+   line names the cost it pays (its median decode step's drafting and other host time beyond EAGLE alone's at its
+   k, from the step log);
 4. each hybrid's measured tok/s within 10% of its out-of-sample prediction (``ratio_per_bs``);
 5. every run row names its runner, weights and configuration (``runner``, ``weights``, ``engine_config``,
    ``config``), read from the engine's resolved vLLM config.
@@ -79,7 +79,8 @@ def _best(rt, bs: int):
 
 def bs1_line(out: Path) -> tuple[bool, str]:
     rt = _read(out, "ratios.csv")
-    head = f"code-edit bs 1: fastest V2 hybrid >= {BS1_MIN}x EAGLE (V2, each k run), >= best of n-gram / no SD, lossless"
+    head = (f"code-edit bs 1: fastest V2 hybrid >= {BS1_MIN}x EAGLE (V2, each k run), >= best of n-gram / no SD, "
+            "lossless")
     b = None if rt is None else _best(rt, 1)
     if b is None:
         return False, f"{head}: no paired hybrid runs in ratios.csv"
