@@ -237,7 +237,12 @@ def test_each_rotated_engine_is_paired_with_its_own_eagle(grid):
                     run_id=rot["run_id"].str.replace(r"-r(\d)$", lambda m: f"-r{(int(m.group(1)) + 1) % 4}",
                                                      regex=True))
     pd.concat([runs, k3]).to_csv(grid / "runs.csv", index=False)
+    ll = pd.read_csv(grid / "lossless.csv")        # its lossless rows: EAGLE alone's counts read from its own engine
+    e3 = ll[ll["config"] == "eagle"].assign(config="eagle-k3", equal=0)
+    pd.concat([ll, e3]).to_csv(grid / "lossless.csv", index=False)
     rt = v2summary.ratio_table(grid).set_index(["workload", "config", "batch_size"])
+    assert (rt.loc["code-edit"].xs("gpu-pr24344-k3", level="config")["eagle_equal"] == 0).all()
+    assert (rt.loc["code-edit"].xs("gpu-pr24344", level="config")["eagle_equal"] > 0).all()
     for b in (1, 8, 32, 64):
         here, there = rt.loc[("code-edit", "gpu-pr24344", b)], rt.loc[("code-edit", "gpu-pr24344-k3", b)]
         for c in ("vs_eagle_median", "vs_eagle_min", "vs_eagle_max", "vs_eagle_pairs"):
