@@ -68,6 +68,13 @@ def split_k(config: str) -> tuple[str, int | None]:
     return (m.group(1), int(m.group(2))) if m else (str(config), None)
 
 
+def eagle_alone(config: str) -> str:
+    """EAGLE alone in the engine that ran ``config`` (at its k): ``gpu-pr24344-skip-k3`` -> ``eagle-k3``,
+    ``gpu-pr24344`` -> ``eagle``."""
+    k = split_k(config)[1]
+    return "eagle" + (f"-k{k}" if k else "")
+
+
 def _label(cfg: dict) -> str:
     pol = cfg.get("hybrid")
     if not pol:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...io import write_via
-from .hybrid_jobs import split_k
+from .hybrid_jobs import eagle_alone, split_k
 from .live_runs import OUT, load, read_runs, select_rows
 from .live_summary import summarize as _staged, write_lossless, write_manifest, write_runs_steps
 
@@ -300,8 +300,7 @@ def ratio_table(out: str | Path):
         pr = pr.rename(columns=lambda c: c.replace("paired_", "vs_eagle_").replace("pairs", "vs_eagle_pairs"))
         t = t.merge(pr, on=["config", "batch_size"], how="left")
         got = [ll.get((wl, c, b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
-        alone_of = lambda c: "eagle" + (f"-k{split_k(c)[1]}" if split_k(c)[1] else "")      # noqa: E731 (its engine's)
-        eag = [ll.get((wl, alone_of(c), b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
+        eag = [ll.get((wl, eagle_alone(c), b), (None, None, None)) for c, b in zip(t["config"], t["batch_size"])]
         t["lossless"], t["equal"], t["compared"] = zip(*got) if got else ((), (), ())
         t["eagle_equal"], t["eagle_compared"] = [e[1] for e in eag], [e[2] for e in eag]
         parts.append(t)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .hybrid_jobs import split_k
+from .hybrid_jobs import eagle_alone, split_k
 from .v2summary import HYBRIDS, OVERHEAD_LIMIT
 
 BS1_MIN, EVERY_BS_MIN, PRED_TOL = 1.05, 0.98, 0.10
@@ -98,8 +98,7 @@ def _other_k(b, least: float) -> tuple[str, bool]:
     """(``, <r>x <config> (...)`` where EAGLE alone ran faster at another k than in the hybrid's own engine, whether
     the hybrid holds ``least`` against it); ('', True) where its engine's EAGLE was the fastest or no other k ran."""
     best = b.get("best_eagle")
-    k = split_k(b["config"])[1]
-    if not isinstance(best, str) or best == "eagle" + (f"-k{k}" if k else ""):
+    if not isinstance(best, str) or best == eagle_alone(b["config"]):
         return "", True
     r = float(b["vs_best_eagle"])
     return f", {r:.3f}x {best} (EAGLE alone, another engine: a ratio of means)", r >= least
@@ -128,8 +127,7 @@ def _cost(out: Path, config: str, bs: int) -> str:
     s = s[(s["phase"] == "decode") & (s["batch_size"] == bs) & s["run_id"].str.startswith("code-edit")
           & (s["stage"] == "grid")]
     med = s.groupby("config")[["t_draft", "t_other"]].median()
-    k = split_k(config)[1]
-    alone = "eagle" + (f"-k{k}" if k else "")          # EAGLE alone in the hybrid's engine
+    alone = eagle_alone(config)                        # EAGLE alone in the hybrid's engine, at its k
     if config not in med.index or alone not in med.index:
         return "no steps"
     d = 1e3 * (med.loc[config] - med.loc[alone])
