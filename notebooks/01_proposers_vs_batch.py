@@ -145,7 +145,7 @@ print(live_src)
 # %%
 if live is not None:
     runners = A.live_runners(live)          # what ran, as the folder recorded it
-    other_k = sorted({int(k) for k in live["method"].str.extract(r"-k(\d+)$")[0].dropna()})   # e.g. eagle-k3
+    other_k = A.live_ks(live)               # engines at another k than the grid's (eagle-k3: k = 3)
     fig3 = P.speedup_vs_batch(live, title=f"Measured vLLM speedup vs batch size, REAL WEIGHTS, {runners}:\n"
                               "Qwen2.5-Coder-1.5B, code-edit, k = 5" + "".join(f" (-k{k}: k = {k})" for k in other_k)
                               + " (below 1: slower than no SD)",

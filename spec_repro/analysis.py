@@ -19,7 +19,7 @@ from .grids import (ADAPTIVE_BATCH_SIZES, COMBINE_PARTNERS, DRAFTER_STANDINS, ad
                     out_of_sample_params, out_of_sample_policy, simulate_grid, tune_rule)
 from .live import live_trace, live_vllm_job, notebook_trace
 from .measured import (acceptance_agreement, cpu_steps, drafting_sweep, gpu_cost_model_path, gpu_job_specs, gpu_speedups, gpu_steps,
-                       gpu_verify_limits, live_rotated_runs, live_runners, live_speedups, live_step_split, live_steps,
+                       gpu_verify_limits, live_ks, live_rotated_runs, live_runners, live_speedups, live_step_split, live_steps,
                        v2_speedups, v2_table, verify_cost)
 from .metrics import (PHASES, SHARE_COLUMNS, STUDY_ANALOGUES, acceptance_by_draft_position, acceptance_by_output_position,
                       draft_position_vs_study,
@@ -43,7 +43,7 @@ __all__ = [
     "overlap_threshold", "overlap_thresholds", "MIN_OVERLAP_REQUESTS", "PHASES", "SHARE_COLUMNS", "phase_shares", "shares_long", "oracle_gap", "hybrid_table",
     # measured
     "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_job_specs", "gpu_cost_model_path", "acceptance_agreement", "gpu_verify_limits",
-    "verify_cost", "live_runners", "live_speedups", "live_step_split", "live_steps", "live_rotated_runs", "drafting_sweep",
+    "verify_cost", "live_ks", "live_runners", "live_speedups", "live_step_split", "live_steps", "live_rotated_runs", "drafting_sweep",
     "v2_speedups", "v2_table",
     # grids
     "DRAFTER_STANDINS", "cost_model_for", "COMBINE_PARTNERS", "combine_set", "simulate_grid",

@@ -16,7 +16,7 @@ from .provenance import check_manifest, manifest_line, verify_recorded
 from .traces import TraceError
 
 __all__ = ["drafting_sweep", "gpu_steps", "cpu_steps", "gpu_speedups", "gpu_cost_model_path", "acceptance_agreement", "gpu_job_specs",
-           "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_speedups",
+           "gpu_verify_limits", "verify_cost", "stalled_runs", "flag_stalled_points", "gpu_stalls", "live_ks", "live_speedups",
            "live_step_split", "live_steps", "live_runners", "v2_speedups", "v2_table"]
 
 
@@ -418,6 +418,14 @@ def _with_runner(frame: pd.DataFrame) -> pd.DataFrame:
     if "engine_config" in frame.columns:
         return frame
     return frame.assign(engine_config="v1-forced", **({} if "runner" in frame.columns else {"runner": "v1"}))
+
+
+def live_ks(frame: pd.DataFrame) -> list[int]:
+    """The k of each configuration a live table's ``method`` names with a suffix (``eagle-k3``,
+    ``gpu-pr24344-skip-k3``: an engine at another k than its grid's; ``hybrid_jobs.split_k``), sorted, each once."""
+    from .engines.vllm.hybrid_jobs import split_k
+
+    return sorted({k for _, k in map(split_k, frame["method"]) if k})
 
 
 def live_runners(frame: pd.DataFrame) -> str:

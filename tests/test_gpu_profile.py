@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from spec_repro.engines.vllm import gpu_profile as G
@@ -41,6 +42,9 @@ def test_grid_is_the_v2_hybrid_job_gated_by_its_lossless_check_then_llama_on_the
     assert speculative_config(VLLMConfig(**best["config"]))["num_speculative_tokens"] == 3
     assert [split_k(c) for c in ("eagle-k3", "gpu-pr24344-skip-k3", "eagle", "gpu-pr24344-skip-pad")] == \
         [("eagle", 3), ("gpu-pr24344-skip", 3), ("eagle", None), ("gpu-pr24344-skip-pad", None)]
+    from spec_repro import analysis as A
+
+    assert A.live_ks(pd.DataFrame({"method": ["eagle", "eagle-k3", "gpu-pr24344-skip-k3", "ngram"]})) == [3]
     assert [eagle_alone(c) for c in ("gpu-pr24344-skip-k3", "gpu-pr24344", "eagle-k3")] == ["eagle-k3", "eagle", "eagle-k3"]
     assert G.STAGES.index("lossless") < G.STAGES.index("grid") < G.STAGES.index("profile") < G.STAGES.index("tables")
     # the Llama-dims baseline and n-gram side by side, vLLM's default engine (its runner, async where allowed)
