@@ -75,7 +75,8 @@ live_shares = A.phase_shares(live_st) if live_st is not None else None
 if live_shares is not None:
     display(live_shares.round(3))
     fig = P.time_breakdown(live_shares, facet="method", title="Where a decode step's time goes: vLLM, REAL WEIGHTS, "
-                           f"{A.live_runners(live_st)}\n(Qwen2.5-Coder-1.5B, code-edit, k = 5)", source=live_src)
+                           f"{A.live_runners(live_st)}\n(Qwen2.5-Coder-1.5B, code-edit, k = 5"
+                           + "".join(f"; -k{k}: k = {k}" for k in A.live_ks(live_st)) + ")", source=live_src)
     if figures_dir: P.save(fig, "02_time_breakdown_live", figures_dir)
     display(A.live_step_split(live_dir).round(2))
 

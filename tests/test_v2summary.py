@@ -446,15 +446,16 @@ def test_a_repeat_cut_by_the_deadline_is_left_out():
 
 def test_the_summary_rows_of_the_v2_run_name_each_configurations_runner():
     """The reproduce summary's row labels (rowlabels) of the H100 V2 run's speedups and steps come from its runs'
-    recorded runners: the hybrids, EAGLE and no SD on V2, n-gram on V1 (the source's words alone would read V1)."""
+    recorded runners: the hybrids and EAGLE at both k, and no SD on V2, n-gram on V1 (the source's words alone would
+    read V1)."""
     from spec_repro import measured as M
     from spec_repro.rowlabels import row_labels
 
     live = data_dir() / "gpu" / "live"
     for _, src in (M.live_speedups(live), M.live_steps(live)):
         lab = row_labels("", src)
-        assert lab["runner"] == ("eagle v2, gpu-eagle-only v2, gpu-pr24344 v2, gpu-pr24344-skip v2, ngram v1, "
-                                 "none v2"), lab
+        assert lab["runner"] == ("eagle v2, eagle-k3 v2, gpu-eagle-only v2, gpu-pr24344 v2, gpu-pr24344-skip v2, "
+                                 "gpu-pr24344-skip-k3 v2, ngram v1, none v2"), lab
         assert lab["configuration"] == "v1-forced/v2-forced" and lab["weights"].startswith("real")
     assert row_labels("", M.live_speedups()[1])["runner"] == "v1"          # the committed V1-runner study
 
@@ -462,8 +463,8 @@ def test_the_summary_rows_of_the_v2_run_name_each_configurations_runner():
 def test_the_v2_runs_step_model_fits_its_own_steps():
     """data/gpu/live/drain-timer: the step model fitted on the V2 run's no-SD and EAGLE-alone steps (live_model,
     uniform batches) prices those same configurations within 10% at every workload and batch size (in sample); the
-    hybrids, out of sample, are the verdict's line (tests above). (data/gpu/live's host drifted more: in sample
-    0.87-1.08 there, its README.)"""
+    hybrids, out of sample, are the verdict's line (tests above). (data/gpu/live/host-buffer's host drifted
+    more: in sample 0.87-1.08 there, its README.)"""
     p = pd.read_csv(data_dir() / "gpu" / "live" / "drain-timer" / "predicted.csv")
     ins = p[p["fitted_on"] == "in sample"]
     assert set(ins["config"]) == {"none", "eagle", "gpu-eagle-only"} and len(ins) == 18
