@@ -8,6 +8,7 @@ import pytest
 
 from spec_repro.engines.vllm import agreement as A
 from spec_repro.engines.vllm import live
+from spec_repro.engines.vllm import live_model
 from spec_repro.paths import v1_runner_dir
 
 FX = Path(__file__).parent / "fixtures" / "vllm" / "async_eagle_steps.json"
@@ -583,3 +584,47 @@ def test_retable_recomputes_a_folders_tables_and_keeps_where_they_were_measured(
     kept = lambda e: {k: v for k, v in e.items() if k != "recomputed"}
     assert kept(after) == kept(before)
     assert live.main(["retable", "--out", str(tmp_path), "--why", "x"]) == 2
+
+
+def test_walk_by_shape_prices_each_phase_at_its_k_and_chunks_the_prefill():
+    """A model with ``by_shape`` (fit_step_model(per_shape=True)): each decode step costs the forward, overhead and
+    (where EAGLE ran) drafting measured at its k and batch size, a device-side hybrid adds its idle machinery's
+    term, and the prefill is priced in vLLM's chunks of PREFILL_CHUNK tokens (the intercept once a chunk)."""
+    L = 256
+    c = {"prompt_len": 20000, "acc": {"eagle": [6] * L, "ngram": [6] * L}, "draft_len": {"ngram": [5] * L}}
+    shape = {"forward": {0: {1: 1.0}, 3: {1: 2.0}, 5: {1: 3.0}}, "overhead": {0: {1: 0.1}, 3: {1: 0.2}, 5: {1: 0.3}},
+             "draft": {0: {1: 0.0}, 3: {1: 0.5}, 5: {1: 0.7}}, "hybrid": {1: 0.05}}
+    model = {"F_uniform": [0, 0, 9.0], "F_ragged": [0, 0, 9.0], "eagle_draft": [0, 9.0], "ngram_draft": [0],
+             "overhead_none": [9.0, 0], "overhead_eagle": [9.0, 0], "prefill": [0.01, 1e-6],
+             "wall_over_steps": {"none": 1, "eagle": 1}, "by_shape": shape}
+    assert live_model.PREFILL_CHUNK == 8192
+    pre = 3 * 0.01 + 20000 * 1e-6                                     # 20,000 prompt tokens: three chunks
+    none = live._walk([c], "none", model)
+    assert none["steps"] == L - 1 and none["seconds"] == pytest.approx(pre + (L - 1) * 1.1)
+    k3 = live._walk([c], "eagle-k3", model)
+    assert k3["steps"] == -(-(L - 1) // 4) and k3["seconds"] == pytest.approx(pre + k3["steps"] * 2.7)
+    k5 = live._walk([c], "eagle", model)
+    assert k5["steps"] == -(-(L - 1) // 6) and k5["seconds"] == pytest.approx(pre + k5["steps"] * 4.0)
+    # n-gram matches every step: the skip variant drafts nothing with EAGLE, the rule drafts with it anyway
+    skip = live._walk([c], "gpu-pr24344-skip-k3", model)
+    rule = live._walk([c], "gpu-pr24344-k3", model)
+    assert skip["steps"] == rule["steps"] == k3["steps"]
+    assert skip["seconds"] == pytest.approx(pre + skip["steps"] * (2.0 + 0.2 + 0.05))
+    assert rule["seconds"] == pytest.approx(pre + rule["steps"] * (2.0 + 0.2 + 0.5 + 0.05))
+    plain = live._walk([c], "eagle-k3", {k: v for k, v in model.items() if k != "by_shape"})
+    assert plain["seconds"] > 9 * plain["steps"]                     # without it: the lines (here 9 s a phase)
+
+
+def test_shape_terms_are_the_measured_means_per_k_and_the_idle_machinerys_host_step_beyond_eagles():
+    import pandas as pd
+
+    rows = []
+    for cfg, ver, dr, oth, rej in (("none", 1.0, 0.0, 0.2, 0.0), ("eagle", 3.0, 0.7, 0.3, 0.1),
+                                   ("eagle-k3", 2.0, 0.4, 0.25, 0.05), ("gpu-eagle-only", 3.1, 0.9, 0.5, 0.1)):
+        for i in range(2):
+            rows.append({"config": cfg, "batch_size": 8, "t_verify": ver + i, "t_draft": dr, "t_other": oth,
+                         "t_reject": rej})
+    t = live_model.shape_terms(pd.DataFrame(rows), ("none", "eagle", "eagle-k3"), ("gpu-eagle-only",))
+    assert t["forward"] == {0: {8: 1.5}, 3: {8: 2.5}, 5: {8: 3.5}}
+    assert t["overhead"][5][8] == pytest.approx(0.4) and t["draft"][3][8] == pytest.approx(0.4)
+    assert t["hybrid"][8] == pytest.approx((0.9 + 0.5 + 0.1) - 0.7 - 0.4)      # beyond EAGLE's at k = 5

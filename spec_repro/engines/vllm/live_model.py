@@ -10,6 +10,7 @@ from .hybrid_jobs import split_k
 from .live_runs import COMMITTED, QWEN, TIMED, read_runs, select_rows
 
 FIT_CONFIGS = ("none", "eagle", "ngram")          # the cost model is fitted on these; the hybrids are predicted
+PREFILL_CHUNK = 8192          # the live engines' max_num_batched_tokens (engine.VLLMConfig): a prefill step's budget
 LIVE_CONFIGS = ("none", "eagle", "ngram", "pr24344", "pr24344-skip")
 K = 5
 
@@ -62,7 +63,7 @@ def host_index(steps, phase: str = "t_other"):
 
 def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: bool = True, hybrid_configs=(),
                    per_bs: bool = False, host_scaled: bool = False, workload: str = "code-edit",
-                   select: dict | None = None) -> dict:
+                   select: dict | None = None, per_shape: bool = False) -> dict:
     """Step-time components fitted on the decode steps of ``configs`` (``workload``'s, in ``out``), in the package
     cost model's form, seconds: target forward ``F = c_kv*kv + c_tok*n + c0`` (``ragged``: a second F for batches
     that are not uniform, i.e. not every request scheduled 1 + k tokens: vLLM 0.25's V1 runner replays its full
@@ -87,7 +88,13 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
     ``select``: the steps and runs fitted (``live_runs.select_rows``; default ``{"engine_config": "v1-forced"}``,
     the forced V1 runner the committed runs timed; the V2 job's ``v2summary.SELECT``: its V2 grid stage). On the
     V2 runner every decode batch is uniform (EAGLE and the device-side hybrid draft [B, k] each step), so its fits
-    take ``ragged=False``; its async overlap is what ``wall_over_steps`` measures, per path and batch size."""
+    take ``ragged=False``; its async overlap is what ``wall_over_steps`` measures, per path and batch size.
+    ``per_shape`` (implies ``per_bs``; ``configs`` may name EAGLE at other k, ``eagle-k3``): ``by_shape``, each step
+    phase's mean per k and batch size as measured on the configurations fitted (``forward`` t_verify, ``overhead``
+    t_other + t_reject, ``draft`` t_draft; k = 0: no SD), which ``_walk`` takes instead of the lines: V2's forward is
+    not linear in the tokens verified (data/gpu/live: at code-edit bs 64 no SD's 64 tokens take 2.86 ms, k = 3's
+    ~203 3.02 ms, k = 5's ~301 4.05 ms), nor are its host terms the same at each k; with ``hybrid_configs``,
+    ``hybrid``: the idle machinery's whole host step (draft, other, reject) beyond EAGLE alone's at its k."""
     import numpy as np
     import pandas as pd
 
@@ -98,6 +105,7 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
     if missing:
         raise ValueError(f"fit_step_model: no {workload} steps of {', '.join(missing)} where {select} in "
                          f"{Path(out) / 'steps.parquet'} (the fit needs every configuration of {list(configs)})")
+    per_bs = per_bs or per_shape
     m = {"ragged": ragged, "fitted_on": list(configs), "host_scaled": host_scaled}
     if host_scaled:     # the index from every run of the engine (its reference cancels: host_index)
         per_bs = True
@@ -164,7 +172,40 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
             m["by_bs"]["wall_over_steps"]["hybrid"] = per(tuple(hybrid_configs))
     pre = s[s["phase"] != "decode"]
     m["prefill"] = _lin(np.column_stack([np.ones(len(pre)), pre["batched_tokens"]]), pre["t_total"])
+    if per_shape:
+        m["by_shape"] = shape_terms(dec, configs, hybrid_configs)
     return m
+
+
+def _k_of(config: str) -> int:
+    """The k a configuration ran at: 0 for no SD, its suffix's (``eagle-k3``) or the grid's (``K``)."""
+    if config == "none":
+        return 0
+    return split_k(config)[1] or K
+
+
+def shape_terms(dec, configs, hybrid_configs=()) -> dict:
+    """``fit_step_model``'s ``by_shape``: per k (0 = no SD) and batch size, the mean forward, host overhead and
+    drafting of the decode steps of ``configs`` (each configuration's mean weighs alike where two share a k), and
+    with ``hybrid_configs`` the idle machinery's host step (draft + other + reject) beyond EAGLE alone's at the
+    same k and batch size (``hybrid``, {B: seconds})."""
+    d = dec.assign(_k=dec["config"].map(_k_of), _ov=dec["t_other"] + dec["t_reject"])
+    fit = d[d["config"].isin(configs)]
+
+    def per(col):
+        g = fit.groupby(["_k", "batch_size", "config"])[col].mean().groupby(level=["_k", "batch_size"]).mean()
+        out: dict = {}
+        for (k, b), v in g.items():
+            out.setdefault(int(k), {})[int(b)] = float(v)
+        return out
+
+    t = {"forward": per("t_verify"), "overhead": per("_ov"), "draft": per("t_draft")}
+    hy = d[d["config"].isin(hybrid_configs)]
+    if len(hy):
+        host = (hy["t_draft"] + hy["_ov"]).groupby([hy["_k"], hy["batch_size"]]).mean()
+        t["hybrid"] = {int(b): float(v - t["draft"][int(k)][int(b)] - t["overhead"][int(k)][int(b)])
+                       for (k, b), v in host.items() if int(b) in t["draft"].get(int(k), {})}
+    return t
 
 
 def rule_as_run():
@@ -210,7 +251,10 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     work; not the target's forward or the prefill) times this (a run's ``host_index``). ``adaptive-rule[-pad]``:
     each request's steps are the simulator's (``rule_steps``), its host machinery the hybrid's own term.
     ``<config>-k<N>`` (``eagle-k3``, ``gpu-pr24344-skip-k3``): that configuration at k = N (EAGLE's drafting
-    priced per token drafted, the forward by the tokens verified, the hybrid's own term as measured at the fits' k)."""
+    priced per token drafted, the forward by the tokens verified, the hybrid's own term as measured at the fits' k).
+    A model with ``by_shape`` (``fit_step_model(per_shape=True)``) prices each decode step by the phases measured at
+    its k and batch size instead (the hybrid's own term: its idle machinery's, ``shape_terms``), and the prefill as
+    vLLM schedules it, in steps of at most ``PREFILL_CHUNK`` tokens (the line's intercept once a step)."""
     import numpy as np
 
     config, at_k = split_k(config)                     # an engine at another k than the fits' (out of sample)
@@ -218,7 +262,9 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     B = len(reqs)
     p = np.ones(B, int)                                  # tokens produced (1 after prefill)
     P = np.array([r["prompt_len"] for r in reqs])
-    t = model["prefill"][0] + model["prefill"][1] * P.sum()
+    shape = model.get("by_shape")
+    n_pre = -(-int(P.sum()) // PREFILL_CHUNK) if shape else 1          # vLLM's chunked prefill: steps of the budget
+    t = model["prefill"][0] * n_pre + model["prefill"][1] * P.sum()
     steps = ragged_steps = 0
     path = config if config in ("none", "ngram") else "eagle"
     ov = model[f"overhead_{path}"]
@@ -258,6 +304,15 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         kv = int((P[act] + p[act]).sum())
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
         F = model["F_uniform" if uniform else "F_ragged"]
+        if shape:                                      # the phases measured at this k and batch size
+            kk = 0 if config == "none" else k
+            drafted = base in ("eagle", "pr24344", "eagle-only", "idle") or bool(eagle_for)
+            host_s = shape["overhead"][kk][B] + (shape["draft"][kk][B] if drafted else 0.0) \
+                + (shape["hybrid"][B] if gpu else 0.0)
+            t += shape["forward"][kk][B] + host * host_s
+            steps += 1
+            p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
+            continue
         step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
         if base in ("eagle", "pr24344", "eagle-only", "idle") or (base in ("pr24344-skip", "adaptive-rule")
                                                                     and eagle_for):

@@ -43,7 +43,7 @@ def measured_vs_predicted(out: str | Path = COMMITTED, profiles_path=None):
 
 def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-only",
                      hybrids=("pr24344-pad", "pr24344-skip-pad"), per_bs: bool = False, host_scaled: bool = False,
-                     workload: str = "code-edit", select: dict | None = None):
+                     workload: str = "code-edit", select: dict | None = None, shape: bool = False):
     """The GPU profile's run (its ``live`` folder: no SD, EAGLE, the idle hybrid, the padded hybrids) beside the
     predictor over ``hybrid_trace.jsonl`` (the same 64 code-edit requests' no-SD outputs,
     data/gpu/v1-runner/agreement's):
@@ -60,7 +60,11 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
     idle configuration (None: no hybrid term, the EAGLE path's terms alone), e.g. data/gpu/v1-runner/adaptive-rule's
     ``{"adaptive-rule-pad": "eagle-only-pad", "gpu-pr24344": None}``: the host-side machinery's term for the
     host-side policy, none for the device-side one (its idle counterpart did not run there). ``select``: the runs
-    and steps measured and fitted (default: every run measured, the forced V1 runner's fitted)."""
+    and steps measured and fitted (default: every run measured, the forced V1 runner's fitted). ``shape``: also
+    the prediction from each step phase measured at its k and batch size (``fit_step_model(per_shape=True)``, fitted
+    on no SD and EAGLE alone at every k the run has, so ``eagle-k<N>`` is in sample there; the hybrid's own term its
+    idle configuration's whole host step beyond EAGLE's; the prefill in vLLM's chunks): ``predicted_shape_tok_s``,
+    ``ratio_shape``, ``shape_fitted_on``."""
     prof = load_profiles(profiles_path)
     t = throughput(out=out, workload=workload, select=select)
     res = t[t["model"] == QWEN][["config", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "acceptance_length"]]
@@ -87,6 +91,18 @@ def predicted_padded(out: str | Path, profiles_path=None, idle: str = "eagle-onl
         q = pred(True).rename(columns={"predicted_tok_s": "predicted_per_bs_tok_s"})
         res = res.merge(q[["config", "batch_size", "predicted_per_bs_tok_s"]], on=["config", "batch_size"])
         res["ratio_per_bs"] = res["tok_s"] / res["predicted_per_bs_tok_s"]
+    if shape:      # every phase as measured at its k and batch size; EAGLE at every k fitted (in sample)
+        ks = tuple(sorted(c for c in res["config"] if split_k(c)[0] == "eagle" and split_k(c)[1]))
+        skw = {**kw, "configs": ("none", "eagle", *ks)}
+        sfits = {None: fit_step_model(out, per_shape=True, **skw)}
+        sfits.update({i: fit_step_model(out, hybrid_configs=(i,), per_shape=True, **skw) for i in idles})
+        q = pd.concat([predict(prof, sfits[m], configs=tuple(c for c, mm in model_of.items() if mm == m))
+                       for m in sfits if any(mm == m for mm in model_of.values())], ignore_index=True)
+        q = q.rename(columns={"predicted_tok_s": "predicted_shape_tok_s"})
+        res = res.merge(q[["config", "batch_size", "predicted_shape_tok_s"]], on=["config", "batch_size"])
+        res["ratio_shape"] = res["tok_s"] / res["predicted_shape_tok_s"]
+        res["shape_fitted_on"] = res["config"].map(lambda c: "in sample" if c in skw["configs"] + tuple(idles)
+                                                   else "out of sample")
     if host_scaled:
         hfits = {None: fit_step_model(out, host_scaled=True, **kw)}
         hfits.update({i: fit_step_model(out, hybrid_configs=(i,), host_scaled=True, **kw) for i in idles})

@@ -69,7 +69,9 @@ FILE_DOCS = {
                      "outputs (hybrid_trace*.jsonl): the step model fitted on this run's no SD and EAGLE-alone V2 "
                      "steps at k 5, the hybrids' own term on gpu-eagle-only's (the hybrids and EAGLE alone at "
                      "another k, suffixed -k3, out of sample); ratio_per_bs = "
-                     "measured / predicted with per-batch-size host terms, ratio_host each run at its host speed",
+                     "measured / predicted with per-batch-size host terms, ratio_host each run at its host speed; "
+                     "ratio_shape = measured / predicted with each step phase as measured at its k and batch size "
+                     "on no SD and EAGLE alone at every k run (shape_fitted_on), the prefill in vLLM's chunks",
 }
 
 
@@ -320,8 +322,9 @@ def profile_for(out: Path, workload: str) -> Path | None:
 def predicted_table(out: str | Path):
     """Per workload with a profile in ``out``: ``live_tables.predicted_padded`` on the grid stage's V2 runs
     (``SELECT``): the step model fitted on no SD and EAGLE alone, the hybrids' own per-step term on ``IDLE``, so
-    ``HYBRIDS`` are predicted out of sample; per-batch-size host terms (``ratio_per_bs``) and each run at its own
-    host speed (``ratio_host``: the rotated engine shares one host index). None: no profile or no such runs."""
+    ``HYBRIDS`` are predicted out of sample; per-batch-size host terms (``ratio_per_bs``), each run at its own
+    host speed (``ratio_host``: the rotated engine shares one host index) and each phase per shape (``ratio_shape``:
+    EAGLE alone at every k in sample, the verdict's). None: no profile or no such runs."""
     import pandas as pd
 
     from .live_tables import predicted_padded
@@ -338,7 +341,7 @@ def predicted_table(out: str | Path):
             continue
         hyb = tuple(sorted(h for h in have if split_k(h)[0] in HYBRIDS))       # each k the grid ran
         p = predicted_padded(out, prof, idle=IDLE, hybrids=hyb, per_bs=True, host_scaled=True, workload=wl,
-                             select=SELECT)
+                             select=SELECT, shape=True)
         p.insert(0, "workload", wl)
         p["profile"] = prof.name
         parts.append(p)

@@ -13,7 +13,9 @@ PASS or FAIL. A missing file fails its line.
 3. code-edit, every batch size: the fastest V2 hybrid runs at least 0.98x EAGLE alone (the same two ways), or the
    line names the cost it pays (its median decode step's drafting and other host time beyond EAGLE alone's at its
    k, from the step log);
-4. each hybrid's measured tok/s within 10% of its out-of-sample prediction (``ratio_per_bs``);
+4. each hybrid's measured tok/s within 10% of its out-of-sample prediction (``ratio_shape``: each step phase as
+   measured on no SD and EAGLE alone at the hybrid's k and batch size, its own term its idle machinery's; where a
+   table lacks it, ``ratio_per_bs``; the per-batch-size line model printed beside);
 5. every run row names its runner, weights and configuration (``runner``, ``weights``, ``engine_config``,
    ``config``), read from the engine's resolved vLLM config.
 """
@@ -162,13 +164,23 @@ def prediction_line(out: Path) -> tuple[bool, str]:
     h = p[p["config"].map(lambda c: split_k(c)[0] in HYBRIDS)]      # each hybrid at each k the grid ran
     if not len(h):
         return False, f"{head}: no hybrid predicted"
-    span = lambda d: [f"{w} {c}: {g['ratio_per_bs'].min():.3f}-{g['ratio_per_bs'].max():.3f}"      # noqa: E731
-                      for (w, c), g in d.groupby(["workload", "config"])]
-    ok = bool(((h["ratio_per_bs"] - 1).abs() <= PRED_TOL).all())
-    other_k = p[p["config"].map(lambda c: split_k(c)[0] == "eagle" and bool(split_k(c)[1]))]   # beside, not held
-    beside = f" (beside, EAGLE alone at another k, also out of sample: {'; '.join(span(other_k))})" if len(other_k) \
-        else ""
-    return ok, f"{head} (measured / predicted over bs 1-64): " + "; ".join(span(h)) + beside
+    col = "ratio_shape" if "ratio_shape" in p.columns else "ratio_per_bs"
+
+    def span(d, c=col):
+        return [f"{w} {cf}: {g[c].min():.3f}-{g[c].max():.3f}" for (w, cf), g in d.groupby(["workload", "config"])]
+
+    within = (h[col] - 1).abs() <= PRED_TOL
+    ok = bool(within.all())
+    text = (f"{head} ({col}: measured / predicted over bs 1-64; {int(within.sum())} of {len(h)} points): "
+            + "; ".join(span(h)))
+    if col == "ratio_shape":       # the per-batch-size line model beside (EAGLE at k other than the fit's out of sample)
+        line = (h["ratio_per_bs"] - 1).abs() <= PRED_TOL
+        text += f" (beside, ratio_per_bs: {int(line.sum())} of {len(h)} within)"
+    else:
+        other_k = p[p["config"].map(lambda c: split_k(c)[0] == "eagle" and bool(split_k(c)[1]))]   # beside
+        if len(other_k):
+            text += f" (beside, EAGLE alone at another k, also out of sample: {'; '.join(span(other_k))})"
+    return ok, text
 
 
 def labels_line(out: Path) -> tuple[bool, str]:
