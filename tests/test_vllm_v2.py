@@ -718,7 +718,7 @@ def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
             calls.append(("run", run_id, record))
             return types.SimpleNamespace(run_id=run_id, instrumented=None)
 
-    names = ["off", "timer", "hooks", "step", "drain", "toggle"]
+    names = ["off", "timer", "hooks", "step", "drain", "toggle", "toggle-driver"]
     n = len(names)
     assert set(names) == set(TIMER_VARIANTS)
     task = {"batch_sizes": [1, 64], "repeats": n, "max_tokens": 8, "variants": names}
@@ -739,18 +739,20 @@ def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
     # before each timed run: the variant's instrument call, and the run records only where the variant does
     for i, c in enumerate(calls):
         if c[0] == "run" and c[1].startswith("overhead-"):
-            name = c[1].split("-")[2]
-            assert calls[i - 1] == ("instrument", {k: v[name][k] for k in ("on", "parts", "defer", "toggle")
-                                                   if k in v[name]})
+            name = c[1].split("-", 2)[2].rsplit("-", 1)[0]          # overhead-b1-<variant>-<repeat>
+            # torch's event records unless the variant names another API (toggle-driver: the driver's)
+            assert calls[i - 1] == ("instrument", {"event_api": v[name].get("event_api", "torch"),
+                                                   **{k: v[name][k] for k in ("on", "parts", "defer", "toggle")
+                                                      if k in v[name]}})
             assert c[2] == v[name]["record"]
-            # a toggle run's clock is read right after it, and its medians go with the run's record
-            assert (calls[i + 1][0] == "clock") == (name == "toggle")
+            # a toggled run's clock is read right after it, and its medians go with the run's record
+            assert (calls[i + 1][0] == "clock") == (name in ("toggle", "toggle-driver"))
     for r, kw in recs:
-        if kw["timer"] == "toggle":
+        if kw["timer"] in ("toggle", "toggle-driver"):
             assert kw["toggle_timed_ms"] == pytest.approx(1.1) and kw["toggle_free_ms"] == pytest.approx(1.0)
         else:
             assert "toggle_timed_ms" not in kw
-    assert calls[-1] == ("instrument", {"on": True, "parts": None, "defer": True})
+    assert calls[-1] == ("instrument", {"event_api": "torch", "on": True, "parts": None, "defer": True})
 
 
 def test_toggle_times_one_block_of_each_pair_and_clocks_every_step(clean, tmp_path):
@@ -898,3 +900,68 @@ def test_the_toggle_estimate_is_null_on_measured_steps_where_a_fixed_order_alias
     fixed = null(lambda rid, n: (np.arange(n) // 8) % 2 == 0)
     for k in (("none", 32), ("none", 64)):
         assert fixed[k][0] > max(0.03, 3 * fixed[k][1]), (k, fixed[k])
+
+
+class _DrvEv(_Ev):
+    """A stand-in event with a raw handle once torch created it (at its first record), as ``torch.cuda.Event``."""
+    made = {}
+
+    def __init__(self, enable_timing=True):
+        super().__init__(enable_timing)
+        self.cuda_event, self.torch_records = 0, 0
+
+    def record(self, stream=None):
+        super().record(stream)
+        self.torch_records += 1
+        if not self.cuda_event:
+            self.cuda_event = 1000 + len(_DrvEv.made)
+            _DrvEv.made[self.cuda_event] = self
+
+
+def test_the_driver_records_every_event_torch_created_and_torch_the_rest(clean, tmp_path, capsys):
+    """``event_api="driver"``: an event torch has created (its first record) is recorded through the driver's
+    cuEventRecord (handles: the event's ``cuda_event``, the stream's ``cuda_stream``); one not yet created, or one
+    the driver refused (a nonzero CUresult), through torch. The rows are those the torch path gives. Without the
+    driver's library the recorder says so in one line and records through torch."""
+    import ctypes
+
+    rows, marks = {}, {}
+    for api in ("torch", "driver", "refused"):
+        _DrvEv.made.clear()
+        rec = step_timer.StepRecorder(str(tmp_path / f"{api}.jsonl"))
+        stream = types.SimpleNamespace(cuda_stream=77)
+        rec._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_DrvEv, current_stream=lambda: stream))
+        rec._rank_ok = True
+        calls = []
+
+        def drv(h, s, ok=api == "driver"):
+            calls.append((h, s))
+            if ok:
+                _DrvEv.made[h].t, _DrvEv.made[h].stream = _Ev.clock[0], stream
+            return 0 if ok else 1
+
+        rec._drv = None if api == "torch" else drv
+        step_timer._REC[:] = [os.getpid(), rec]
+        assert RV.install(_classes()) is True
+        _one_request_steps(4, each=rec.flush)       # each step's record (and its events) reused by the next
+        rec.flush()
+        evs = list(_DrvEv.made.values())
+        marks[api] = sum(e.torch_records for e in evs) + (len(calls) if api == "driver" else 0)
+        if api == "driver":          # torch created each event once; every later record went through the driver
+            assert calls and all(e.torch_records == 1 for e in evs) and {s for _, s in calls} == {77}
+        elif api == "refused":       # every driver call refused: torch recorded each mark
+            assert calls and sum(e.torch_records for e in evs) == len(evs) + len(calls)
+        host = ("t_timer", "t_gap", "t_sched", "t_other", "t_total", "t_gc")      # the host's clock: run to run
+        rows[api] = [{k: v for k, v in json.loads(x).items() if k not in host}
+                     for x in open(tmp_path / f"{api}.jsonl")]
+        RV.instrument_v2(False)
+    assert rows["driver"] == rows["torch"] == rows["refused"] and len(rows["torch"]) == 4
+    assert marks["driver"] == marks["torch"] == marks["refused"] > len(_DrvEv.made)
+    try:
+        ctypes.PyDLL("libcuda.so.1")
+    except OSError:
+        rec = step_timer.StepRecorder(str(tmp_path / "x.jsonl"))
+        assert rec.use_event_api("driver") == "torch" and rec._drv is None
+        assert "libcuda.so.1 not loadable" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="event_api"):
+        step_timer.StepRecorder(str(tmp_path / "y.jsonl")).use_event_api("cupti")

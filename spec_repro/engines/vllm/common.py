@@ -22,11 +22,13 @@ HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAG
 #: row per step (its bounds and accepted counts); ``drain`` rows also built at the sampler, as the V1 timer does;
 #: ``toggle`` the timer in blocks of ``toggle`` steps, in each pair of blocks one passed through (which, drawn per
 #: pair), each step's start clocked (:func:`toggle_periods`: timed and untimed steps of one run side by side, under
-#: the same host speed)
+#: the same host speed); ``toggle-driver`` the same, its CUDA events recorded through the driver with the GIL held
+#: (``step_timer.driver_record``: torch's ``Event.record`` releases the GIL on every call, five to seven a step)
 TIMER_VARIANTS = {
     "off": {"on": False, "record": False},
     "timer": {"on": True, "record": True, "parts": None, "defer": True},
     "toggle": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4},
+    "toggle-driver": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4, "event_api": "driver"},
     "hooks": {"on": True, "record": False, "parts": None, "defer": True},
     "step": {"on": True, "record": True, "parts": ["step"], "defer": True},
     "drain": {"on": True, "record": True, "parts": None, "defer": False},

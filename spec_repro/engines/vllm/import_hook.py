@@ -213,7 +213,7 @@ def _worker_rpc(self, op: str = "status", **kw):
     elif op == "instrument":
         instrument(bool(kw.get("on", True)))
         instrument_v2(bool(kw.get("on", True)), parts=kw.get("parts"), defer=kw.get("defer"),
-                      toggle=kw.get("toggle"))
+                      toggle=kw.get("toggle"), event_api=kw.get("event_api"))
     elif op == "clock":      # the toggle variant's clock of the run just made (runner_v2_patches._CLOCK)
         return {"clock": clock_read(), "pid": os.getpid()}
     elif op == "hybrid":

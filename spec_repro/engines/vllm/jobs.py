@@ -226,7 +226,8 @@ def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
 
 def _instrument_args(variant: dict) -> dict:
     """A timer variant's ``op="instrument"`` arguments (its ``record`` goes to the run, not the plugin)."""
-    return {k: variant[k] for k in ("on", "parts", "defer", "toggle") if k in variant}
+    return {"event_api": "torch", **{k: variant[k] for k in ("on", "parts", "defer", "toggle", "event_api")
+                                     if k in variant}}
 
 
 def _toggle_stats(eng) -> dict:

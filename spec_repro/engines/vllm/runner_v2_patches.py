@@ -135,12 +135,14 @@ def _split(key: str):
     return owner, meth
 
 
-def instrument_v2(on: bool, parts=None, defer: bool | None = None, toggle: int | None = None) -> bool:
+def instrument_v2(on: bool, parts=None, defer: bool | None = None, toggle: int | None = None,
+                  event_api: str | None = None) -> bool:
     """Install (on) or remove (off) the V2 timing wrappers; returns whether they are installed. ``parts``: the
     ``TIMER_PARTS`` to install (default all); ``defer``: rows built at flush only (default True) or also at the
     sampler while the GPU runs; ``toggle``: blocks of that many steps, of each pair one recorded and one passed
-    through (drawn), every step clocked (``_TOGGLE``; default 0: every step recorded, no clock). Installing again
-    with other parts first puts vLLM's methods back."""
+    through (drawn), every step clocked (``_TOGGLE``; default 0: every step recorded, no clock); ``event_api``:
+    how the timer records its CUDA events (``StepRecorder.use_event_api``: ``torch``, the default, or ``driver``;
+    None keeps the current). Installing again with other parts first puts vLLM's methods back."""
     if toggle is not None and int(toggle) < 0:
         raise ValueError(f"toggle must be a number of steps >= 0, got {toggle!r}")
     _TOGGLE["block"] = int(toggle or 0) if on else 0
@@ -175,6 +177,8 @@ def instrument_v2(on: bool, parts=None, defer: bool | None = None, toggle: int |
         rec = _recorder()
         if on:
             rec.defer = True if defer is None else bool(defer)
+        if event_api is not None:
+            rec.use_event_api(event_api)
         rec.watch_gc(bool(on and _state["v2_patched"]))
     return _state["v2_patched"]
 

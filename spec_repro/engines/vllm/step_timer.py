@@ -44,7 +44,7 @@ class _Step:
 
     __slots__ = ("so", "evs", "names", "n", "host_start", "host_end", "gap", "in_forward", "in_sample", "outputs",
                  "ctx", "stream", "index", "hybrid", "hybrid_fn", "awaiting", "meta", "spec", "acc", "gc_s", "gc_full",
-                 "self_s")
+                 "self_s", "stream_h")
 
     def __init__(self):
         self.evs: list = []         # CUDA events, created as marks need them and kept with the step
@@ -56,6 +56,7 @@ class _Step:
         self.in_forward = self.in_sample = self.awaiting = False
         self.outputs = self.meta = self.spec = self.acc = self.hybrid = self.hybrid_fn = None
         self.ctx, self.stream, self.index, self.gc_s, self.gc_full = ctx, stream, 0, 0.0, 0
+        self.stream_h = 0           # the stream's raw handle where the driver records the events (else 0)
         self.self_s = 0.0       # the timer's own host seconds in this step (begin, marks, end, the outputs' read:
         #                         each adds its perf_counter span; the wrappers' calls themselves are not in it)
 
@@ -98,6 +99,23 @@ class StepRecorder:
         self._lines: list[str] = []
         self.gc_s, self.gc_full = 0.0, 0     # the process's garbage-collection seconds and full collections so far
         self._gc_t0 = 0.0
+        self.event_api = "torch"         # how events are recorded: torch's Event.record, or the driver (use_event_api)
+        self._drv = None                 # cuEventRecord with the GIL held, where event_api is "driver"
+
+    def use_event_api(self, api: str) -> str:
+        """Record the timer's CUDA events with torch's ``Event.record`` (``torch``) or the driver's
+        ``cuEventRecord`` called with the GIL held (``driver``: :func:`driver_record`); returns the API in use (torch
+        where the driver's library cannot be loaded, with one logged line)."""
+        if api not in ("torch", "driver"):
+            raise ValueError(f"event_api must be 'torch' or 'driver', got {api!r}")
+        self._drv = driver_record() if api == "driver" else None
+        if api == "driver" and self._drv is None:
+            import sys
+
+            print("[spec_repro] the timer's driver event records are unavailable (libcuda.so.1 not loadable): "
+                  "torch's Event.record instead", file=sys.stderr, flush=True)
+        self.event_api = "driver" if self._drv is not None else "torch"
+        return self.event_api
 
     def watch_gc(self, on: bool) -> None:
         """Count the process's GC pauses (``gc_callback`` in ``gc.callbacks``) or stop counting them."""
@@ -157,16 +175,19 @@ class StepRecorder:
                 self._stream = stream
             stream = self._stream
         st = self._free.pop() if self._free else _Step()
+        stream_h = stream.cuda_stream if self._drv is not None else 0
         if self.defer:
             # the shape now, as plain numbers (the SchedulerOutput is not kept until flush)
             st.reset(None, now, gap, self.ctx, stream)
             st.meta = quick_meta(so, detail=bool(self.ctx["detail"]))
             st.spec = so.scheduled_spec_decode_tokens or {}
             st.gc_s, st.gc_full = self.gc_s, self.gc_full
+            st.stream_h = stream_h
         else:
             # read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a new
             # SchedulerOutput every step and does not change it afterwards
             st.reset(so, now, gap, self.ctx, stream)
+            st.stream_h = stream_h
         self.cur = st
         self._mark(st, "start")
         st.self_s += time.perf_counter() - now
@@ -180,7 +201,10 @@ class StepRecorder:
             st.names.append(name)
         else:
             st.names[i] = name
-        st.evs[i].record(st.stream)
+        ev, drv = st.evs[i], self._drv
+        # the driver where the event exists (torch creates it at its first record), else (or if it fails) torch's
+        if drv is None or not st.stream_h or not ev.cuda_event or drv(ev.cuda_event, st.stream_h) != 0:
+            ev.record(st.stream)
         st.n = i + 1
         st.self_s += time.perf_counter() - t0
 
@@ -273,6 +297,23 @@ class StepRecorder:
         st.reset(None, 0.0, None, None, None)
         self._free.append(st)
         return row
+
+
+def driver_record():
+    """``cuEventRecord(event, stream)`` from the CUDA driver (``libcuda.so.1``) through ``ctypes.PyDLL``, which keeps
+    the GIL across the call; None where the library or the symbol cannot be loaded. torch's ``Event.record``
+    releases the GIL on every call: on a host-bound step another Python thread may take it there, and the step
+    waits to get it back. Takes raw handles (``Event.cuda_event``, ``Stream.cuda_stream``: the runtime's event and
+    stream are the driver's) and returns the CUresult (0: recorded)."""
+    import ctypes
+
+    try:
+        f = ctypes.PyDLL("libcuda.so.1").cuEventRecord
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+    f.restype = ctypes.c_int
+    return f
 
 
 def phase_times(marks: list[tuple[str, float]]) -> dict:

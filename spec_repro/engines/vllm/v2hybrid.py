@@ -53,8 +53,8 @@ NGRAM_K = 5
 #: in an engine of their own beside the grid's k = 5 (configurations ``eagle-k3``, ``gpu-pr24344-skip-k3``): on
 #: vLLM's default engine on the H200 (data/gpu/v2grid, engines resident together) k = 3 ran fastest at every
 #: code-edit batch size, 1.14-1.15x k = 5, and 1.03x / 1.03x / 1.35x / 1.37x k = 5 on sharegpt at bs 1 / 8 / 32 / 64
-#: (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); the step model fitted on the H100 grid (data/gpu/live)
-#: prices k = 3 at 0.96-1.03x k = 5 on code-edit and 1.06-1.13x on sharegpt (bs 1-64): measured here, the two part
+#: (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); on the H100 (data/gpu/live) k = 3 ran 1.01x k = 5 at
+#: code-edit bs 1 and 1.16-1.26x at bs 8-64 (sharegpt 1.07x, then 1.18-1.27x)
 EAGLE_BEST_K = 3
 ROTATE_BEST_K = ("off", "gpu-pr24344-skip")
 OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batch_sizes": [1, 8, 32, 64],
@@ -64,8 +64,11 @@ OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batc
 #: blocks inside each run. A pair of 128-token runs on a lent H100 differs by 5-17% (sd) with the host's speed, whose
 #: drift over tens of steps moves a run's median step 4-12%: 20 repeats of whole runs resolved about +-5%
 #: (data/gpu/live), 12 about +-6%; inside a toggle run, 4-step blocks timed and untimed in drawn turns meet the
-#: same host speed (v2summary.toggle_table: the estimate the 3% line holds where toggle runs exist)
-OVERHEAD_VARIANTS = ["off", "timer", "toggle"]
+#: same host speed (v2summary.toggle_table: the estimate the 3% line holds where toggle runs exist); and the same
+#: timer toggled with its events recorded through the driver, the GIL held (toggle-driver): inside runs the timer
+#: cost no SD +3.1-3.8% (data/gpu/live), what its own host time a step is (0.09-0.13 ms, five event records a
+#: step), and torch's Event.record releases the GIL on each
+OVERHEAD_VARIANTS = ["off", "timer", "toggle", "toggle-driver"]
 
 
 def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[dict]:

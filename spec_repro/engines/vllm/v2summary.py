@@ -135,13 +135,13 @@ def overhead_table(runs, steps=None):
     r["timer"] = r["timer"].fillna(variant) if "timer" in r.columns else variant
     r["session"] = r["engine_config"]
     parts = []
-    for v in [v for v in r["timer"].unique() if v not in ("off", "toggle")]:   # toggle: half its steps timed
+    for v in [v for v in r["timer"].unique() if v != "off" and v not in TOGGLED]:   # toggled: half its steps timed
         g = r[r["timer"].isin(["off", v])].assign(instrumented=lambda d: d["timer"] == v)
         t = table(g).rename(columns={"session": "engine_config"})
         t = t[t["repeats"] > 0]          # an engine that did not time this variant
         t.insert(2, "timer", v)
         parts.append(t)
-    ov = pd.concat(parts, ignore_index=True)
+    ov = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["spec", "timer", "batch_size"])
     host = host_adjusted(r)
     if len(host):
         ov = ov.merge(host, on=["spec", "timer", "batch_size"], how="left")
@@ -150,8 +150,10 @@ def overhead_table(runs, steps=None):
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
     blocks = toggle_table(r)
-    if len(blocks):
-        ov = ov.merge(blocks, on=["spec", "timer", "batch_size"], how="left")
+    if len(blocks):       # outer: a toggled variant with no whole-run counterpart (timer-driver) gets its own rows
+        ov = ov.merge(blocks, on=["spec", "timer", "batch_size"], how="outer")
+        for c in ("config", "runner"):
+            ov[c] = ov[c].fillna(ov["spec"].map(first[c]))
         ov["overhead"] = ov["overhead_blocks"].fillna(ov["overhead"])
     ov["within_limit"] = ov["overhead"] <= OVERHEAD_LIMIT
     th = timer_host(r, steps)
@@ -160,8 +162,13 @@ def overhead_table(runs, steps=None):
     return ov.sort_values(["config", "spec", "timer", "batch_size"], kind="stable").reset_index(drop=True)
 
 
+#: the toggled variants (common.TIMER_VARIANTS) -> the timer whose cost inside runs each measures
+TOGGLED = {"toggle": "timer", "toggle-driver": "timer-driver"}
+
+
 def toggle_table(r):
-    """The timer's cost inside runs, per engine spec and batch size (as the ``timer`` variant's): each ``toggle``
+    """The timer's cost inside runs, per engine spec and batch size (``toggle`` as the ``timer`` variant's,
+    ``toggle-driver`` as ``timer-driver``'s: the same timer, its events recorded through the driver): each toggled
     run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks of a
     few steps alternate, so both arms run under the same host speed, which drifts 4-12% run to run on a lent H100
     and swamps a whole-run comparison). ``overhead_blocks`` = 1 - the mean over runs of untimed / timed (a step
@@ -173,11 +180,11 @@ def toggle_table(r):
     need = {"toggle_timed_ms", "toggle_free_ms"}
     if not need <= set(r.columns):
         return pd.DataFrame()
-    g = r[r["timer"] == "toggle"].dropna(subset=sorted(need))
+    g = r[r["timer"].isin(list(TOGGLED))].dropna(subset=sorted(need))
     rows = []
-    for (spec, b), x in g.groupby(["spec", "batch_size"]):
+    for (v, spec, b), x in g.groupby(["timer", "spec", "batch_size"]):
         ratio = (x["toggle_free_ms"] / x["toggle_timed_ms"]).to_numpy(float)
-        rows.append({"spec": spec, "timer": "timer", "batch_size": b, "overhead_blocks": 1 - ratio.mean(),
+        rows.append({"spec": spec, "timer": TOGGLED[v], "batch_size": b, "overhead_blocks": 1 - ratio.mean(),
                      "overhead_blocks_ci95": 1.96 * ratio.std(ddof=1) / np.sqrt(len(ratio)) if len(ratio) > 1
                      else np.nan, "blocks_runs": len(ratio)})
     return pd.DataFrame(rows)
@@ -198,6 +205,12 @@ def timer_host(r, steps):
     if m.empty:
         return pd.DataFrame()
     m = m.assign(share=m["t"] / m["wall_s"], ms=1e3 * m["t"] / m["n"])
+    # a toggled variant whose timer ran no whole runs (toggle-driver): its timed steps' host time as that timer's
+    # (per step; its share of the wall is not: half its steps are timed)
+    whole = set(r["timer"]) - set(TOGGLED)
+    alone = m["timer"].map(lambda v: v in TOGGLED and TOGGLED[v] not in whole)
+    m.loc[alone, "share"] = float("nan")
+    m["timer"] = m["timer"].where(~alone, m["timer"].map(TOGGLED))
     return (m.groupby(["spec", "timer", "batch_size"])
             .agg(timer_host_ms=("ms", "mean"), timer_host_share=("share", "mean")).reset_index())
 

@@ -45,10 +45,17 @@ def overhead_line(out: Path) -> tuple[bool, str]:
     head = f"V2 timer overhead <= {OVERHEAD_LIMIT:.0%} at every batch size"
     if ov is None or not len(ov):
         return False, f"{head}: no overhead.csv"
+    beside = ""
     if "timer" in ov.columns:
         # the timer that timed the folder's runs: the package's (``timer``) where this run timed it, else the one
-        # that built its rows at the sampler (``drain``); the other variants say where a cost comes from
+        # that built its rows at the sampler (``drain``); the other variants say where a cost comes from, the same
+        # timer with its events recorded through the driver (``timer-driver``) printed beside
         which = "timer" if (ov["timer"] == "timer").any() else "drain"
+        drv = ov[ov["timer"] == "timer-driver"].sort_values(["config", "batch_size"])
+        if len(drv):
+            beside = " (its events through the driver, inside runs: " + "; ".join(
+                f"{c}: " + ", ".join(f"bs {b} {o:+.1%}" for b, o in zip(g["batch_size"], g["overhead"]))
+                for c, g in drv.groupby("config")) + ")"
         ov = ov[ov["timer"] == which]
         head += f" ({which})"
     parts, ok = [], True
@@ -65,7 +72,7 @@ def overhead_line(out: Path) -> tuple[bool, str]:
             parts[-1] += " (its own host time: " + ", ".join(f"{o:.1%}" for o in g["timer_host_share"]) + ")"
         ok &= bool(g["within_limit"].all())
     ok &= {"none", "eagle"} <= set(ov["config"])
-    return ok, f"{head}: " + "; ".join(parts)
+    return ok, f"{head}: " + "; ".join(parts) + beside
 
 
 def _best(rt, bs: int):
