@@ -965,3 +965,30 @@ def test_the_driver_records_every_event_torch_created_and_torch_the_rest(clean, 
         assert "libcuda.so.1 not loadable" in capsys.readouterr().err
     with pytest.raises(ValueError, match="event_api"):
         step_timer.StepRecorder(str(tmp_path / "y.jsonl")).use_event_api("cupti")
+
+
+def test_the_step_log_says_whether_the_merge_replayed_a_graph():
+    """A V2 step's ``hybrid`` entry carries ``graph``: True where the merge was a CUDA-graph replay (after the
+    shape's capture and its checked replays, which return the eager merge), False where it ran eagerly."""
+    rng = np.random.default_rng(3)
+    for graphs, want in ((True, [False, False, True, True]), (False, [False] * 4)):
+        hy = HV.V2Hybrid("gpu-pr24344", graphs=graphs, capture=_graph_like_capture)
+        src = torch.tensor(rng.integers(0, 3, size=(2, 64)), dtype=torch.int32)
+        rs = types.SimpleNamespace(all_token_ids=types.SimpleNamespace(gpu=src),
+                                   total_len=types.SimpleNamespace(gpu=torch.tensor([40, 50], dtype=torch.int32)))
+        slots = np.array([0, 1], dtype=np.int32)
+        ib = types.SimpleNamespace(num_reqs=2, idx_mapping=torch.tensor(slots), idx_mapping_np=slots,
+                                   is_prefilling_np=np.array([False, False]),
+                                   seq_lens_cpu_upper_bound=torch.tensor([41, 51]))
+        mirror, seen = HV.TokenMirror(), []
+        for call in range(1, 5):
+            hy.step(rs, ib, torch.full((2, K), 7, dtype=torch.int64), 64, mirror, call)
+            seen.append(hy.last_graph)
+        assert seen == want
+    ring = HV._RING[0]
+    HV._RING[0] = torch.tensor([[1, 3]], dtype=torch.int64)
+    try:
+        assert HV.resolve_counts((0, 2, K, False, True))["graph"] is True
+        assert HV.resolve_counts((0, 2, K, True, False))["graph"] is False
+    finally:
+        HV._RING[0] = ring

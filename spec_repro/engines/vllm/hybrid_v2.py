@@ -22,13 +22,14 @@ seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256 
 ``max_model_len``. ``GPUModelRunner.__init__`` is wrapped to hand the speculator its runner's ``req_states``.
 
 vLLM keeps ``all_token_ids`` in host memory mapped to the device (UVA: it is ``[max_num_reqs, max_model_len]``,
-"for a large but not-frequently-accessed tensor"). A lookup that reads B x W of it every step reads over PCIe:
-on the H100 grid (data/gpu/live) the idle machinery's drafting grew with B x W, from +0.1 ms a step at bs 1 to
-+1.1 ms at sharegpt bs 64 (median). So the lookup reads a device copy (:class:`TokenMirror`): a request's whole
-row is copied on the steps vLLM prefills it (``input_batch.is_prefilling_np``: new, resumed and chunked requests,
-whatever vLLM staged into the row), every row of the batch when the step before was not seen (a policy switched
-on, the hybrid off in between), and otherwise only each row's last ``1 + k`` positions (the most one step
-appends), inside the merge's graph.
+"for a large but not-frequently-accessed tensor"), so a lookup over it reads B x W of it over PCIe every step.
+The lookup reads a device copy instead (:class:`TokenMirror`). The idle machinery's extra drafting grows with
+B x W either way, +0.14 ms a step at bs 1 to +1.05 ms at sharegpt bs 64 (median; data/gpu/live, and
+data/gpu/live/host-buffer over vLLM's buffer): not the read but the step's own work (``benchmarks/v2_merge.py``
+times the merge alone). The copy: a request's whole row is copied on the steps vLLM prefills it
+(``input_batch.is_prefilling_np``: new, resumed and chunked requests, whatever vLLM staged into the row), every
+row of the batch when the step before was not seen (a policy switched on, the hybrid off in between), and
+otherwise only each row's last ``1 + k`` positions (the most one step appends), inside the merge's graph.
 
 Policies: ``gpu-pr24344`` (the rule), ``gpu-eagle-only`` (the same kernels, every row EAGLE's: the machinery's
 cost, idle) and ``gpu-pr24344-skip``: PR #24344 with EAGLE's drafting skipped when no request needs it. On V2
@@ -49,7 +50,8 @@ Launches: the merge is ~25 small kernels; on a GPU it is replayed as one CUDA gr
 checked against the eager merge on its first replays; ``SPEC_REPRO_HYBRID_GRAPHS=0``: eager).
 
 The step log's ``hybrid`` entry (with the timer on): requests and tokens on n-gram vs EAGLE (``resolve_counts``:
-a non-blocking copy read when the row is built), ``eagle_skipped``, ``runner: v2``.
+a non-blocking copy read when the row is built), ``eagle_skipped``, ``graph`` (the merge replayed a CUDA graph),
+``runner: v2``.
 """
 from __future__ import annotations
 
@@ -279,11 +281,12 @@ _RING: list = [None, 0]
 
 
 def resolve_counts(h) -> dict:
-    """A step's ``hybrid`` entry from its ring row: (row, requests, k, skipped) -> ``gpu_hybrid.summary_row``."""
+    """A step's ``hybrid`` entry from its ring row: (row, requests, k, skipped, graph: the merge replayed a CUDA
+    graph) -> ``gpu_hybrid.summary_row``."""
     from .gpu_hybrid import summary_row
 
-    i, n, k, skipped = h
-    row = summary_row(_RING[0][i].tolist(), n, k)
+    i, n, k, skipped, graph = h
+    row = summary_row(_RING[0][i].tolist(), n, k, graph=graph)
     row.update(eagle_needed=row["eagle"] > 0, eagle_skipped=bool(skipped), runner="v2")
     return row
 
@@ -303,6 +306,7 @@ class V2Hybrid:
             graphs = False
         self.merge = MergeStep(self.use_ngram, graphs=graphs, capture=capture)
         self.steps = self.skipped = 0
+        self.last_graph = False         # whether the last step's merge was a CUDA-graph replay (the step log's)
 
     def step(self, req_states, input_batch, eagle, max_len: int, mirror: TokenMirror, call: int):
         """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate. The lookup
@@ -318,8 +322,10 @@ class V2Hybrid:
         else:
             mirror.fill(src, w, slots=slots[:n][pre[:n]])
         mirror.seen = call
+        replays = self.merge.replays
         draft, counts, all_matched = self.merge(mirror.tok, total, rows, eagle[:n], w, src=src,
                                                 tail=int(eagle.shape[1]) + 1)
+        self.last_graph = self.merge.replays > replays
         if self.gate is not None:
             self.gate.push(all_matched)
         self.steps += 1
@@ -379,7 +385,7 @@ def patch_hybrid_v2(classes: dict) -> bool:
             self._spec_repro_hybrids[now] = None
             _hybrid_off(f"{now}: {type(e).__name__}: {e}")
             return eagle
-        _log_counts(counts, int(input_batch.num_reqs), int(eagle.shape[1]), skip)
+        _log_counts(counts, int(input_batch.num_reqs), int(eagle.shape[1]), skip, hy.last_graph)
         return draft
 
     def _multi_step_decode(self, *args, **kwargs):
@@ -422,9 +428,9 @@ def _build(speculator, name: str):
     return None
 
 
-def _log_counts(counts, n: int, k: int, skipped: bool) -> None:
+def _log_counts(counts, n: int, k: int, skipped: bool, graph: bool = False) -> None:
     """The step's [requests on n-gram, n-gram tokens] copied without a wait into the ring's next row; the step
-    keeps only (row, n, k, skipped), resolved with its row (``resolve_counts``)."""
+    keeps only (row, n, k, skipped, graph), resolved with its row (``resolve_counts``)."""
     from . import step_timer
 
     rec = step_timer._REC[1]
@@ -438,7 +444,7 @@ def _log_counts(counts, n: int, k: int, skipped: bool) -> None:
         i = _RING[1]
         _RING[1] = (i + 1) % RING_ROWS
         _RING[0][i].copy_(counts, non_blocking=True)
-        rec.cur.hybrid, rec.cur.hybrid_fn = (i, n, k, bool(skipped)), resolve_counts
+        rec.cur.hybrid, rec.cur.hybrid_fn = (i, n, k, bool(skipped), bool(graph)), resolve_counts
     except Exception as e:      # the counts are the log's, never the step's
         logger.warning("spec_repro hybrid counts not logged: %s", e)
         print(f"[spec_repro] hybrid counts not logged: {e}", file=sys.stderr, flush=True)

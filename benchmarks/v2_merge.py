@@ -1,0 +1,72 @@
+"""Where the V2 hybrid's per-step cost goes: its merge (the n-gram lookup over the device copy of the tokens and the
+mix with EAGLE's drafts, ``hybrid_v2.MergeStep``) timed alone per batch size and lookup width, eager and as a
+CUDA-graph replay: the host's seconds to issue it and the GPU's to run it (CUDA events).
+
+    python benchmarks/v2_merge.py [--steps 200]          # on a CUDA GPU (on a CPU: eager only, host = GPU)
+
+On the H100 grid (data/gpu/live) the idle machinery (``gpu-eagle-only``: this merge, every row EAGLE's) drafted
++0.14 / +0.20 / +0.38 / +0.60 ms a step over EAGLE alone at code-edit bs 1 / 8 / 32 / 64 and +0.15 / +0.26 /
++0.61 / +1.05 ms on sharegpt (longer histories: wider lookups), with the device copy as with vLLM's host buffer.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+BATCHES, WIDTHS, K = (1, 8, 32, 64), (512, 1024, 2048, 4096), 5
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="merges timed a shape and path (default 200)")
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        print(f"v2_merge: --steps must be at least 1, got {a.steps}", file=sys.stderr)
+        return 2
+    import torch
+
+    from spec_repro.engines.vllm.hybrid_v2 import MergeStep
+
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    g = torch.Generator().manual_seed(0)
+    print(f"{torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}, k = {K}, "
+          f"{a.steps} merges a shape; ms a step: host to issue it / GPU to run it")
+    for B in BATCHES:
+        cells = []
+        for W in WIDTHS:
+            # each request repeats a 50-token phrase: the lookup matches (the rule's path, not only the idle one's)
+            tok = torch.randint(0, 151936, (B, 50), generator=g).repeat(1, W // 50 + 1)[:, :W]
+            tok = tok.to(torch.int32).to(dev)
+            total = torch.full((B,), W - K - 1, dtype=torch.int32, device=dev)
+            rows = torch.arange(B, dtype=torch.int32, device=dev)
+            eagle = torch.randint(0, 151936, (B, K), generator=g).to(dev)
+            src = tok.clone()            # vLLM's buffer (host memory mapped to the device there): the tail's source
+            out = []
+            for graphs in ((False, True) if cuda else (False,)):
+                m = MergeStep(use_ngram=True, graphs=graphs)
+                for _ in range(4):                              # capture and the checked replays first
+                    m(tok, total, rows, eagle, W, src=src, tail=K + 1)
+                if cuda:
+                    torch.cuda.synchronize()
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                t0 = time.perf_counter()
+                for _ in range(a.steps):
+                    m(tok, total, rows, eagle, W, src=src, tail=K + 1)
+                host = (time.perf_counter() - t0) / a.steps * 1e3
+                if cuda:
+                    e1.record()
+                    torch.cuda.synchronize()
+                    gpu = e0.elapsed_time(e1) / a.steps
+                else:
+                    gpu = host
+                out.append(f"{'graph' if graphs else 'eager'} {host:.3f}/{gpu:.3f}")
+            cells.append(f"W {W}: " + ", ".join(out))
+        print(f"bs {B}: " + "; ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
