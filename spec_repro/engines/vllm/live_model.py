@@ -303,26 +303,24 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         T = int(act.sum()) * (1 + k) if pad else int((1 + d[act]).sum())
         kv = int((P[act] + p[act]).sum())
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
-        F = model["F_uniform" if uniform else "F_ragged"]
+        drafted = base in ("eagle", "pr24344", "eagle-only", "idle") or (base in ("pr24344-skip", "adaptive-rule")
+                                                                          and bool(eagle_for))
         if shape:                                      # the phases measured at this k and batch size
             kk = 0 if config == "none" else k
-            drafted = base in ("eagle", "pr24344", "eagle-only", "idle") or bool(eagle_for)
-            host_s = shape["overhead"][kk][B] + (shape["draft"][kk][B] if drafted else 0.0) \
+            fwd = shape["forward"][kk][B]
+            step = shape["overhead"][kk][B] + (shape["draft"][kk][B] if drafted else 0.0) \
                 + (shape["hybrid"][B] if gpu else 0.0)
-            t += shape["forward"][kk][B] + host * host_s
-            steps += 1
-            p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
-            continue
-        step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
-        if base in ("eagle", "pr24344", "eagle-only", "idle") or (base in ("pr24344-skip", "adaptive-rule")
-                                                                    and eagle_for):
-            m_e = n_act                                  # EAGLE drafts for the whole batch when it runs
-            step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * m_e + model["eagle_draft"][1])
-        if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
-            step += model["ngram_draft"][0] * n_act
-        if hov is not None:
-            step += by.get("hybrid_overhead", {}).get(B, hov[0] + hov[1] * n_act)
-        t += F[0] * kv + F[1] * T + F[2] + host * step
+        else:
+            F = model["F_uniform" if uniform else "F_ragged"]
+            fwd = F[0] * kv + F[1] * T + F[2]
+            step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
+            if drafted:                                  # EAGLE drafts for the whole batch when it runs
+                step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * n_act + model["eagle_draft"][1])
+            if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
+                step += model["ngram_draft"][0] * n_act
+            if hov is not None:
+                step += by.get("hybrid_overhead", {}).get(B, hov[0] + hov[1] * n_act)
+        t += fwd + host * step
         steps += 1
         ragged_steps += not uniform
         p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)

@@ -175,19 +175,17 @@ class StepRecorder:
                 self._stream = stream
             stream = self._stream
         st = self._free.pop() if self._free else _Step()
-        stream_h = stream.cuda_stream if self._drv is not None else 0
         if self.defer:
             # the shape now, as plain numbers (the SchedulerOutput is not kept until flush)
             st.reset(None, now, gap, self.ctx, stream)
             st.meta = quick_meta(so, detail=bool(self.ctx["detail"]))
             st.spec = so.scheduled_spec_decode_tokens or {}
             st.gc_s, st.gc_full = self.gc_s, self.gc_full
-            st.stream_h = stream_h
         else:
             # read from ``so`` when the row is built (in drain, while the GPU runs): vLLM builds a new
             # SchedulerOutput every step and does not change it afterwards
             st.reset(so, now, gap, self.ctx, stream)
-            st.stream_h = stream_h
+        st.stream_h = stream.cuda_stream if self._drv is not None else 0
         self.cur = st
         self._mark(st, "start")
         st.self_s += time.perf_counter() - now
