@@ -186,17 +186,17 @@ def test_toggle_runs_give_the_timers_cost_inside_runs_and_it_is_the_headline(raw
         mine = on[on["batch_size"] == b].set_index("repeat")["output_tok_per_s"]
         assert t.loc[("timer", b), "overhead_paired"] == pytest.approx(1 - (mine / off).mean(), abs=1e-9)
     assert t.loc[("timer", 1), "within_limit"] and not t.loc[("timer", 64), "within_limit"]   # +2.3% / +4.0%
-    # the same timer with its events recorded through the driver (toggle-driver): rows of its own (timer-driver),
+    # the same timer with its events recorded by torch's Event.record (toggle-torch): rows of its own (timer-torch),
     # inside runs only, named by the engine's configuration; the timer's rows unchanged
-    drv = tog.assign(timer="toggle-driver", toggle_timed_ms=tog["toggle_free_ms"] * 1.01)
+    drv = tog.assign(timer="toggle-torch", toggle_timed_ms=tog["toggle_free_ms"] * 1.01)
     t2 = v2summary.overhead_table(pd.concat([ov, tog, drv])).set_index(["timer", "batch_size"])
-    assert set(t2.index.get_level_values(0)) == {"timer", "timer-driver"}
+    assert set(t2.index.get_level_values(0)) == {"timer", "timer-torch"}
     for b in (1, 64):
-        assert t2.loc[("timer-driver", b), "overhead"] == pytest.approx(1 - 1 / 1.01, abs=1e-12)
-        assert t2.loc[("timer-driver", b), "config"] == t2.loc[("timer", b), "config"]
-        assert np.isnan(t2.loc[("timer-driver", b), "overhead_paired"])
+        assert t2.loc[("timer-torch", b), "overhead"] == pytest.approx(1 - 1 / 1.01, abs=1e-12)
+        assert t2.loc[("timer-torch", b), "config"] == t2.loc[("timer", b), "config"]
+        assert np.isnan(t2.loc[("timer-torch", b), "overhead_paired"])
         assert t2.loc[("timer", b), "overhead"] == t.loc[("timer", b), "overhead"]
-    assert t2.loc["timer-driver", "within_limit"].all()
+    assert t2.loc["timer-torch", "within_limit"].all()
 
 
 def test_a_failed_summarize_leaves_the_folder_byte_identical(raw, grid, monkeypatch):
@@ -301,12 +301,12 @@ def test_the_verdict_fails_exactly_where_a_number_fails(grid, capsys):
     pd.concat([ov, ov.assign(config="eagle")]).to_csv(grid / "overhead.csv", index=False)
     ok, text = line(v2verdict.overhead_line)
     assert not ok and "inside runs, ±0.4%/0.4%/0.4%/0.4%; whole runs against vLLM's own: +5.0%" in text
-    # the timer with its events through the driver: printed beside, not held (the timer every run uses is)
+    # the timer with its events recorded by torch: printed beside, not held (the timer every run uses is)
     both = pd.concat([ov.assign(timer="timer"), ov.assign(config="eagle", timer="timer"),
-                      ov.assign(timer="timer-driver", overhead=0.015, within_limit=True)])
+                      ov.assign(timer="timer-torch", overhead=0.015, within_limit=True)])
     both.to_csv(grid / "overhead.csv", index=False)
     ok, text = line(v2verdict.overhead_line)
-    assert not ok and text.endswith("(its events through the driver, inside runs: none: bs 1 +1.5%, bs 8 +1.5%, "
+    assert not ok and text.endswith("(its events recorded by torch, inside runs: none: bs 1 +1.5%, bs 8 +1.5%, "
                                     "bs 32 +1.5%, bs 64 +1.5%)")
 
     ok, text = line(v2verdict.every_bs_line)     # measured: gpu-pr24344 1.3-2.0x EAGLE at every batch size

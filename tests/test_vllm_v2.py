@@ -290,9 +290,12 @@ def test_v2_timer_phase_marks_follow_v2s_call_order(clean):
 
     rec.begin, rec.mark, rec.drain = begin, mark, lambda: marks.append("drain")
     rec.watch_gc = lambda on: None
+    apis = []
+    rec.use_event_api = apis.append
     rec.end = lambda out: (marks.append("end"), setattr(rec, "cur", None))
     step_timer._REC[:] = [os.getpid(), rec]
     RV.install(_classes())
+    assert apis == ["driver"]          # the timer's events through the driver unless a variant names torch
     run = FakeRunner(None, "cpu")
     _step(run, _so(["a"], K), _batch(["a"], [3], K, [5]), [[1, 2]])
     assert marks == ["start", "fwd0", "fwd1", "samp0", "samp1", "drain", "draft0", "draft1", "end"]
@@ -718,7 +721,7 @@ def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
             calls.append(("run", run_id, record))
             return types.SimpleNamespace(run_id=run_id, instrumented=None)
 
-    names = ["off", "timer", "hooks", "step", "drain", "toggle", "toggle-driver"]
+    names = ["off", "timer", "hooks", "step", "drain", "toggle", "toggle-torch"]
     n = len(names)
     assert set(names) == set(TIMER_VARIANTS)
     task = {"batch_sizes": [1, 64], "repeats": n, "max_tokens": 8, "variants": names}
@@ -740,19 +743,19 @@ def test_overhead_task_interleaves_every_timer_variant_in_a_latin_square():
     for i, c in enumerate(calls):
         if c[0] == "run" and c[1].startswith("overhead-"):
             name = c[1].split("-", 2)[2].rsplit("-", 1)[0]          # overhead-b1-<variant>-<repeat>
-            # torch's event records unless the variant names another API (toggle-driver: the driver's)
-            assert calls[i - 1] == ("instrument", {"event_api": v[name].get("event_api", "torch"),
+            # the driver's event records unless the variant names another API (toggle-torch: torch's)
+            assert calls[i - 1] == ("instrument", {"event_api": v[name].get("event_api", "driver"),
                                                    **{k: v[name][k] for k in ("on", "parts", "defer", "toggle")
                                                       if k in v[name]}})
             assert c[2] == v[name]["record"]
             # a toggled run's clock is read right after it, and its medians go with the run's record
-            assert (calls[i + 1][0] == "clock") == (name in ("toggle", "toggle-driver"))
+            assert (calls[i + 1][0] == "clock") == (name in ("toggle", "toggle-torch"))
     for r, kw in recs:
-        if kw["timer"] in ("toggle", "toggle-driver"):
+        if kw["timer"] in ("toggle", "toggle-torch"):
             assert kw["toggle_timed_ms"] == pytest.approx(1.1) and kw["toggle_free_ms"] == pytest.approx(1.0)
         else:
             assert "toggle_timed_ms" not in kw
-    assert calls[-1] == ("instrument", {"event_api": "torch", "on": True, "parts": None, "defer": True})
+    assert calls[-1] == ("instrument", {"event_api": "driver", "on": True, "parts": None, "defer": True})
 
 
 def test_toggle_times_one_block_of_each_pair_and_clocks_every_step(clean, tmp_path):
@@ -940,9 +943,9 @@ def test_the_driver_records_every_event_torch_created_and_torch_the_rest(clean, 
                 _DrvEv.made[h].t, _DrvEv.made[h].stream = _Ev.clock[0], stream
             return 0 if ok else 1
 
-        rec._drv = None if api == "torch" else drv
         step_timer._REC[:] = [os.getpid(), rec]
         assert RV.install(_classes()) is True
+        rec._drv = None if api == "torch" else drv        # the install asked for the driver's: this stand-in
         _one_request_steps(4, each=rec.flush)       # each step's record (and its events) reused by the next
         rec.flush()
         evs = list(_DrvEv.made.values())

@@ -16,19 +16,23 @@ ENV_HYBRID_PAD = "SPEC_REPRO_HYBRID_PAD"    # "1": pad every hybrid draft to k (
 ENV_HYBRID_GRAPHS = "SPEC_REPRO_HYBRID_GRAPHS"   # "0": the device-side hybrid's steps eager (default: CUDA graphs)
 HYBRID_OFF = "off"                          # op="hybrid" policy: vLLM's own EAGLE step, uncounted (EAGLE alone)
 
+#: how the V2 timer records its CUDA events by default: through the driver's ``cuEventRecord`` with the GIL held
+#: (``step_timer.driver_record``); torch's ``Event.record`` releases the GIL on every call, five to seven a step, and
+#: on a host-bound step another thread may take it there
+V2_EVENT_API = "driver"
 #: the V2 step timer's variants an overhead task times against vLLM's own methods (``off``), each the ``op=
 #: "instrument"`` arguments and whether the run records: ``timer`` is what every timed run uses (all parts, rows
-#: built at flush); ``hooks`` its wrappers installed but recording nothing (their Python alone); ``step`` only a
-#: row per step (its bounds and accepted counts); ``drain`` rows also built at the sampler, as the V1 timer does;
-#: ``toggle`` the timer in blocks of ``toggle`` steps, in each pair of blocks one passed through (which, drawn per
-#: pair), each step's start clocked (:func:`toggle_periods`: timed and untimed steps of one run side by side, under
-#: the same host speed); ``toggle-driver`` the same, its CUDA events recorded through the driver with the GIL held
-#: (``step_timer.driver_record``: torch's ``Event.record`` releases the GIL on every call, five to seven a step)
+#: built at flush, events through ``V2_EVENT_API``); ``hooks`` its wrappers installed but recording nothing (their
+#: Python alone); ``step`` only a row per step (its bounds and accepted counts); ``drain`` rows also built at the
+#: sampler, as the V1 timer does; ``toggle`` the timer in blocks of ``toggle`` steps, in each pair of blocks one
+#: passed through (which, drawn per pair), each step's start clocked (:func:`toggle_periods`: timed and untimed
+#: steps of one run side by side, under the same host speed); ``toggle-torch`` the same, its events recorded with
+#: torch's ``Event.record``
 TIMER_VARIANTS = {
     "off": {"on": False, "record": False},
     "timer": {"on": True, "record": True, "parts": None, "defer": True},
     "toggle": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4},
-    "toggle-driver": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4, "event_api": "driver"},
+    "toggle-torch": {"on": True, "record": True, "parts": None, "defer": True, "toggle": 4, "event_api": "torch"},
     "hooks": {"on": True, "record": False, "parts": None, "defer": True},
     "step": {"on": True, "record": True, "parts": ["step"], "defer": True},
     "drain": {"on": True, "record": True, "parts": None, "defer": False},

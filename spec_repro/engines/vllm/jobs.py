@@ -225,8 +225,11 @@ def overhead_task(eng, task: dict, record, prompt: list[int]) -> None:
 
 
 def _instrument_args(variant: dict) -> dict:
-    """A timer variant's ``op="instrument"`` arguments (its ``record`` goes to the run, not the plugin)."""
-    return {"event_api": "torch", **{k: variant[k] for k in ("on", "parts", "defer", "toggle", "event_api")
+    """A timer variant's ``op="instrument"`` arguments (its ``record`` goes to the run, not the plugin); its events
+    through ``common.V2_EVENT_API`` unless it names another API."""
+    from .common import V2_EVENT_API
+
+    return {"event_api": V2_EVENT_API, **{k: variant[k] for k in ("on", "parts", "defer", "toggle", "event_api")
                                      if k in variant}}
 
 

@@ -127,7 +127,9 @@ def install(classes: dict) -> bool:
         refuse("a vLLM other than the contract's: " + "; ".join(problems))
         return False
     _V2["classes"] = dict(classes)
-    return instrument_v2(True)
+    from .common import V2_EVENT_API
+
+    return instrument_v2(True, event_api=V2_EVENT_API)
 
 
 def _split(key: str):
@@ -141,8 +143,9 @@ def instrument_v2(on: bool, parts=None, defer: bool | None = None, toggle: int |
     ``TIMER_PARTS`` to install (default all); ``defer``: rows built at flush only (default True) or also at the
     sampler while the GPU runs; ``toggle``: blocks of that many steps, of each pair one recorded and one passed
     through (drawn), every step clocked (``_TOGGLE``; default 0: every step recorded, no clock); ``event_api``:
-    how the timer records its CUDA events (``StepRecorder.use_event_api``: ``torch``, the default, or ``driver``;
-    None keeps the current). Installing again with other parts first puts vLLM's methods back."""
+    how the timer records its CUDA events (``StepRecorder.use_event_api``: ``driver``, what ``install`` sets:
+    ``common.V2_EVENT_API``, or ``torch``; None keeps the current). Installing again with other parts first puts
+    vLLM's methods back."""
     if toggle is not None and int(toggle) < 0:
         raise ValueError(f"toggle must be a number of steps >= 0, got {toggle!r}")
     _TOGGLE["block"] = int(toggle or 0) if on else 0

@@ -109,8 +109,10 @@ class StepRecorder:
         if api not in ("torch", "driver"):
             raise ValueError(f"event_api must be 'torch' or 'driver', got {api!r}")
         self._drv = driver_record() if api == "driver" else None
-        if api == "driver" and self._drv is None:
+        if api == "driver" and self._drv is None and not self.__dict__.get("_no_driver_said"):
             import sys
+
+            self._no_driver_said = True      # said once a process
 
             print("[spec_repro] the timer's driver event records are unavailable (libcuda.so.1 not loadable): "
                   "torch's Event.record instead", file=sys.stderr, flush=True)

@@ -65,10 +65,10 @@ OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batc
 #: drift over tens of steps moves a run's median step 4-12%: 20 repeats of whole runs resolved about +-5%
 #: (data/gpu/live), 12 about +-6%; inside a toggle run, 4-step blocks timed and untimed in drawn turns meet the
 #: same host speed (v2summary.toggle_table: the estimate the 3% line holds where toggle runs exist); and the same
-#: timer toggled with its events recorded through the driver, the GIL held (toggle-driver): inside runs the timer
-#: cost no SD +3.1-3.8% (data/gpu/live), what its own host time a step is (0.09-0.13 ms, five event records a
-#: step), and torch's Event.record releases the GIL on each
-OVERHEAD_VARIANTS = ["off", "timer", "toggle", "toggle-driver"]
+#: timer toggled with its events recorded by torch's Event.record (toggle-torch), which releases the GIL on each
+#: call: with it the timer cost no SD +3.1-3.8% inside runs (data/gpu/live/torch-events), what its own host time a
+#: step was (0.09-0.13 ms, five event records a step)
+OVERHEAD_VARIANTS = ["off", "timer", "toggle", "toggle-torch"]
 
 
 def stage_specs(stage: str, head: str, *, model_dir: str | None = None) -> list[dict]:

@@ -150,7 +150,7 @@ def overhead_table(runs, steps=None):
     ov.insert(2, "runner", ov["spec"].map(first["runner"]))
     ov["overhead"] = ov["overhead_paired"].fillna(ov["overhead_mean"])
     blocks = toggle_table(r)
-    if len(blocks):       # outer: a toggled variant with no whole-run counterpart (timer-driver) gets its own rows
+    if len(blocks):       # outer: a toggled variant with no whole-run counterpart (timer-torch) gets its own rows
         ov = ov.merge(blocks, on=["spec", "timer", "batch_size"], how="outer")
         for c in ("config", "runner"):
             ov[c] = ov[c].fillna(ov["spec"].map(first[c]))
@@ -163,13 +163,13 @@ def overhead_table(runs, steps=None):
 
 
 #: the toggled variants (common.TIMER_VARIANTS) -> the timer whose cost inside runs each measures
-TOGGLED = {"toggle": "timer", "toggle-driver": "timer-driver"}
+TOGGLED = {"toggle": "timer", "toggle-torch": "timer-torch"}
 
 
 def toggle_table(r):
     """The timer's cost inside runs, per engine spec and batch size (``toggle`` as the ``timer`` variant's,
-    ``toggle-driver`` as ``timer-driver``'s: the same timer, its events recorded through the driver): each toggled
-    run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks of a
+    ``toggle-torch`` as ``timer-torch``'s: the same timer, its events recorded by torch's ``Event.record``): each
+    toggled run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks of a
     few steps alternate, so both arms run under the same host speed, which drifts 4-12% run to run on a lent H100
     and swamps a whole-run comparison). ``overhead_blocks`` = 1 - the mean over runs of untimed / timed (a step
     advances as many tokens timed or not: the lossless timer changes no draft), ``overhead_blocks_ci95`` = 1.96 x
@@ -205,7 +205,7 @@ def timer_host(r, steps):
     if m.empty:
         return pd.DataFrame()
     m = m.assign(share=m["t"] / m["wall_s"], ms=1e3 * m["t"] / m["n"])
-    # a toggled variant whose timer ran no whole runs (toggle-driver): its timed steps' host time as that timer's
+    # a toggled variant whose timer ran no whole runs (toggle-torch): its timed steps' host time as that timer's
     # (per step; its share of the wall is not: half its steps are timed)
     whole = set(r["timer"]) - set(TOGGLED)
     alone = m["timer"].map(lambda v: v in TOGGLED and TOGGLED[v] not in whole)

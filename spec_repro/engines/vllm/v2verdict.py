@@ -49,11 +49,11 @@ def overhead_line(out: Path) -> tuple[bool, str]:
     if "timer" in ov.columns:
         # the timer that timed the folder's runs: the package's (``timer``) where this run timed it, else the one
         # that built its rows at the sampler (``drain``); the other variants say where a cost comes from, the same
-        # timer with its events recorded through the driver (``timer-driver``) printed beside
+        # timer with its events recorded by torch's Event.record (``timer-torch``) printed beside
         which = "timer" if (ov["timer"] == "timer").any() else "drain"
-        drv = ov[ov["timer"] == "timer-driver"].sort_values(["config", "batch_size"])
+        drv = ov[ov["timer"] == "timer-torch"].sort_values(["config", "batch_size"])
         if len(drv):
-            beside = " (its events through the driver, inside runs: " + "; ".join(
+            beside = " (its events recorded by torch, inside runs: " + "; ".join(
                 f"{c}: " + ", ".join(f"bs {b} {o:+.1%}" for b, o in zip(g["batch_size"], g["overhead"]))
                 for c, g in drv.groupby("config")) + ")"
         ov = ov[ov["timer"] == which]
