@@ -1,6 +1,7 @@
 """Where the V2 hybrid's per-step cost goes: its merge (the n-gram lookup over the device copy of the tokens and the
 mix with EAGLE's drafts, ``hybrid_v2.MergeStep``) timed alone per batch size and lookup width, eager and as a
-CUDA-graph replay: the host's seconds to issue it and the GPU's to run it (CUDA events).
+CUDA-graph replay: the host's seconds to issue it and the GPU's to run it (CUDA events; where the host is the slower
+the GPU's time is the host's), and the graph's replays alone, back to back (the GPU's own time a merge).
 
     python benchmarks/v2_merge.py [--steps 200]          # on a CUDA GPU (on a CPU: eager only, host = GPU)
 
@@ -63,6 +64,15 @@ def main(argv=None) -> int:
                 else:
                     gpu = host
                 out.append(f"{'graph' if graphs else 'eager'} {host:.3f}/{gpu:.3f}")
+                if graphs and m._g:             # the graph's replays alone, back to back: the GPU's time a merge
+                    replay = next(iter(m._g.values()))["replay"]
+                    torch.cuda.synchronize()
+                    e0.record()
+                    for _ in range(a.steps):
+                        replay()
+                    e1.record()
+                    torch.cuda.synchronize()
+                    out.append(f"replay alone {e0.elapsed_time(e1) / a.steps:.3f}")
             cells.append(f"W {W}: " + ", ".join(out))
         print(f"bs {B}: " + "; ".join(cells))
     return 0
