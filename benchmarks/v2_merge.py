@@ -5,9 +5,10 @@ the GPU's time is the host's), and the graph's replays alone, back to back (the 
 
     python benchmarks/v2_merge.py [--steps 200]          # on a CUDA GPU (on a CPU: eager only, host = GPU)
 
-On the H100 grid (data/gpu/live) the idle machinery (``gpu-eagle-only``: this merge, every row EAGLE's) drafted
-+0.14 / +0.20 / +0.38 / +0.60 ms a step over EAGLE alone at code-edit bs 1 / 8 / 32 / 64 and +0.15 / +0.26 /
-+0.61 / +1.05 ms on sharegpt (longer histories: wider lookups), with the device copy as with vLLM's host buffer.
+On an H100 with the lookup's match lengths from a cumulative product (data/gpu/raw/v2hybrid-h100-driver/bench/
+v2_merge.txt) the host issued a replayed merge in 0.036 ms at every shape and the GPU ran it in 0.11 ms at bs 1 and
+0.34 / 0.56 / 1.01 / 1.89 ms at bs 64, widths 512 / 1,024 / 2,048 / 4,096: the idle machinery's extra drafting in
+the grid (data/gpu/live) was the merge's GPU time, and that the cumulative product's (``gpu_hybrid.ngram_propose``).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def _contexts(rng, n):
     return out
 
 
-@pytest.mark.parametrize("min_n,max_n,k", [(3, 7, 5), (1, 2, 3), (2, 4, 8), (3, 3, 1)])
+@pytest.mark.parametrize("min_n,max_n,k", [(3, 7, 5), (1, 2, 3), (2, 4, 8), (3, 3, 1), (2, 9, 4)])
 def test_ngram_propose_is_vllm_lookup(min_n, max_n, k):
     rng = np.random.default_rng(min_n * 100 + max_n * 10 + k)
     ctx = _contexts(rng, 200)

@@ -23,10 +23,12 @@ seq_lens_cpu_upper_bound``, a CPU tensor vLLM keeps: no sync) rounded up to 256 
 
 vLLM keeps ``all_token_ids`` in host memory mapped to the device (UVA: it is ``[max_num_reqs, max_model_len]``,
 "for a large but not-frequently-accessed tensor"), so a lookup over it reads B x W of it over PCIe every step.
-The lookup reads a device copy instead (:class:`TokenMirror`). The idle machinery's extra drafting grows with
-B x W either way, +0.14 ms a step at bs 1 to +1.05 ms at sharegpt bs 64 (median; data/gpu/live, and
-data/gpu/live/host-buffer over vLLM's buffer): not the read but the step's own work (``benchmarks/v2_merge.py``
-times the merge alone). The copy: a request's whole row is copied on the steps vLLM prefills it
+The lookup reads a device copy instead (:class:`TokenMirror`). The idle machinery's extra drafting grew with
+B x W either way (data/gpu/live, and data/gpu/live/host-buffer over vLLM's buffer): not the read but the lookup's
+GPU time, all but 0.04 ms of it one kernel, the cumulative product that counted each position's matches (0.87 ms
+at 64 rows of 2,048 on an H100; ``benchmarks/v2_merge.py`` times the merge alone, and
+data/gpu/raw/v2hybrid-h100-driver/bench the lookup's kernels); ``gpu_hybrid.ngram_propose`` now reads the count
+from a table of bit patterns. The copy: a request's whole row is copied on the steps vLLM prefills it
 (``input_batch.is_prefilling_np``: new, resumed and chunked requests, whatever vLLM staged into the row), every
 row of the batch when the step before was not seen (a policy switched on, the hybrid off in between), and
 otherwise only each row's last ``1 + k`` positions (the most one step appends), inside the merge's graph.
