@@ -4,8 +4,9 @@ and beside a second Python thread that keeps asking for the GIL (as vLLM's engin
 
     python benchmarks/vllm_event_record.py [--n 20000]      # on a CUDA GPU; prints microseconds per record and ratios
 
-The timer records five events a no-SD step and seven an EAGLE step on the runner's stream; inside runs it cost no
-SD +3.1-3.8% on a lent H100 (data/gpu/live/overhead.csv), what its own host time a step is (0.09-0.13 ms).
+The timer records five events a no-SD step and seven an EAGLE step on the runner's stream. On a lent H100
+(data/gpu/raw/v2hybrid-h100-driver/bench) a record took 1.54 us through torch and 1.30 us through the driver alone,
+1.98 and 1.30 us beside the thread; in the engine both cost the same, +0.2-0.6% a step (data/gpu/live/overhead.csv).
 """
 from __future__ import annotations
 

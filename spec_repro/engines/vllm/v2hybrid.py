@@ -53,21 +53,21 @@ NGRAM_K = 5
 #: in an engine of their own beside the grid's k = 5 (configurations ``eagle-k3``, ``gpu-pr24344-skip-k3``): on
 #: vLLM's default engine on the H200 (data/gpu/v2grid, engines resident together) k = 3 ran fastest at every
 #: code-edit batch size, 1.14-1.15x k = 5, and 1.03x / 1.03x / 1.35x / 1.37x k = 5 on sharegpt at bs 1 / 8 / 32 / 64
-#: (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); on the H100 (data/gpu/live) k = 3 ran 1.01x k = 5 at
-#: code-edit bs 1 and 1.16-1.26x at bs 8-64 (sharegpt 1.07x, then 1.18-1.27x)
+#: (within 1% and 7% of k = 2 and k = 1 at bs 1 and 8); on an H100 (data/gpu/live) k = 3 ran 1.02x k = 5 at
+#: code-edit bs 1 and 1.13-1.17x at bs 8-64 (sharegpt 1.11x, then 1.20-1.27x)
 EAGLE_BEST_K = 3
 ROTATE_BEST_K = ("off", "gpu-pr24344-skip")
 OVERHEAD_TASK = {"type": "overhead", "prompt_len": 512, "max_tokens": 128, "batch_sizes": [1, 8, 32, 64],
                  "repeats": 12, "vocab_size": 151936}
 #: the timer variants both engines time (any of common.TIMER_VARIANTS): vLLM's own method and the timer every run
 #: uses (the diagnostic variants hooks / step / drain were timed in data/gpu/live/timer), and the timer toggled in
-#: blocks inside each run. A pair of 128-token runs on a lent H100 differs by 5-17% (sd) with the host's speed, whose
-#: drift over tens of steps moves a run's median step 4-12%: 20 repeats of whole runs resolved about +-5%
-#: (data/gpu/live), 12 about +-6%; inside a toggle run, 4-step blocks timed and untimed in drawn turns meet the
-#: same host speed (v2summary.toggle_table: the estimate the 3% line holds where toggle runs exist); and the same
-#: timer toggled with its events recorded by torch's Event.record (toggle-torch), which releases the GIL on each
-#: call: with it the timer cost no SD +3.1-3.8% inside runs (data/gpu/live/torch-events), what its own host time a
-#: step was (0.09-0.13 ms, five event records a step)
+#: blocks inside each run. A pair of 128-token runs on a lent H100 differs by up to 5-17% (sd) with the host's
+#: speed, whose drift over tens of steps moves a run's median step 4-12% (data/gpu/live/slower-host; other hosts
+#: drift less): 12 repeats of whole runs resolve about +-6% there; inside a toggle run, 4-step blocks timed and
+#: untimed in drawn turns meet the same host speed (v2summary.toggle_table: the estimate the 3% line holds where
+#: toggle runs exist); and the same timer toggled with its events recorded by torch's Event.record (toggle-torch),
+#: which releases the GIL on each call: on one H100 both cost +0.2-0.6% inside runs (data/gpu/live), on the slower
+#: host torch's cost no SD +3.1-3.8%, what the timer's own host time a step was there (0.09-0.13 ms)
 OVERHEAD_VARIANTS = ["off", "timer", "toggle", "toggle-torch"]
 
 
