@@ -573,7 +573,8 @@ def test_the_h100_grid_with_driver_events_passes_the_timer_line_and_names_the_hy
     """data/gpu/live (the timer's events through the driver, torch's beside): the timer costs both engines under 1%
     inside runs at every batch size with either event API (``timer``, ``timer-torch``), so the verdict's timer line
     passes; the fastest hybrid from bs 32 is under 0.98x EAGLE k = 3 and the line names the drafting it pays; the
-    shape model prices 23 of 24 hybrid points within 10% (the miss: the skip at k = 3, bs 1, predicted fast)."""
+    shape model prices every hybrid point within 10%, the skip at bs 1 within 5% only with its decision taken on the
+    step before's flag and EAGLE's draft prefill run every step (``_walk``: at k = 3 0.89 without)."""
     live = data_dir() / "gpu" / "live"
     ov = pd.read_csv(live / "overhead.csv")
     inside = ov[ov["timer"].isin(["timer", "timer-torch"])]
@@ -583,7 +584,7 @@ def test_the_h100_grid_with_driver_events_passes_the_timer_line_and_names_the_hy
     ok, text = v2verdict.every_bs_line(live)
     assert not ok and "bs 64 gpu-pr24344-skip-k3 0.931x (pays +0.59 ms drafting" in text
     ok, text = v2verdict.prediction_line(live)
-    assert not ok and "23 of 24 points" in text and "ratio_per_bs: 22 of 24" in text
+    assert ok and "24 of 24 points" in text and "ratio_per_bs: 22 of 24" in text
     p = pd.read_csv(live / "predicted.csv").set_index(["workload", "config", "batch_size"])
-    miss = p[(p["shape_fitted_on"] == "out of sample") & ((p["ratio_shape"] - 1).abs() > 0.10)]
-    assert list(miss.index) == [("code-edit", "gpu-pr24344-skip-k3", 1)] and miss["ratio_shape"].iloc[0] < 0.9
+    skip1 = p.loc[[("code-edit", "gpu-pr24344-skip", 1), ("code-edit", "gpu-pr24344-skip-k3", 1)], "ratio_shape"]
+    assert ((skip1 - 1).abs() < 0.05).all()

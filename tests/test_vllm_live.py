@@ -131,6 +131,29 @@ def test_walk_counts_steps_and_ragged_batches_by_hand():
     assert hy3["seconds"] == hy3["steps"] * (1.0 + 3 * 0.5 + 0.25)
 
 
+def test_walk_prices_v2s_skip_on_the_step_befores_flag():
+    """``gpu-pr24344-skip`` as V2 runs it: EAGLE's decode steps skipped when every request matched at the step
+    before (none before the first), its draft prefill every step, and on a skipped step a request on EAGLE keeps
+    the prefill's token only."""
+    from spec_repro.engines.vllm.live_model import draft_prefill
+
+    L = 64
+    # n-gram matches (5 tokens, all accepted) at the first output position only; EAGLE would accept 5 everywhere
+    a = {"prompt_len": 10, "acc": {"eagle": [6] * L, "ngram": [6] + [1] * (L - 1)},
+         "draft_len": {"ngram": [5] + [0] * (L - 1)}}
+    model = {"F_uniform": [0, 0, 1.0], "F_ragged": [0, 0, 10.0], "eagle_draft": [0, 0.5], "ngram_draft": [0],
+             "overhead_none": [0, 0], "overhead_eagle": [0, 0], "overhead_ngram": [0, 0], "prefill": [0, 0],
+             "hybrid_overhead": [0.25, 0], "wall_over_steps": {"none": 1, "eagle": 1, "ngram": 1}}
+    w = live._walk([a], "gpu-pr24344-skip", model, max_tokens=L)
+    # step 1: n-gram's 5, EAGLE drafted in full (no flag yet) -> 7 tokens; step 2: skipped on step 1's flag, EAGLE's
+    # prefill token only -> 9; then EAGLE's 5 a step, drafted in full: ceil((64 - 9) / 6) steps
+    assert w["steps"] == 2 + -(-(L - 9) // 6)
+    assert w["seconds"] == pytest.approx(w["steps"] * (1.0 + 0.25) + 0.5 * (5 * (w["steps"] - 1) + 1))
+    # two k at a batch size: the decode step's time from their difference, the prefill's the rest; one k: a k-th
+    assert draft_prefill({3: {8: 1.0}, 5: {8: 1.4, 1: 1.0}}) == {3: {8: pytest.approx(0.6)},
+                                                                5: {8: pytest.approx(0.6), 1: pytest.approx(0.2)}}
+
+
 def test_predicted_table_is_what_the_committed_data_give():
     import pandas as pd
 
@@ -605,11 +628,12 @@ def test_walk_by_shape_prices_each_phase_at_its_k_and_chunks_the_prefill():
     assert k3["steps"] == -(-(L - 1) // 4) and k3["seconds"] == pytest.approx(pre + k3["steps"] * 2.7)
     k5 = live._walk([c], "eagle", model)
     assert k5["steps"] == -(-(L - 1) // 6) and k5["seconds"] == pytest.approx(pre + k5["steps"] * 4.0)
-    # n-gram matches every step: the skip variant drafts nothing with EAGLE, the rule drafts with it anyway
+    # n-gram matches every step: the skip variant drafts in full at the first step (no flag yet), then EAGLE's draft
+    # prefill only (0.5 - 2 x 0.1: a decode step is (0.7 - 0.5) / 2); the rule drafts in full every step
     skip = live._walk([c], "gpu-pr24344-skip-k3", model)
     rule = live._walk([c], "gpu-pr24344-k3", model)
     assert skip["steps"] == rule["steps"] == k3["steps"]
-    assert skip["seconds"] == pytest.approx(pre + skip["steps"] * (2.0 + 0.2 + 0.05))
+    assert skip["seconds"] == pytest.approx(pre + skip["steps"] * (2.0 + 0.2 + 0.05) + 0.5 + (skip["steps"] - 1) * 0.3)
     assert rule["seconds"] == pytest.approx(pre + rule["steps"] * (2.0 + 0.2 + 0.5 + 0.05))
     plain = live._walk([c], "eagle-k3", {k: v for k, v in model.items() if k != "by_shape"})
     assert plain["seconds"] > 9 * plain["steps"]                     # without it: the lines (here 9 s a phase)

@@ -200,12 +200,33 @@ def shape_terms(dec, configs, hybrid_configs=()) -> dict:
         return out
 
     t = {"forward": per("t_verify"), "overhead": per("_ov"), "draft": per("t_draft")}
+    t["draft_prefill"] = draft_prefill(t["draft"])
     hy = d[d["config"].isin(hybrid_configs)]
     if len(hy):
         host = (hy["t_draft"] + hy["_ov"]).groupby([hy["_k"], hy["batch_size"]]).mean()
         t["hybrid"] = {int(b): float(v - t["draft"][int(k)][int(b)] - t["overhead"][int(k)][int(b)])
                        for (k, b), v in host.items() if int(b) in t["draft"].get(int(k), {})}
     return t
+
+
+def draft_prefill(draft: dict) -> dict:
+    """EAGLE's draft prefill's time a step, {k: {B: seconds}}, from its whole drafting at each k and batch size
+    (``shape_terms``' ``draft``, k = 0 left out): V2's EAGLE drafts with one prefill (the accepted tokens' KV for
+    the head, and its first token) and k - 1 decode steps, so two k at a batch size give the decode step's time
+    (their difference over that of k) and the prefill's (the rest, within [0, the drafting]); one k alone: a
+    k-th of its drafting. ``gpu-pr24344-skip`` skips the decode steps and runs the prefill."""
+    out: dict = {}
+    ks = sorted(k for k in draft if k > 0)
+    for k in ks:
+        for b, d in draft[k].items():
+            other = [j for j in ks if j != k and b in draft[j]]
+            if other:
+                j = other[0]
+                step = (draft[j][b] - d) / (j - k)
+                out.setdefault(k, {})[b] = float(min(max(d - (k - 1) * step, 0.0), d))
+            else:
+                out.setdefault(k, {})[b] = float(d / k)
+    return out
 
 
 def rule_as_run():
@@ -254,7 +275,11 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     priced per token drafted, the forward by the tokens verified, the hybrid's own term as measured at the fits' k).
     A model with ``by_shape`` (``fit_step_model(per_shape=True)``) prices each decode step by the phases measured at
     its k and batch size instead (the hybrid's own term: its idle machinery's, ``shape_terms``), and the prefill as
-    vLLM schedules it, in steps of at most ``PREFILL_CHUNK`` tokens (the line's intercept once a step)."""
+    vLLM schedules it, in steps of at most ``PREFILL_CHUNK`` tokens (the line's intercept once a step).
+    ``gpu-pr24344-skip`` as V2 runs it (``hybrid_v2.SkipGate``): EAGLE's draft decode steps skipped for the batch
+    when every request matched at the step before (no flag before the first decode step), its draft prefill run
+    every step (``draft_prefill``; without ``by_shape`` one drafted token's time); on a skipped step a request
+    on EAGLE gets the prefill's token and stale ones after it, so it accepts at most one."""
     import numpy as np
 
     config, at_k = split_k(config)                     # an engine at another k than the fits' (out of sample)
@@ -263,6 +288,8 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     p = np.ones(B, int)                                  # tokens produced (1 after prefill)
     P = np.array([r["prompt_len"] for r in reqs])
     shape = model.get("by_shape")
+    if shape and "draft_prefill" not in shape:
+        shape = {**shape, "draft_prefill": draft_prefill(shape["draft"])}
     n_pre = -(-int(P.sum()) // PREFILL_CHUNK) if shape else 1          # vLLM's chunked prefill: steps of the budget
     t = model["prefill"][0] * n_pre + model["prefill"][1] * P.sum()
     steps = ragged_steps = 0
@@ -277,6 +304,8 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     by = model.get("by_bs", {})                        # per-batch-size host terms (fit_step_model(per_bs=True))
     plan = rule_steps(reqs, B, k) if rule else None
     at = np.zeros(B, int)                              # adaptive-rule: each request's next step in its plan
+    lag = gpu and base == "pr24344-skip"               # V2's skip: decided on the step before, the prefill still runs
+    skip = False                                       # no flag has reached the host before the first decode step
     while (p < max_tokens).any():
         act = p < max_tokens
         d = np.zeros(B, int)
@@ -297,25 +326,26 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
                 a[i] = min(reqs[i]["acc"]["ngram"][p[i] - 1] - 1, ng_dl)
             else:
                 d[i] = k
-                a[i] = min(reqs[i]["acc"]["eagle"][p[i] - 1] - 1, k)
+                a[i] = min(reqs[i]["acc"]["eagle"][p[i] - 1] - 1, 1 if skip else k)
                 eagle_for += 1
         n_act = int(act.sum())
         T = int(act.sum()) * (1 + k) if pad else int((1 + d[act]).sum())
         kv = int((P[act] + p[act]).sum())
         uniform = config == "none" or pad or bool((d[act] == k).all())   # vLLM's uniform decode: 1 + k each
-        drafted = base in ("eagle", "pr24344", "eagle-only", "idle") or (base in ("pr24344-skip", "adaptive-rule")
-                                                                          and bool(eagle_for))
+        drafted = base in ("eagle", "pr24344", "eagle-only", "idle") or lag or (
+            base in ("pr24344-skip", "adaptive-rule") and bool(eagle_for))
         if shape:                                      # the phases measured at this k and batch size
             kk = 0 if config == "none" else k
             fwd = shape["forward"][kk][B]
-            step = shape["overhead"][kk][B] + (shape["draft"][kk][B] if drafted else 0.0) \
-                + (shape["hybrid"][B] if gpu else 0.0)
+            draft = shape["draft_prefill"][kk][B] if skip else shape["draft"][kk][B]
+            step = shape["overhead"][kk][B] + (draft if drafted else 0.0) + (shape["hybrid"][B] if gpu else 0.0)
         else:
             F = model["F_uniform" if uniform else "F_ragged"]
             fwd = F[0] * kv + F[1] * T + F[2]
             step = by.get(f"overhead_{path}", {}).get(B, ov[0] + ov[1] * n_act)        # the host's terms
             if drafted:                                  # EAGLE drafts for the whole batch when it runs
-                step += k * by.get("eagle_draft", {}).get(B, model["eagle_draft"][0] * n_act + model["eagle_draft"][1])
+                step += (1 if skip else k) * by.get("eagle_draft", {}).get(
+                    B, model["eagle_draft"][0] * n_act + model["eagle_draft"][1])
             if base in ("ngram", "pr24344", "pr24344-skip") and not gpu:   # the device's lookup: in hov
                 step += model["ngram_draft"][0] * n_act
             if hov is not None:
@@ -324,6 +354,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         steps += 1
         ragged_steps += not uniform
         p[act] = np.minimum(p[act] + a[act] + 1, max_tokens)
+        skip = lag and not eagle_for                   # every request matched: the next step skips
     wos = by.get("wall_over_steps", {}).get("hybrid" if hov is not None else path, {}).get(B)   # per_bs: this size's
     wos = model["wall_over_steps"][path] if wos is None else wos
     return {"tokens": int(B * max_tokens), "steps": steps, "seconds": float(t * wos), "ragged_steps": ragged_steps}
