@@ -552,9 +552,9 @@ def test_timer_host_share_is_the_timers_own_seconds_over_the_runs_wall():
 
 
 def test_the_shape_model_prices_k3_where_the_line_through_k5_does_not():
-    """data/gpu/live/slower-host (EAGLE at k = 5 and k = 3): the line through no SD's and k = 5's forward prices the k = 3
-    hybrid 11-15% slow at code-edit bs 8-64 (V2's forward is not linear in the tokens verified); each step phase as
-    measured at its k and batch size (``ratio_shape``, EAGLE alone at both k in sample, the hybrids still out of
+    """data/gpu/live/slower-host (EAGLE at k = 5 and k = 3): the line through no SD's and k = 5's forward prices
+    the k = 3 hybrid 11-15% slow at code-edit bs 8-64 (V2's forward is not linear in the tokens verified); each step
+    phase as measured at its k and batch size (``ratio_shape``, EAGLE alone at both k in sample, the hybrids still out of
     sample) puts it within 3%, and the configurations it fits within 8% at every point. The verdict holds
     ``ratio_shape`` (20 of 24 hybrid points) and prints the line model's count beside it."""
     live = data_dir() / "gpu" / "live" / "slower-host"

@@ -92,9 +92,10 @@ def fit_step_model(out: str | Path = COMMITTED, configs=FIT_CONFIGS, ragged: boo
     ``per_shape`` (implies ``per_bs``; ``configs`` may name EAGLE at other k, ``eagle-k3``): ``by_shape``, each step
     phase's mean per k and batch size as measured on the configurations fitted (``forward`` t_verify, ``overhead``
     t_other + t_reject, ``draft`` t_draft; k = 0: no SD), which ``_walk`` takes instead of the lines: V2's forward is
-    not linear in the tokens verified (data/gpu/live/slower-host: at code-edit bs 64 no SD's 64 tokens take 2.86 ms, k = 3's
-    ~203 3.02 ms, k = 5's ~301 4.05 ms), nor are its host terms the same at each k; with ``hybrid_configs``,
-    ``hybrid``: the idle machinery's whole host step (draft, other, reject) beyond EAGLE alone's at its k."""
+    not linear in the tokens verified (data/gpu/live/slower-host: at code-edit bs 64 no SD's 64 tokens take 2.86
+    ms, k = 3's ~203 3.02 ms, k = 5's ~301 4.05 ms), nor are its host terms the same at each k; with
+    ``hybrid_configs``, ``hybrid``: the idle machinery's whole host step (draft, other, reject) beyond EAGLE alone's
+    at its k."""
     import numpy as np
     import pandas as pd
 

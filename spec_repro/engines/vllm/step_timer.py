@@ -113,7 +113,6 @@ class StepRecorder:
             import sys
 
             self._no_driver_said = True      # said once a process
-
             print("[spec_repro] the timer's driver event records are unavailable (libcuda.so.1 not loadable): "
                   "torch's Event.record instead", file=sys.stderr, flush=True)
         self.event_api = "driver" if self._drv is not None else "torch"

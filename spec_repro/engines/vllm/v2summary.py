@@ -169,9 +169,9 @@ TOGGLED = {"toggle": "timer", "toggle-torch": "timer-torch"}
 def toggle_table(r):
     """The timer's cost inside runs, per engine spec and batch size (``toggle`` as the ``timer`` variant's,
     ``toggle-torch`` as ``timer-torch``'s: the same timer, its events recorded by torch's ``Event.record``): each
-    toggled run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks of a
-    few steps alternate, so both arms run under the same host speed, which drifts 4-12% run to run on a lent H100
-    and swamps a whole-run comparison). ``overhead_blocks`` = 1 - the mean over runs of untimed / timed (a step
+    toggled run's median period of its untimed steps over that of its timed ones (``common.toggle_periods``: blocks
+    of a few steps alternate, so both arms run under the same host speed, which drifts 4-12% run to run on a lent
+    H100 and swamps a whole-run comparison). ``overhead_blocks`` = 1 - the mean over runs of untimed / timed (a step
     advances as many tokens timed or not: the lossless timer changes no draft), ``overhead_blocks_ci95`` = 1.96 x
     its standard error, ``blocks_runs``. Empty without toggle runs."""
     import numpy as np
