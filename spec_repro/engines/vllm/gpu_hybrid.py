@@ -156,6 +156,7 @@ class GraphSteps:
         self._pool = None
         self.off_reason: str | None = None
         self.replays = 0
+        self.last_graph = False         # whether the last call was a CUDA-graph replay (the step log's ``graph``)
 
     def _pooled_capture(self, fn):
         import torch
@@ -196,7 +197,6 @@ class DeviceStep(GraphSteps):
                  capture=None, max_graphs: int = 16):
         super().__init__(history.device.type == "cuda" if graphs is None else graphs, checks, capture, max_graphs)
         self.h, self.use_ngram = history, bool(use_ngram)
-        self.last_graph = False
 
     def eager(self, rows, sampled, keep, eagle, vocab_size=None):
         h, k = self.h, int(eagle.shape[1])

@@ -192,6 +192,7 @@ class MergeStep(GraphSteps):
         """The merge over ``tok`` (vLLM's buffer, or a :class:`TokenMirror`'s with ``src`` vLLM's buffer and ``tail``
         the positions a step may append: those are copied first, in the same graph). A graph is kept per padded
         batch (:func:`padded_batch`: requests finish one by one, so a batch passes through every size) and width."""
+        self.last_graph = False
         n = int(rows.shape[0])
         if not self.graphs or n == 0:
             return self.eager(tok, total, rows, eagle, width, src, tail)
@@ -230,6 +231,7 @@ class MergeStep(GraphSteps):
             self._off(f"{type(e).__name__}: {e}")
             return self.eager(tok, total, rows, eagle, width, src, tail)
         self.replays += 1
+        self.last_graph = True
         draft, counts, flag = g["out"]      # counts and flag are copied out at once (stream order); the draft is
         return draft[:n].clone(), counts, flag  # a fresh tensor, as vLLM's own propose hands over
 
@@ -308,7 +310,11 @@ class V2Hybrid:
             graphs = False
         self.merge = MergeStep(self.use_ngram, graphs=graphs, capture=capture)
         self.steps = self.skipped = 0
-        self.last_graph = False         # whether the last step's merge was a CUDA-graph replay (the step log's)
+
+    @property
+    def last_graph(self) -> bool:
+        """Whether the last step's merge was a CUDA-graph replay (the step log's ``graph``)."""
+        return self.merge.last_graph
 
     def step(self, req_states, input_batch, eagle, max_len: int, mirror: TokenMirror, call: int):
         """(draft, counts [2] device tensor); this step's 'every row matched' goes to the skip gate. The lookup
@@ -324,10 +330,8 @@ class V2Hybrid:
         else:
             mirror.fill(src, w, slots=slots[:n][pre[:n]])
         mirror.seen = call
-        replays = self.merge.replays
         draft, counts, all_matched = self.merge(mirror.tok, total, rows, eagle[:n], w, src=src,
                                                 tail=int(eagle.shape[1]) + 1)
-        self.last_graph = self.merge.replays > replays
         if self.gate is not None:
             self.gate.push(all_matched)
         self.steps += 1
