@@ -201,7 +201,6 @@ def shape_terms(dec, configs, hybrid_configs=()) -> dict:
         return out
 
     t = {"forward": per("t_verify"), "overhead": per("_ov"), "draft": per("t_draft")}
-    t["draft_prefill"] = draft_prefill(t["draft"])
     hy = d[d["config"].isin(hybrid_configs)]
     if len(hy):
         host = (hy["t_draft"] + hy["_ov"]).groupby([hy["_k"], hy["batch_size"]]).mean()
@@ -289,8 +288,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
     p = np.ones(B, int)                                  # tokens produced (1 after prefill)
     P = np.array([r["prompt_len"] for r in reqs])
     shape = model.get("by_shape")
-    if shape and "draft_prefill" not in shape:
-        shape = {**shape, "draft_prefill": draft_prefill(shape["draft"])}
+    prefill_only = draft_prefill(shape["draft"]) if shape else None      # the skip's drafting on a skipped step
     n_pre = -(-int(P.sum()) // PREFILL_CHUNK) if shape else 1          # vLLM's chunked prefill: steps of the budget
     t = model["prefill"][0] * n_pre + model["prefill"][1] * P.sum()
     steps = ragged_steps = 0
@@ -338,7 +336,7 @@ def _walk(reqs: list[dict], config: str, model: dict, max_tokens: int = 256, k: 
         if shape:                                      # the phases measured at this k and batch size
             kk = 0 if config == "none" else k
             fwd = shape["forward"][kk][B]
-            draft = shape["draft_prefill"][kk][B] if skip else shape["draft"][kk][B]
+            draft = prefill_only[kk][B] if skip else shape["draft"][kk][B]
             step = shape["overhead"][kk][B] + (draft if drafted else 0.0) + (shape["hybrid"][B] if gpu else 0.0)
         else:
             F = model["F_uniform" if uniform else "F_ragged"]
