@@ -101,6 +101,7 @@ class StepRecorder:
         self._gc_t0 = 0.0
         self.event_api = "torch"         # how events are recorded: torch's Event.record, or the driver (use_event_api)
         self._drv = None                 # cuEventRecord with the GIL held, where event_api is "driver"
+        self._no_driver_said = False     # the driver's library missing: said once
 
     def use_event_api(self, api: str) -> str:
         """Record the timer's CUDA events with torch's ``Event.record`` (``torch``) or the driver's
@@ -109,10 +110,10 @@ class StepRecorder:
         if api not in ("torch", "driver"):
             raise ValueError(f"event_api must be 'torch' or 'driver', got {api!r}")
         self._drv = driver_record() if api == "driver" else None
-        if api == "driver" and self._drv is None and not self.__dict__.get("_no_driver_said"):
+        if api == "driver" and self._drv is None and not self._no_driver_said:
             import sys
 
-            self._no_driver_said = True      # said once a process
+            self._no_driver_said = True
             print("[spec_repro] the timer's driver event records are unavailable (libcuda.so.1 not loadable): "
                   "torch's Event.record instead", file=sys.stderr, flush=True)
         self.event_api = "driver" if self._drv is not None else "torch"

@@ -51,11 +51,11 @@ def overhead_line(out: Path) -> tuple[bool, str]:
         # that built its rows at the sampler (``drain``); the other variants say where a cost comes from, the same
         # timer with its events recorded by torch's Event.record (``timer-torch``) printed beside
         which = "timer" if (ov["timer"] == "timer").any() else "drain"
-        drv = ov[ov["timer"] == "timer-torch"].sort_values(["config", "batch_size"])
-        if len(drv):
+        torch_rec = ov[ov["timer"] == "timer-torch"].sort_values(["config", "batch_size"])
+        if len(torch_rec):
             beside = " (its events recorded by torch, inside runs: " + "; ".join(
                 f"{c}: " + ", ".join(f"bs {b} {o:+.1%}" for b, o in zip(g["batch_size"], g["overhead"]))
-                for c, g in drv.groupby("config")) + ")"
+                for c, g in torch_rec.groupby("config")) + ")"
         ov = ov[ov["timer"] == which]
         head += f" ({which})"
     parts, ok = [], True
