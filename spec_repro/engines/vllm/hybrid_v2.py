@@ -27,8 +27,8 @@ The lookup reads a device copy instead (:class:`TokenMirror`). The idle machiner
 B x W either way (data/gpu/live, and data/gpu/live/host-buffer over vLLM's buffer): not the read but the lookup's
 GPU time, most of it one kernel, the cumulative product that counted each position's matches (0.86 of 0.99 ms
 at 64 rows of 2,048 on an H100; ``benchmarks/v2_merge.py`` times the merge alone, and
-data/gpu/raw/v2hybrid-h100-driver/bench the lookup's kernels); ``gpu_hybrid.ngram_propose`` now reads the count
-from a table of bit patterns. The copy: a request's whole row is copied on the steps vLLM prefills it
+data/gpu/raw/v2hybrid-h100-driver/bench the lookup's kernels); ``gpu_hybrid.ngram_propose`` reads the count from a
+table of bit patterns instead. The copy: a request's whole row is copied on the steps vLLM prefills it
 (``input_batch.is_prefilling_np``: new, resumed and chunked requests, whatever vLLM staged into the row), every
 row of the batch when the step before was not seen (a policy switched on, the hybrid off in between), and
 otherwise only each row's last ``1 + k`` positions (the most one step appends), inside the merge's graph.
